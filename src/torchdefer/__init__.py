@@ -1,0 +1,68 @@
+"""torchdefer: build PyTorch models of any size without allocating them.
+
+Construct a model with :func:`deferred_init` (fake tensors that report the real
+device, every operation recorded), look at it, then :func:`materialize_module`
+replays the recording per tensor onto a real device, bit for bit what eager
+construction would have produced.
+
+>>> import torch, torchdefer
+>>> torch.manual_seed(0); eager = torch.nn.Linear(4, 2)
+>>> torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.nn.Linear, 4, 2)
+>>> torchdefer.is_deferred(lazy)
+True
+>>> torch.equal(torchdefer.materialize_module(lazy).weight, eager.weight)
+True
+
+The extensions (``descriptors``, ``viz``, ``distributed``) build on the core and
+are imported lazily, so ``import torchdefer`` stays cheap and the core never
+depends on them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torchdefer.fake import fake_mode, is_fake
+from torchdefer.materialize import materialize_module, materialize_tensor
+from torchdefer.recorder import deferred_init, is_deferred
+
+__all__ = [
+    "DescriptorMismatch",
+    "MetaTensorType",
+    "deferred_init",
+    "describe",
+    "explain",
+    "fake_mode",
+    "is_deferred",
+    "is_fake",
+    "load",
+    "materialize_module",
+    "materialize_tensor",
+    "save",
+    "script",
+]
+
+# Names that live in extension packages, resolved on first use (PEP 562).
+_LAZY = {
+    "DescriptorMismatch": "torchdefer.descriptors",
+    "MetaTensorType": "torchdefer.descriptors",
+    "describe": "torchdefer.descriptors",
+    "load": "torchdefer.descriptors",
+    "save": "torchdefer.descriptors",
+    "script": "torchdefer.descriptors",
+    "explain": "torchdefer.viz",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchdefer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

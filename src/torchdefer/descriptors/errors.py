@@ -1,0 +1,53 @@
+"""Errors raised by descriptor checking and descriptor-specialized scripting."""
+
+from __future__ import annotations
+
+__all__ = ["DescriptorConflict", "DescriptorMismatch"]
+
+# Properties that are real tensor attributes read as ``x.dtype``; others
+# (``value``, ``type``, ``structure``) are written ``x (value)``.
+_TENSOR_ATTRIBUTES = frozenset({"ndim", "dtype", "device", "layout", "requires_grad"})
+
+
+class DescriptorMismatch(TypeError):
+    """An argument does not satisfy the input descriptor a program was scripted for.
+
+    The message names the argument path (``inp['b'][1]``), the property
+    (``shape[1]``, ``dtype``, ...), what the descriptor expected and what the
+    call passed; for a symbolic dimension it also says where the name was bound
+    (``'b' is 7 from x.shape[1]``).
+
+    Attributes:
+        path: where in the call the offending value sits, e.g. ``inp['b'][1]``.
+        property: the checked property, e.g. ``shape[0]``, ``dtype``, ``value``.
+        expected: the descriptor's requirement, as text.
+        got: what the call passed, as text.
+    """
+
+    def __init__(
+        self, path: str, property: str, expected: str, got: str, detail: str = ""
+    ) -> None:
+        self.path = path
+        self.property = property
+        self.expected = expected
+        self.got = got
+        self.detail = detail
+        tensor_attribute = property.startswith("shape[") or property in _TENSOR_ATTRIBUTES
+        where = f"{path}.{property}" if tensor_attribute else f"{path} ({property})"
+        message = f"{where}: expected {expected}, got {got}"
+        if detail:
+            message += f"; {detail}"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str, str]]:
+        return (type(self), (self.path, self.property, self.expected, self.got, self.detail))
+
+
+class DescriptorConflict(ValueError):
+    """The model's code contradicts its input descriptors (found at ``script()`` time).
+
+    Raised, for example, when a dimension described as symbolic (``"b"``) is
+    forced to one value by the code (``x.view(4, -1)``, ``if x.shape[0] != 4:
+    raise``). The message names the dimension, the condition the code imposed
+    and the user's source line that imposed it.
+    """

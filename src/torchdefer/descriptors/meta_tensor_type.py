@@ -1,0 +1,366 @@
+"""``MetaTensorType``: what is known about a tensor argument, without any tensor.
+
+A descriptor states a subset of a tensor's properties; ``None`` means unknown.
+Shapes are lists whose entries are an ``int`` (static length), a ``str``
+(a symbolic length: the same string is the same length across every
+descriptor of one call) or ``None`` (any length, independent of the rest).
+
+Descriptors form a lattice ordered by "admits more tensors":
+:meth:`MetaTensorType.from_examples` gives the most specific descriptor that
+admits its examples, and :meth:`MetaTensorType.widen` moves up just enough to
+admit one more tensor, never dropping a tensor admitted before.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+__all__ = ["Dim", "DimRange", "MetaTensorType"]
+
+Dim = int | str | None
+"""One shape entry: static length, symbolic name, or any length."""
+
+DimRange = tuple[int, int | None]
+"""Inclusive ``(min, max)`` bounds of a symbolic length; ``max=None`` is unbounded."""
+
+# Python scalar types accepted as dtypes, as the RFC writes ``dtype=float``;
+# they map to what ``torch.empty(..., dtype=float)`` produces.
+_PYTHON_DTYPES: dict[type, torch.dtype] = {
+    float: torch.float64,
+    int: torch.int64,
+    bool: torch.bool,
+    complex: torch.complex128,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MetaTensorType:
+    """Known properties of a tensor argument; ``None`` means "not known".
+
+    Args:
+        shape: list of ``int`` (static), ``str`` (symbolic, shared by name) or
+            ``None`` (any length) entries; ``None`` for an unknown shape.
+        dtype: a ``torch.dtype`` (or ``float``/``int``/``bool``/``complex``).
+        rank: number of dimensions, for rank-only descriptors (``rank=3``).
+        device: ``"cuda"`` admits every CUDA device, ``"cuda:1"`` only that one.
+        requires_grad: whether the tensor must (not) require grad.
+        layout: e.g. ``torch.strided``.
+        dim_ranges: inclusive bounds of symbolic lengths,
+            ``{"b": (1, 64)}``; ``(lo, None)`` has no upper bound. A name
+            bounded in several descriptors of one call gets the intersection.
+
+    Example:
+        >>> import torch
+        >>> d = MetaTensorType(["b", 10], torch.float32, dim_ranges={"b": (1, 64)})
+        >>> d.admits(torch.zeros(3, 10)), d.admits(torch.zeros(3, 11))
+        (True, False)
+        >>> MetaTensorType.from_examples(torch.zeros(2, 5), torch.zeros(3, 5))
+        MetaTensorType(shape=['d0', 5], dtype=torch.float32, device='cpu', \
+requires_grad=False, layout=torch.strided)
+    """
+
+    shape: tuple[Dim, ...] | None = None
+    dtype: torch.dtype | None = None
+    rank: int | None = field(default=None, kw_only=True)
+    device: torch.device | None = field(default=None, kw_only=True)
+    requires_grad: bool | None = field(default=None, kw_only=True)
+    layout: torch.layout | None = field(default=None, kw_only=True)
+    dim_ranges: tuple[tuple[str, int, int | None], ...] = field(default=(), kw_only=True)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.shape is not None:
+            set_(self, "shape", _normalize_shape(self.shape))
+        if self.dtype is not None:
+            set_(self, "dtype", _normalize_dtype(self.dtype))
+        if self.device is not None:
+            set_(self, "device", torch.device(self.device))
+        if self.rank is not None and (
+            isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
+        ):
+            raise ValueError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
+        if self.shape is not None:
+            if self.rank is not None and self.rank != len(self.shape):
+                raise ValueError(
+                    f"MetaTensorType: rank={self.rank} contradicts shape {list(self.shape)} "
+                    f"of rank {len(self.shape)}; give one of them or make them agree"
+                )
+            set_(self, "rank", len(self.shape))
+        if self.requires_grad is not None and not isinstance(self.requires_grad, bool):
+            raise ValueError(
+                f"MetaTensorType: requires_grad must be a bool or None, got {self.requires_grad!r}"
+            )
+        if self.layout is not None and not isinstance(self.layout, torch.layout):
+            raise ValueError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
+        set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges, self.shape))
+
+    # ----------------------------------------------------------------- views
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The symbolic names in ``shape``, in order of first appearance."""
+        seen = dict.fromkeys(d for d in (self.shape or ()) if isinstance(d, str))
+        return tuple(seen)
+
+    @property
+    def ranges(self) -> dict[str, DimRange]:
+        """``dim_ranges`` as a dict ``{name: (min, max)}``."""
+        return {name: (lo, hi) for name, lo, hi in self.dim_ranges}
+
+    def admits(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` satisfies this descriptor on its own.
+
+        Example:
+            >>> MetaTensorType(["n", "n"]).admits(torch.zeros(2, 3))
+            False
+        """
+        from torchdefer.descriptors.checker import Checker
+        from torchdefer.descriptors.errors import DescriptorMismatch
+
+        try:
+            Checker(self.ranges).check_tensor(self, tensor, "tensor")
+        except DescriptorMismatch:
+            return False
+        return True
+
+    # ------------------------------------------------------- lattice moves
+    @classmethod
+    def from_examples(cls, *tensors: torch.Tensor) -> MetaTensorType:
+        """The most specific descriptor that every example satisfies.
+
+        Properties equal in all examples are kept; a dimension whose length
+        differs becomes symbolic, and dimensions whose lengths are equal in
+        every example share one name (``d0``, ``d1``, ...).
+
+        Args:
+            *tensors: one or more example tensors.
+
+        Returns:
+            The descriptor. Symbolic names get no range: a length seen to vary
+            is taken to vary freely.
+
+        Example:
+            >>> MetaTensorType.from_examples(torch.zeros(2, 2), torch.zeros(3, 3)).shape
+            ('d0', 'd0')
+        """
+        if not tensors:
+            raise ValueError("MetaTensorType.from_examples needs at least one example tensor")
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"MetaTensorType.from_examples takes tensors, got {type(t).__name__}"
+                )
+        names = itertools.count()
+        return cls(
+            _join_shapes([tuple(t.shape) for t in tensors], lambda: f"d{next(names)}"),
+            _common(t.dtype for t in tensors),
+            rank=_common(t.dim() for t in tensors),
+            device=_join_devices(t.device for t in tensors),
+            requires_grad=_common(t.requires_grad for t in tensors),
+            layout=_common(t.layout for t in tensors),
+        )
+
+    def widen(self, tensor: torch.Tensor) -> MetaTensorType:
+        """A descriptor that admits ``tensor`` and everything ``self`` admits.
+
+        Only what ``tensor`` violates is relaxed: a static length it differs on
+        becomes a fresh symbol, a symbol it binds inconsistently is split, a
+        range it falls outside is stretched, a dtype/device/... it differs on
+        becomes unknown (devices of one type keep their type).
+
+        Example:
+            >>> MetaTensorType([2, 3], torch.float32).widen(torch.zeros(4, 3)).shape
+            ('w0', 3)
+        """
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"MetaTensorType.widen takes a tensor, got {type(tensor).__name__}")
+        if self.admits(tensor):
+            return self
+        shape, ranges = self.shape, self.ranges
+        if self.rank is not None and self.rank != tensor.dim():
+            shape, ranges, rank = None, {}, None
+        else:
+            rank = self.rank
+            if shape is not None:
+                shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
+        return replace(
+            self,
+            shape=shape,
+            rank=rank,
+            dtype=self.dtype if self.dtype in (None, tensor.dtype) else None,
+            device=_join_devices([self.device, tensor.device]) if self.device else None,
+            requires_grad=(
+                self.requires_grad if self.requires_grad in (None, tensor.requires_grad) else None
+            ),
+            layout=self.layout if self.layout in (None, tensor.layout) else None,
+            dim_ranges=tuple(ranges.items()),
+        )
+
+    # --------------------------------------------------------------- codecs
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_json` reads it back."""
+        return {
+            "shape": None if self.shape is None else list(self.shape),
+            "dtype": None if self.dtype is None else str(self.dtype).removeprefix("torch."),
+            "rank": self.rank,
+            "device": None if self.device is None else str(self.device),
+            "requires_grad": self.requires_grad,
+            "layout": None if self.layout is None else str(self.layout).removeprefix("torch."),
+            "dim_ranges": [list(r) for r in self.dim_ranges],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MetaTensorType:
+        """Inverse of :meth:`to_json`; only looks up dtype/layout names on ``torch``."""
+        return cls(
+            data["shape"],
+            None if data["dtype"] is None else _torch_attr(data["dtype"], torch.dtype),
+            rank=data["rank"],
+            device=data["device"],
+            requires_grad=data["requires_grad"],
+            layout=None if data["layout"] is None else _torch_attr(data["layout"], torch.layout),
+            dim_ranges={name: (lo, hi) for name, lo, hi in data["dim_ranges"]},
+        )
+
+    def __repr__(self) -> str:
+        parts = []
+        if self.shape is not None:
+            parts.append(f"shape={list(self.shape)!r}")
+        elif self.rank is not None:
+            parts.append(f"rank={self.rank}")
+        if self.dtype is not None:
+            parts.append(f"dtype={self.dtype}")
+        if self.device is not None:
+            parts.append(f"device={str(self.device)!r}")
+        if self.requires_grad is not None:
+            parts.append(f"requires_grad={self.requires_grad}")
+        if self.layout is not None:
+            parts.append(f"layout={self.layout}")
+        if self.dim_ranges:
+            parts.append(f"dim_ranges={self.ranges!r}")
+        return f"MetaTensorType({', '.join(parts)})"
+
+
+# ------------------------------------------------------------------ helpers
+def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
+    out = tuple(shape)
+    for i, d in enumerate(out):
+        ok = d is None or (isinstance(d, str) and d) or (
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0
+        )
+        if not ok:
+            raise ValueError(
+                f"MetaTensorType: shape[{i}] is {d!r}; each entry must be an int >= 0 (static), "
+                "a non-empty str (symbolic) or None (any length)"
+            )
+    return out
+
+
+def _normalize_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in _PYTHON_DTYPES:
+        return _PYTHON_DTYPES[dtype]
+    raise ValueError(f"MetaTensorType: dtype must be a torch.dtype, got {dtype!r}")
+
+
+def _normalize_ranges(
+    ranges: Mapping[str, DimRange] | Iterable[tuple[str, int, int | None]],
+    shape: tuple[Dim, ...] | None,
+) -> tuple[tuple[str, int, int | None], ...]:
+    items = (
+        [(k, *v) for k, v in ranges.items()] if isinstance(ranges, Mapping) else list(ranges)
+    )
+    out = []
+    for entry in items:
+        if len(entry) != 3:
+            raise ValueError(f"MetaTensorType: dim_ranges entry {entry!r} is not (name, min, max)")
+        name, lo, hi = entry
+        if not isinstance(name, str) or not isinstance(lo, int) or lo < 0:
+            raise ValueError(
+                f"MetaTensorType: dim_ranges[{name!r}] = ({lo!r}, {hi!r}); expected a str name "
+                "and an int min >= 0"
+            )
+        if hi is not None and (not isinstance(hi, int) or hi < lo):
+            raise ValueError(
+                f"MetaTensorType: dim_ranges[{name!r}] = ({lo}, {hi!r}); max must be an int "
+                ">= min, or None for unbounded"
+            )
+        out.append((name, lo, hi))
+    return tuple(sorted(out))
+
+
+def _torch_attr(name: str, kind: type) -> Any:
+    value = getattr(torch, name, None)
+    if not isinstance(value, kind):
+        raise ValueError(f"not a torch {kind.__name__}: {name!r}")
+    return value
+
+
+def _common(values: Iterable[Any]) -> Any:
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def _join_devices(devices: Iterable[torch.device | None]) -> torch.device | None:
+    devices = list(devices)
+    if any(d is None for d in devices):
+        return None
+    if len(set(devices)) == 1:
+        return devices[0]
+    types = {d.type for d in devices}
+    return torch.device(types.pop()) if len(types) == 1 else None
+
+
+def _join_shapes(shapes: list[tuple[int, ...]], fresh: Any) -> tuple[Dim, ...] | None:
+    if len({len(s) for s in shapes}) != 1:
+        return None
+    # Dims with the same vector of lengths across examples share one name.
+    names: dict[tuple[int, ...], str] = {}
+    out: list[Dim] = []
+    for column in zip(*shapes, strict=True):
+        if len(set(column)) == 1:
+            out.append(column[0])
+        else:
+            if column not in names:
+                names[column] = fresh()
+            out.append(names[column])
+    return tuple(out)
+
+
+def _widen_shape(
+    shape: tuple[Dim, ...], ranges: dict[str, DimRange], sizes: tuple[int, ...]
+) -> tuple[tuple[Dim, ...], dict[str, DimRange]]:
+    taken = {d for d in shape if isinstance(d, str)}
+    counter = itertools.count()
+
+    def fresh() -> str:
+        name = next(n for n in (f"w{i}" for i in counter) if n not in taken)
+        taken.add(name)
+        return name
+
+    out: list[Dim] = []
+    first_size: dict[str, int] = {}
+    split: dict[tuple[str, int], str] = {}
+    ranges = dict(ranges)
+    for d, size in zip(shape, sizes, strict=True):
+        if d is None or d == size:
+            out.append(d)
+        elif isinstance(d, int):
+            out.append(fresh())
+        else:
+            bound = first_size.setdefault(d, size)
+            name = d if bound == size else split.setdefault((d, size), fresh())
+            if name != d and d in ranges:
+                ranges[name] = ranges[d]
+            out.append(name)
+            if name in ranges:
+                lo, hi = ranges[name]
+                ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+    return tuple(out), ranges

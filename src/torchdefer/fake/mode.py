@@ -1,0 +1,76 @@
+"""FakeMode: a dispatch mode that turns factory calls into fake tensors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from torchdefer.fake.device import device_available, normalize
+from torchdefer.fake.tensor import FakeTensor, in_kernel, run_on_meta, wrap_outputs
+
+__all__ = ["FakeMode", "check_device", "fake_mode", "to_meta"]
+
+
+class FakeMode(TorchDispatchMode):
+    """Turns every tensor created while active into a :class:`FakeTensor`.
+
+    The mode claims PyTorch's FAKE mode slot: that is what lets
+    ``torch.empty(..., device="cuda")`` pass CUDA's lazy initialization on a
+    host without CUDA, exactly as ``FakeTensorMode`` does.
+    """
+
+    def __init__(self, *, fake_cuda: bool = True) -> None:
+        super().__init__()
+        self._mode_key = torch._C._TorchDispatchModeKey.FAKE
+        self.fake_cuda = fake_cuda
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.ops.prim.device.default:
+            return torch.device("meta") if in_kernel() else args[0].fake_device
+        args, kwargs = tree_map(to_meta, (args, kwargs))
+        if "device" in kwargs and kwargs["device"] is not None:
+            check_device(torch.device(kwargs["device"]), self.fake_cuda, func)
+        out, device = run_on_meta(func, args, kwargs)
+        return wrap_outputs(out, device, FakeTensor)
+
+
+def to_meta(x: Any) -> Any:
+    """A real tensor becomes a fake one of the same shape; anything else stays."""
+    if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
+        meta = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+        return FakeTensor(meta, x.device)
+    return x
+
+
+def check_device(device: torch.device, fake_cuda: bool, func: Any) -> None:
+    """Refuse a device this host lacks unless faking it was asked for."""
+    if fake_cuda or device.type in ("meta", "cpu") or device_available(normalize(device)):
+        return
+    raise RuntimeError(
+        f"{func} asked for device '{device}', which this process does not have, and "
+        "fake_cuda=False. Pass fake_cuda=True to create fake tensors on it anyway."
+    )
+
+
+@contextlib.contextmanager
+def fake_mode(*, fake_cuda: bool = True) -> Iterator[FakeMode]:
+    """Create fake tensors (real device reported, no storage), recording nothing.
+
+    Args:
+        fake_cuda: allow ``cuda`` devices on a host without CUDA.
+
+    >>> import torch, torchdefer
+    >>> with torchdefer.fake_mode():
+    ...     w = torch.randn(4096, 4096, device="cuda")
+    >>> w.is_cuda, torchdefer.is_fake(w)
+    (True, True)
+    """
+    mode = FakeMode(fake_cuda=fake_cuda)
+    with mode:
+        yield mode

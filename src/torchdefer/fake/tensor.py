@@ -1,0 +1,202 @@
+"""FakeTensor: a tensor that reports a real device but has only meta storage.
+
+Following PyTorch's own ``torch._subclasses.fake_tensor``, the tensor's own
+TensorImpl *is* a meta tensor (the "shadow" of seed 001), created with
+``_make_subclass(..., dispatch_device=True)`` so that ``.device`` is answered in
+Python with the device the code asked for. Kernels run on the meta backend; the
+tensor allocates no storage. Owning the impl (rather than wrapping a separate
+meta tensor) is what lets in-place metadata ops such as ``q.t_()`` in
+``nn.init.orthogonal_`` change the very object the user holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch.utils._pytree import tree_map
+
+from torchdefer.fake.device import device_available
+
+__all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
+
+
+class FakeTensorError(RuntimeError):
+    """A fake tensor was asked for something it does not have (its data)."""
+
+
+# Per-thread flag: while a meta kernel runs, fake tensors must say "meta" so
+# that kernels pick the meta implementation; everywhere else they report their
+# fake device.
+_kernel = threading.local()
+
+# Calls that need a tensor's data. Plain fake tensors have none; the recorder's
+# DeferredTensor answers them by materializing just the value needed.
+DATA_READS: frozenset[Callable[..., Any]] = frozenset(
+    {
+        torch.Tensor.tolist,
+        torch.Tensor.numpy,
+        torch.Tensor.__array__,
+        torch.Tensor.item,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+        torch.Tensor.__complex__,
+    }
+)
+
+
+class FakeTensor(torch.Tensor):
+    """A tensor with a real device and no storage; ops run on meta kernels."""
+
+    fake_device: torch.device
+
+    # Attributes the subclass keeps in ``__dict__``; ``swap_tensors`` moves them.
+    _meta_attrs: ClassVar[tuple[str, ...]] = ("fake_device",)
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
+        if elem.device.type != "meta":
+            raise TypeError(f"FakeTensor needs a meta tensor, got one on {elem.device}")
+        out = torch.Tensor._make_subclass(
+            cls,
+            elem,
+            elem.requires_grad,
+            dispatch_device=True,
+            device_for_backend_keys=device,
+        )
+        out.fake_device = device
+        return out
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        extras = [f"size={tuple(self.shape)}", f"device='{self.fake_device}'"]
+        if self.dtype != torch.get_default_dtype():
+            extras.append(f"dtype={self.dtype}")
+        if self.requires_grad:
+            extras.append("requires_grad=True")
+        return f"tensor(..., {', '.join(extras)}, fake=True)"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in DATA_READS:
+            raise FakeTensorError(
+                f"{_name(func)} needs the data of a fake tensor, and fake tensors have "
+                "none. Use torchdefer.deferred_init to record the value instead, or "
+                "compute it from a real tensor."
+            )
+        with torch._C.DisableTorchFunctionSubclass():
+            return call_grad_safe(func, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.ops.prim.device.default:
+            return torch.device("meta") if in_kernel() else args[0].fake_device
+        out, device = run_on_meta(func, args, kwargs)
+        return wrap_outputs(out, device, cls)
+
+
+def in_kernel() -> bool:
+    return getattr(_kernel, "active", False)
+
+
+def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+    """Run ``func`` on the meta backend; returns (outputs, device of outputs).
+
+    ``args`` may hold fake tensors (their impl is meta) and meta tensors; a
+    ``device`` argument is redirected to meta and reported back.
+    """
+    from torchdefer.fake.device import normalize, output_device
+
+    tensors = [a for a in _flat_tensors(args, kwargs)]
+    device = output_device(kwargs, tensors)
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": torch.device("meta")}
+    device = normalize(device)
+    previous = torch._C._meta_in_tls_dispatch_include()
+    _kernel.active = True
+    torch._C._set_meta_in_tls_dispatch_include(True)
+    try:
+        with torch._C._DisableTorchDispatch():
+            out = func(*args, **kwargs)
+    finally:
+        _kernel.active = False
+        torch._C._set_meta_in_tls_dispatch_include(previous)
+    return out, device
+
+
+def wrap_outputs(out: Any, device: torch.device, cls: type[FakeTensor]) -> Any:
+    """Turn the plain meta tensors among ``out`` into fake tensors on ``device``."""
+
+    def wrap(o: Any) -> Any:
+        if type(o) is torch.Tensor:
+            return cls(o, device)
+        return o
+
+    return tree_map(wrap, out)
+
+
+def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Call ``func``; if autograd would touch a fake device this process lacks, don't.
+
+    Autograd asks the device's guard for a stream when it builds a graph node,
+    and a CPU-only build has no CUDA guard (the process aborts). Such calls run
+    under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
+    """
+    if torch.is_grad_enabled():
+        needs_grad = False
+        missing_device = False
+        for t in _flat_tensors(args, kwargs):
+            if t.requires_grad:
+                needs_grad = True
+            if isinstance(t, FakeTensor) and not device_available(t.fake_device):
+                missing_device = True
+        if needs_grad and missing_device:
+            with torch.no_grad():
+                out = func(*args, **kwargs)
+
+            def mark(o: Any) -> Any:
+                if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()):
+                    if not o.requires_grad and o._base is None:
+                        o.requires_grad_(True)
+                return o
+
+            return tree_map(mark, out)
+    return func(*args, **kwargs)
+
+
+def _flat_tensors(args: tuple, kwargs: dict):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+
+
+def _name(func: Any) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+
+
+def is_fake(tensor: object) -> bool:
+    """Whether ``tensor`` is a torchdefer fake tensor (deferred ones included).
+
+    >>> import torch, torchdefer
+    >>> with torchdefer.fake_mode():
+    ...     x = torch.empty(2, device="cuda")
+    >>> torchdefer.is_fake(x), x.device
+    (True, device(type='cuda', index=0))
+    """
+    return isinstance(tensor, FakeTensor)

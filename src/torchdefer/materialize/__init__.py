@@ -1,0 +1,18 @@
+"""Materialization: slice the graph for a tensor, replay it on a device, swap into modules."""
+
+from torchdefer.materialize.api import materialize_module, materialize_tensor
+from torchdefer.materialize.errors import (
+    DeviceUnavailableError,
+    ExternalTensorModifiedError,
+    ReplayError,
+)
+from torchdefer.materialize.replay import Replay
+
+__all__ = [
+    "DeviceUnavailableError",
+    "ExternalTensorModifiedError",
+    "Replay",
+    "ReplayError",
+    "materialize_module",
+    "materialize_tensor",
+]

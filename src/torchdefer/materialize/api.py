@@ -1,0 +1,136 @@
+"""materialize_tensor and materialize_module: the public entry points of replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from torchdefer.fake.device import device_available
+from torchdefer.materialize.replay import Replay
+from torchdefer.materialize.swap import swap_in
+from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.tensor import DeferredTensor
+
+__all__ = ["materialize_module", "materialize_tensor"]
+
+
+def materialize_tensor(
+    tensor: torch.Tensor, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The real tensor a deferred tensor stands for.
+
+    A real tensor is returned as is; a deferred tensor always gives the same
+    object (per device). Only the recorded ops it depends on are replayed.
+
+    Args:
+        tensor: a deferred (or real) tensor.
+        device: where to create it; ``None`` means the device it was recorded on.
+
+    Returns:
+        The real tensor: a ``Parameter`` if ``tensor`` is one, with the same
+        values eager construction would have given.
+
+    >>> import torch, torchdefer
+    >>> torch.manual_seed(0); eager = torch.randn(3)
+    >>> torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.randn, 3)
+    >>> torch.equal(torchdefer.materialize_tensor(lazy), eager)
+    True
+    """
+    if not isinstance(tensor, DeferredTensor):
+        return tensor
+    device = None if device is None else torch.device(device)
+    memo = tensor.__dict__.setdefault("_materialized", {})
+    key = str(device)
+    if key not in memo:
+        memo[key] = _materialize([tensor], device, None)[0]
+    return memo[key]
+
+
+def materialize_module(
+    module: nn.Module,
+    device: torch.device | str | None = None,
+    *,
+    buffers_only: bool = False,
+    check_fn: Callable[[nn.Module], bool] | None = None,
+) -> nn.Module:
+    """Materialize the deferred parameters and buffers of ``module`` and its descendants.
+
+    Tensors are replaced in place: tied parameters stay tied (the same object),
+    and references taken before (an optimizer, ``nn.LSTM``'s flat weights) see
+    the real tensors.
+
+    Args:
+        module: a module built by :func:`torchdefer.deferred_init`.
+        device: where to create the tensors; ``None`` means each tensor's
+            recorded device.
+        buffers_only: materialize buffers and leave parameters deferred.
+        check_fn: if given, only modules for which it returns True have their
+            own tensors materialized (descendants are still visited).
+
+    Returns:
+        ``module`` itself.
+
+    >>> import torch, torchdefer
+    >>> m = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    >>> torchdefer.materialize_module(m, device="cpu").weight.is_meta
+    False
+    """
+    device = None if device is None else torch.device(device)
+    owners: dict[int, tuple[torch.Tensor, str, list[tuple[nn.Module, str, str]]]] = {}
+    for prefix, sub in module.named_modules():
+        if check_fn is not None and not check_fn(sub):
+            continue
+        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+        for kind in kinds:
+            for name, t in getattr(sub, kind).items():
+                if isinstance(t, DeferredTensor):
+                    path = f"{prefix}.{name}" if prefix else name
+                    entry = owners.setdefault(id(t), (t, path, []))
+                    entry[2].append((sub, kind, name))
+    if not owners:
+        return module
+    fakes = [entry[0] for entry in owners.values()]
+    names = [entry[1] for entry in owners.values()]
+    reals = _materialize(fakes, device, names)
+    for (fake, _, slots), real in zip(owners.values(), reals):
+        swap_in(fake, real, slots)
+    return module
+
+
+def _materialize(
+    fakes: list[DeferredTensor], device: torch.device | None, names: list[str] | None
+) -> list[torch.Tensor]:
+    """Replay once per graph for all ``fakes``; mark their storages materialized."""
+    by_graph: dict[int, list[int]] = {}
+    for i, fake in enumerate(fakes):
+        by_graph.setdefault(id(fake._graph), []).append(i)
+    reals: list[torch.Tensor | None] = [None] * len(fakes)
+    for indices in by_graph.values():
+        graph = fakes[indices[0]]._graph
+        targets = [(fakes[i]._value, fakes[i]._value.storage.version) for i in indices]
+        part_names = None if names is None else [names[i] for i in indices]
+        for i, real in zip(indices, Replay(graph, device).run(targets, part_names)):
+            reals[i] = _finish(fakes[i], real)
+    for fake in fakes:
+        fake._value.storage.materialized = True
+    return reals  # type: ignore[return-value]
+
+
+def _finish(fake: DeferredTensor, real: torch.Tensor) -> torch.Tensor:
+    if isinstance(fake, nn.Parameter):
+        return nn.Parameter(real, requires_grad=fake.requires_grad)
+    if fake.requires_grad != real.requires_grad and real.grad_fn is None:
+        real.requires_grad_(fake.requires_grad)
+    return real
+
+
+def _read_value(fake: DeferredTensor) -> torch.Tensor:
+    """A data-dependent read during recording: compute the value, mark nothing."""
+    value = fake._value
+    device = None if device_available(value.meta.device) else torch.device("cpu")
+    return Replay(fake._graph, device).run([(value, value.storage.version)])[0]
+
+
+set_value_reader(_read_value)

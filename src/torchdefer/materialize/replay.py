@@ -1,0 +1,163 @@
+"""Replay: run a slice of the recorded graph on real devices.
+
+The tree of what a replay does, for whoever extends it::
+
+    Replay.run(targets)
+      make_plan(...)            which nodes, and which inputs the cache has
+      _check_devices(...)       every device the slice needs exists here
+      _run_node(node)           per node, in recording order
+        CONSTANT / EXTERNAL       the captured or referenced tensor, moved
+        DATA_SET                  the new value, detached
+        RANDOM                    RngReplay.run: private generator state
+        anything else             node.op(*args) with real tensors
+      free values after their last use
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from torchdefer.fake.device import device_available
+from torchdefer.materialize.cache import cache_for
+from torchdefer.materialize.errors import (
+    DeviceUnavailableError,
+    ExternalTensorModifiedError,
+    ReplayError,
+)
+from torchdefer.materialize.plan import make_plan
+from torchdefer.materialize.rng import RngReplay
+from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+
+__all__ = ["Replay"]
+
+
+class Replay:
+    """One materialization run over a graph, onto ``device`` (None: as recorded)."""
+
+    def __init__(self, graph: Graph, device: torch.device | None) -> None:
+        self.graph = graph
+        self.device = device
+        self.device_key = "recorded" if device is None else str(device)
+        self.cache = cache_for(graph)
+        self.rng = RngReplay(self, self.cache)
+
+    def map_device(self, device: torch.device) -> torch.device:
+        if self.device is None or device.type == "meta":
+            return device
+        return self.device
+
+    def map_leaf(self, leaf: Any) -> Any:
+        if isinstance(leaf, torch.device):
+            return self.map_device(leaf)
+        return leaf
+
+    def nested(self, targets: list[tuple[Value, int]]) -> list[torch.Tensor]:
+        return Replay(self.graph, self.device).run(targets)
+
+    def run(
+        self, targets: list[tuple[Value, int]], names: list[str] | None = None
+    ) -> list[torch.Tensor]:
+        """Real tensors for ``(value, version)`` targets, sharing storage where eager did."""
+        plan = make_plan(targets, self.cache, self.device_key, self.device)
+        self._check_devices(plan.nodes, targets, names)
+        last_use = _last_uses(plan.nodes, targets)
+        env: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for i, node in enumerate(plan.nodes):
+                outs = self._run_checked(node, env, plan.cached)
+                for value in node.outputs:
+                    env[id(value)] = outs[value.index]
+                for value in node.inputs:
+                    if last_use.get(id(value)) == i:
+                        env.pop(id(value), None)
+        results = []
+        for value, version in targets:
+            real = plan.cached.get((id(value), version))
+            if real is None:
+                real = env[id(value)]
+                if version == value.storage.version:
+                    self.cache.store(value, version, self.device_key, real)
+            results.append(real)
+        return results
+
+    def _run_checked(self, node: Node, env, cached) -> list[Any]:
+        try:
+            return self._run_node(node, env, cached)
+        except ReplayError:
+            raise
+        except Exception as e:
+            raise ReplayError(
+                f"While replaying {node.name} ({node.kind}) recorded at {node.where()}: "
+                f"{type(e).__name__}: {e}"
+            ).with_traceback(e.__traceback__) from e
+
+    def _run_node(self, node: Node, env, cached) -> list[Any]:
+        kind = node.kind
+        if kind == NodeKind.CONSTANT:
+            device = self.map_device(node.outputs[0].meta.device)
+            return [node.payload.to(device, copy=True)]
+        if kind == NodeKind.EXTERNAL:
+            return [self._external(node)]
+        reads = iter(node.reads)
+        leaves = []
+        for leaf in node.leaves:
+            if isinstance(leaf, Value):
+                version = next(reads)
+                real = cached.get((id(leaf), version))
+                leaf = real if real is not None else env[id(leaf)]
+            else:
+                leaf = self.map_leaf(leaf)
+            leaves.append(leaf)
+        if kind == NodeKind.DATA_SET:
+            return [leaves[0].detach()]
+        args, kwargs = tree_unflatten(leaves, node.spec)
+        if kind == NodeKind.RANDOM:
+            out = self.rng.run(node, args, kwargs)
+        else:
+            out = node.op(*args, **kwargs)
+        return tree_flatten(out)[0]
+
+    def _external(self, node: Node) -> torch.Tensor:
+        real, version = node.payload
+        if real._version != version:
+            raise ExternalTensorModifiedError(
+                f"The real tensor of shape {tuple(real.shape)} and dtype {real.dtype} used "
+                f"at {node.where()} was modified in place after it was recorded (version "
+                f"{version} then, {real._version} now), so replaying would give a value "
+                "eager code never saw. Materialize before modifying it, or pass a clone "
+                "(`t.clone()`) to the constructor."
+            )
+        return real.to(self.map_device(real.device))
+
+    def _check_devices(self, nodes: list[Node], targets, names) -> None:
+        for node in nodes:
+            for value in node.outputs:
+                device = self.map_device(value.meta.device)
+                if not device_available(device):
+                    raise DeviceUnavailableError(
+                        f"{_describe(targets, names)} was recorded on '{device}', which "
+                        f"this process does not have (first needed by {node.name} at "
+                        f"{node.where()}). Pass device= to materialize it elsewhere, e.g. "
+                        "materialize_module(model, device='cpu')."
+                    )
+
+
+def _last_uses(nodes: list[Node], targets) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        for value in node.inputs:
+            last[id(value)] = i
+    for value, _ in targets:
+        last[id(value)] = len(nodes)  # targets are never freed
+    return last
+
+
+def _describe(targets, names) -> str:
+    if names:
+        shown = ", ".join(f"'{n}'" for n in names[:3])
+        return f"Tensor {shown}" + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    meta = targets[0][0].meta
+    return f"The tensor of shape {meta.size} and dtype {meta.dtype}"

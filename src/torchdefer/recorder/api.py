@@ -1,0 +1,68 @@
+"""deferred_init: run a constructor with every tensor fake and every op recorded."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from torchdefer.recorder.graph import Graph
+from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.record import record_constant
+
+__all__ = ["deferred_init"]
+
+T = TypeVar("T")
+
+
+def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call ``fn(*args, **kwargs)`` with every tensor it creates fake and recorded.
+
+    Nothing is allocated for parameters, buffers or intermediates, whatever
+    device the code asks for (``cuda`` works on a host without a GPU). Ops done
+    on the returned tensors later are recorded too. Materialize the result
+    with :func:`torchdefer.materialize_module` or
+    :func:`torchdefer.materialize_tensor`.
+
+    Args:
+        fn: a module class or any callable that builds tensors.
+        *args, **kwargs: passed to ``fn``.
+
+    Returns:
+        Whatever ``fn`` returns, its tensors deferred.
+
+    >>> import torch, torchdefer
+    >>> m = torchdefer.deferred_init(torch.nn.Linear, 8192, 8192, device="cuda")
+    >>> m.weight
+    Parameter containing:
+    tensor(..., size=(8192, 8192), device='cuda:0', requires_grad=True, fake=True)
+    """
+    graph = Graph()
+    dtype = torch.get_default_dtype()
+    device = torch.get_default_device()
+    try:
+        with _from_numpy_as_constant(graph), RecordingMode(graph):
+            return fn(*args, **kwargs)
+    finally:
+        # The constructor may change defaults and fail before restoring them.
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if torch.get_default_device() != device:
+            torch.set_default_device(device)
+
+
+@contextlib.contextmanager
+def _from_numpy_as_constant(graph: Graph) -> Iterator[None]:
+    """``torch.from_numpy`` bypasses dispatch; capture its result by value instead."""
+    original = torch.from_numpy
+
+    def from_numpy(array: Any) -> torch.Tensor:
+        return record_constant(graph, original(array))
+
+    torch.from_numpy = from_numpy
+    try:
+        yield
+    finally:
+        torch.from_numpy = original

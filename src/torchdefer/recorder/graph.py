@@ -1,0 +1,144 @@
+"""The recorded graph: nodes (one per op call), values, and storage versions.
+
+A :class:`Node` knows its inputs (values, with the storage version each was
+read at) and its outputs; a :class:`Storage` knows every node that wrote it, in
+order, so the graph can be walked both ways (seed 001, "Mutable Tensors"). The
+graph holds no list of all nodes: nodes live as long as a tensor, a storage or
+an RNG stream can reach them, so materialized parts are freed by the GC.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Graph", "Node", "NodeKind", "Storage", "TensorMeta", "Value"]
+
+
+class NodeKind:
+    """The kinds of recorded node (strings, so they print and serialize plainly)."""
+
+    FACTORY = "factory"  # creates a tensor from nothing (empty, zeros, arange)
+    RANDOM = "random"  # draws from a generator (randn, normal_, randperm)
+    VIEW = "view"  # aliases an input's storage (view, t, slicing, detach)
+    INPLACE = "inplace"  # writes an input's storage (add_, copy_, fill_)
+    CALL = "call"  # any other op: new storage computed from inputs
+    CONSTANT = "constant"  # value captured from Python data (torch.tensor, from_numpy)
+    EXTERNAL = "external"  # a real tensor from outside, referenced and version-checked
+    DATA_GET = "data_get"  # `t.data`
+    DATA_SET = "data_set"  # `t.data = other`
+    OBSERVE = "observe"  # a data-dependent read during recording (.item(), .tolist())
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """What a tensor looks like, without its data."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: torch.Tensor, device: torch.device) -> TensorMeta:
+        return TensorMeta(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, device)
+
+
+@dataclass(slots=True, eq=False)
+class Storage:
+    """One recorded storage; ``version`` counts the writes recorded so far."""
+
+    id: int
+    creator: Node
+    nbytes: int
+    version: int = 0
+    # writers[v - 1] produced version v. A list (not a dict) because versions
+    # are dense and the slice walks them in order.
+    writers: list[Node] = field(default_factory=list)
+    # Set by materialization once the storage is real; later writes are refused.
+    materialized: bool = False
+
+    def __repr__(self) -> str:
+        return f"Storage(#{self.id}, v{self.version})"
+
+
+@dataclass(slots=True, eq=False)
+class Value:
+    """One tensor produced by a node: output ``index`` of ``node``."""
+
+    node: Node
+    index: int
+    storage: Storage
+    meta: TensorMeta
+
+    def __repr__(self) -> str:
+        return f"%{self.node.seq}.{self.index}"
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One recorded op call.
+
+    ``leaves``/``spec`` are the flattened ``(args, kwargs)`` with every tensor
+    replaced by its :class:`Value`; ``reads[i]`` is the version of
+    ``inputs[i].storage`` when the op read it; ``writes`` lists the
+    ``(storage, new_version)`` pairs the op produced.
+    """
+
+    seq: int
+    kind: str
+    op: Any
+    leaves: list[Any]
+    spec: Any
+    inputs: tuple[Value, ...]
+    reads: tuple[int, ...]
+    outputs: list[Value] = field(default_factory=list)
+    writes: tuple[tuple[Storage, int], ...] = ()
+    rng: tuple[Any, int, int] | None = None  # (stream, epoch, position)
+    source: tuple[str, int, str] | None = None  # (file, line, function)
+    payload: Any = None  # constant / external tensor, or the observed value
+    graph: Graph | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.op) if self.op is not None else self.kind
+
+    def where(self) -> str:
+        if self.source is None:
+            return "<unknown location>"
+        file, line, func = self.source
+        return f"{file}:{line} in {func}"
+
+    def __repr__(self) -> str:
+        return f"Node(%{self.seq} {self.kind} {self.name} at {self.where()})"
+
+
+class Graph:
+    """The state of one ``deferred_init`` recording.
+
+    Holds the sequence counter, the RNG streams and the caches materialization
+    keeps between calls. Every deferred tensor points to its graph.
+    """
+
+    def __init__(self) -> None:
+        from torchdefer.recorder.rng import RngRecorder
+
+        self._seq = itertools.count()
+        self._storage_ids = itertools.count()
+        self.rng = RngRecorder()
+        # id(real tensor) -> (tensor, its deferred stand-in); keeps the real
+        # tensor alive so ids are not reused while recorded.
+        self.externals: dict[int, tuple[torch.Tensor, Any]] = {}
+        # Owned by torchdefer.materialize: real storages and RNG states kept
+        # between materialization calls. Opaque here.
+        self.replay_cache: Any = None
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def new_storage(self, creator: Node, nbytes: int) -> Storage:
+        return Storage(next(self._storage_ids), creator, nbytes)

@@ -1,0 +1,45 @@
+"""RecordingMode: the dispatch mode active while ``deferred_init`` runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchdefer.fake.tensor import in_kernel
+from torchdefer.recorder.graph import Graph
+from torchdefer.recorder.record import record_call
+
+__all__ = ["RecordingMode", "recording"]
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+class RecordingMode(TorchDispatchMode):
+    """Records every op, factory calls included, into ``graph``.
+
+    Like ``FakeTensorMode`` it takes PyTorch's FAKE mode slot, which is what
+    lets ``device="cuda"`` pass CUDA's lazy initialization on hosts without it.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        self._mode_key = _FAKE
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is torch.ops.prim.device.default:
+            return torch.device("meta") if in_kernel() else args[0].fake_device
+        return record_call(self.graph, func, args, kwargs or {})
+
+
+@contextlib.contextmanager
+def recording(graph: Graph) -> Iterator[None]:
+    """Record into ``graph`` unless a recording is already active."""
+    if isinstance(torch._C._get_dispatch_mode(_FAKE), RecordingMode):
+        yield
+        return
+    with RecordingMode(graph):
+        yield

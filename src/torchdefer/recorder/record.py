@@ -1,0 +1,244 @@
+"""Recording one op call on deferred tensors into the graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from torchdefer.fake.tensor import FakeTensor, run_on_meta
+from torchdefer.recorder._alias import alias_plan, schema_values
+from torchdefer.recorder._hooks import read_value
+from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.source import user_frame
+from torchdefer.recorder.tensor import DeferredTensor
+
+__all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
+
+_SEEDED = torch.Tag.nondeterministic_seeded
+_LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+_ITEM = torch.ops.aten._local_scalar_dense.default
+
+
+def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on meta, record it as a node, return deferred outputs."""
+    if func in _LIFT:
+        return record_constant(graph, args[0])
+    if func is _ITEM:
+        return data_read(torch.Tensor.item, args, kwargs)
+    flat, spec = tree_flatten((args, kwargs))
+    leaves = list(flat)
+    inputs: list[Value] = []
+    reads: list[int] = []
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            x = flat[i] = _as_deferred(graph, x, func)
+            inputs.append(x._value)
+            reads.append(x._value.storage.version)
+            leaves[i] = x._value
+    args, kwargs = tree_unflatten(flat, spec)
+    _check_arguments(func, kwargs)
+    try:
+        out, device = run_on_meta(func, args, kwargs)
+    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+        raise _unrecordable(func, e) from e
+    except RuntimeError as e:
+        if "Meta" in str(e) or "meta" in str(e):
+            raise _unrecordable(func, e) from e
+        raise
+    node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
+    node.source = user_frame(2)
+    node.graph = graph
+    plan = alias_plan(func)
+    if plan.writes:
+        node.writes = _record_writes(node, schema_values(plan, args, kwargs), plan.writes)
+    out, aliased = _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat)
+    node.kind = _kind(func, node, aliased, device)
+    if node.kind == NodeKind.RANDOM:
+        generator = kwargs.get("generator")
+        if generator is None:
+            generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+        graph.rng.place(node, generator, device)
+    return out
+
+
+def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:
+    if _SEEDED in func.tags and device.type != "meta":
+        return NodeKind.RANDOM
+    if node.writes:
+        return NodeKind.INPLACE
+    if aliased:
+        return NodeKind.VIEW
+    if not node.inputs:
+        return NodeKind.FACTORY
+    return NodeKind.CALL
+
+
+def _as_deferred(graph: Graph, x: torch.Tensor, func: Any) -> DeferredTensor:
+    if isinstance(x, DeferredTensor):
+        if x._graph is not graph:
+            raise RecordingError(
+                f"{func} mixes tensors from two different deferred_init calls. Build "
+                "them in one deferred_init call, or materialize one side first."
+            )
+        return x
+    if isinstance(x, FakeTensor):
+        raise RecordingError(
+            f"{func} got a fake tensor from torchdefer.fake_mode, which records nothing, "
+            "so its value can never be materialized. Create it inside deferred_init."
+        )
+    return _external(graph, x)
+
+
+def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
+    """A stand-in for a real tensor from outside, checked for changes at replay."""
+    known = graph.externals.get(id(real))
+    if known is not None and known[0] is real:
+        return known[1]
+    node = Node(graph.next_seq(), NodeKind.EXTERNAL, None, [], None, (), ())
+    node.source = user_frame(3)
+    node.payload = (real, real._version)
+    node.graph = graph
+    fake = _new_output(graph, node, 0, _meta_like(real), real.device, None)
+    graph.externals[id(real)] = (real, fake)
+    return fake
+
+
+def record_constant(graph: Graph, real: torch.Tensor) -> DeferredTensor:
+    """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value."""
+    node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
+    node.source = user_frame(2)
+    node.payload = real.detach().clone()
+    node.graph = graph
+    return _new_output(graph, node, 0, _meta_like(real), real.device, None)
+
+
+def _meta_like(real: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device="meta")
+
+
+def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
+    fake = DeferredTensor(elem, device)
+    if storage is None:
+        storage = graph.new_storage(node, elem.untyped_storage().nbytes())
+    fake._graph = graph
+    fake._value = Value(node, index, storage, TensorMeta.of(elem, device))
+    node.outputs.append(fake._value)
+    return fake
+
+
+def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
+    writes = []
+    for i in written:
+        targets = values[i] if isinstance(values[i], (list, tuple)) else [values[i]]
+        for t in targets:
+            if not isinstance(t, DeferredTensor):
+                continue
+            storage = t._value.storage
+            if storage.creator.kind == NodeKind.EXTERNAL:
+                raise RecordingError(
+                    f"{node.op} at {node.where()} writes in place to a real tensor created "
+                    "outside deferred_init; the write cannot be deferred. Clone it first "
+                    "(`t = t.clone()`) or do the update outside deferred_init."
+                )
+            if storage.materialized:
+                raise RecordingError(
+                    f"{node.op} at {node.where()} writes to a tensor whose storage was "
+                    "already materialized; the real tensor would not see the write. Do all "
+                    "in-place updates before materializing."
+                )
+            storage.version += 1
+            storage.writers.append(node)
+            writes.append((storage, storage.version))
+    return tuple(writes)
+
+
+def _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat_in):
+    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input)."""
+    outs, out_spec = tree_flatten(out)
+    in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
+    values = None
+    aliased = False
+    for k, o in enumerate(outs):
+        if not isinstance(o, torch.Tensor):
+            continue
+        if id(o) in in_ids and isinstance(o, DeferredTensor):
+            # In place: the same object, now a new value (its metadata may have
+            # changed, as with t_()).
+            o._value = Value(node, k, o._value.storage, TensorMeta.of(o, o.fake_device))
+            node.outputs.append(o._value)
+            aliased = True
+            continue
+        source = plan.returns[0 if len(plan.returns) == 1 else k]
+        storage = None
+        if source is not None:
+            if values is None:
+                values = schema_values(plan, args, kwargs)
+            base = values[source]
+            if isinstance(base, (list, tuple)):
+                base = next((b for b in base if isinstance(b, DeferredTensor)), None)
+            if isinstance(base, DeferredTensor):
+                storage = base._value.storage
+                aliased = True
+        outs[k] = _new_output(graph, node, k, o, device, storage)
+    return tree_unflatten(outs, out_spec), aliased
+
+
+def _check_arguments(func: Any, kwargs: dict) -> None:
+    layout = kwargs.get("layout")
+    if layout is not None and layout != torch.strided:
+        raise RecordingError(
+            f"{func} asks for layout={layout}; deferred_init records strided tensors "
+            f"only (called at {_where()}). Create the tensor dense and convert it after "
+            "materialization."
+        )
+    if kwargs.get("pin_memory"):
+        raise RecordingError(
+            f"{func} asks for pin_memory=True, which needs real memory (called at "
+            f"{_where()}). Pin the tensor after materialization."
+        )
+
+
+def _where() -> str:
+    frame = user_frame(3)
+    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+def _unrecordable(func: Any, error: BaseException) -> RecordingError:
+    return RecordingError(
+        f"{func} cannot be recorded: it has no meta implementation, or its output shape "
+        f"depends on data (called at {_where()}). Compute it after materialization, or "
+        f"replace it with ops that have meta kernels. Original error: {error}"
+    )
+
+
+def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Answer ``.item()``, ``.tolist()``, ``bool(t)`` ... by materializing just that value."""
+    fake = args[0]
+    real = read_value(fake)
+    with torch._C.DisableTorchFunctionSubclass():
+        result = func(real, *args[1:], **kwargs)
+    graph = fake._graph
+    node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
+                (fake._value,), (fake._value.storage.version,))
+    node.source = user_frame(2)
+    node.payload = result if not isinstance(result, torch.Tensor) else None
+    node.graph = graph
+    return result
+
+
+def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:
+    """``target.data = new``: the tensor object now holds ``new``'s value."""
+    graph = target._graph
+    new = _as_deferred(graph, new, "Tensor.data.__set__")
+    node = Node(graph.next_seq(), NodeKind.DATA_SET, None, [new._value], None,
+                (new._value,), (new._value.storage.version,))
+    node.source = user_frame(2)
+    node.graph = graph
+    with torch._C.DisableTorchFunctionSubclass():
+        torch._C.TensorBase.data.__set__(target, new)
+    target.fake_device = new.fake_device
+    target._value = Value(node, 0, new._value.storage, new._value.meta)
+    node.outputs.append(target._value)

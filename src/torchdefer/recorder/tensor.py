@@ -1,0 +1,86 @@
+"""DeferredTensor: a fake tensor whose every op is recorded into its graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdefer.fake.tensor import DATA_READS, FakeTensor, call_grad_safe, in_kernel
+from torchdefer.recorder.graph import Graph, NodeKind, Value
+
+__all__ = ["DeferredTensor", "graph_of", "is_deferred"]
+
+_DATA_GET = torch.Tensor.data.__get__
+_DATA_SET = torch.Tensor.data.__set__
+
+
+class DeferredTensor(FakeTensor):
+    """A fake tensor that belongs to a recorded :class:`Graph`.
+
+    ``_value`` is the graph value the tensor holds now; an op that changes the
+    tensor's metadata in place (``t_()``) or rebinds it (``.data = x``) moves it
+    to a new value. Ops on it are recorded also after ``deferred_init`` has
+    returned (``model.half()``, ``apply(init_fn)``, weight tying).
+    """
+
+    _graph: Graph
+    _value: Value
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device) -> DeferredTensor:
+        return FakeTensor.__new__(cls, elem, device)  # type: ignore[return-value]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        from torchdefer.recorder.mode import recording
+        from torchdefer.recorder.record import data_read, record_data_set
+
+        kwargs = kwargs or {}
+        if func in DATA_READS:
+            return data_read(func, args, kwargs)
+        if func == _DATA_SET:
+            return record_data_set(args[0], args[1])
+        with recording(graph_of(args, kwargs)), torch._C.DisableTorchFunctionSubclass():
+            out = call_grad_safe(func, args, kwargs)
+        if func == _DATA_GET and isinstance(out, DeferredTensor):
+            out._value.node.kind = NodeKind.DATA_GET
+        return out
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        from torchdefer.recorder.record import record_call
+
+        if func is torch.ops.prim.device.default:
+            return torch.device("meta") if in_kernel() else args[0].fake_device
+        return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
+
+
+def graph_of(args: Any, kwargs: Any) -> Graph:
+    """The graph of the first deferred tensor among the arguments."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, DeferredTensor):
+            return a._graph
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, DeferredTensor):
+                    return b._graph
+    raise RuntimeError("internal: no deferred tensor among the arguments")
+
+
+def is_deferred(obj: object) -> bool:
+    """Whether a tensor is deferred, or a module still has a deferred parameter or buffer.
+
+    >>> import torch, torchdefer
+    >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    >>> torchdefer.is_deferred(m), torchdefer.is_deferred(m.weight)
+    (True, True)
+    """
+    if isinstance(obj, torch.nn.Module):
+        return any(isinstance(t, DeferredTensor) for t in _tensors(obj))
+    return isinstance(obj, DeferredTensor)
+
+
+def _tensors(module: torch.nn.Module):
+    yield from module.parameters()
+    yield from module.buffers()

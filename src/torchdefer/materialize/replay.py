@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.device import device_available
@@ -65,7 +66,9 @@ class Replay:
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}
-        with torch.no_grad():
+        # A data-dependent read replays while deferred_init's mode is active:
+        # replayed ops must run for real, not be recorded again.
+        with _disable_current_modes(), torch.no_grad():
             for i, node in enumerate(plan.nodes):
                 outs = self._run_checked(node, env, plan.cached)
                 for value in node.outputs:

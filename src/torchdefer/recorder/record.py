@@ -27,6 +27,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if func in _LIFT:
         return record_constant(graph, args[0])
     if func is _ITEM:
+        if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
+            return func(*args, **kwargs)
         return data_read(torch.Tensor.item, args, kwargs)
     flat, spec = tree_flatten((args, kwargs))
     leaves = list(flat)

@@ -41,6 +41,8 @@ class DeferredTensor(FakeTensor):
             return data_read(func, args, kwargs)
         if func == _DATA_SET:
             return record_data_set(args[0], args[1])
+        if func is torch.Tensor.__deepcopy__:
+            return _deepcopy(args[0], args[1])
         with recording(graph_of(args, kwargs)), torch._C.DisableTorchFunctionSubclass():
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
@@ -54,6 +56,20 @@ class DeferredTensor(FakeTensor):
         if func is torch.ops.prim.device.default:
             return torch.device("meta") if in_kernel() else args[0].fake_device
         return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
+
+
+def _deepcopy(tensor: DeferredTensor, memo: dict) -> torch.Tensor:
+    """``copy.deepcopy`` of a deferred tensor: a recorded clone, Parameter-ness kept."""
+    if id(tensor) in memo:
+        return memo[id(tensor)]
+    with torch.no_grad():
+        copy = tensor.clone(memory_format=torch.preserve_format)
+    if isinstance(tensor, torch.nn.Parameter):
+        copy = torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    else:
+        copy.requires_grad_(tensor.requires_grad)
+    memo[id(tensor)] = copy
+    return copy
 
 
 def graph_of(args: Any, kwargs: Any) -> Graph:

@@ -74,17 +74,17 @@ def capture_guards() -> Iterator[GuardLog]:
     log = GuardLog([], {})
     logger = logging.getLogger(_LOGGER)
     handler = _Handler(log)
-    old_level, old_propagate = logger.level, logger.propagate
-    # Not propagating keeps torch's own handlers from printing these INFO lines.
-    logger.addHandler(handler)
+    old = logger.handlers[:], logger.level, logger.propagate
+    # Only our handler, not propagating: torch's own stderr handlers would
+    # otherwise print every INFO line we turned on.
+    logger.handlers = [handler]
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
         yield log
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
+        logger.handlers, _, logger.propagate = old
+        logger.setLevel(old[1])
 
 
 def user_frame(tb_frames: list[tuple[str, int, str]] | None = None) -> str | None:

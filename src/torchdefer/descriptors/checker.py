@@ -77,13 +77,19 @@ class Checker:
         lo, hi = self.ranges.get(want, (0, None))
         if size < lo or (hi is not None and size > hi):
             raise DescriptorMismatch(
-                path, f"shape[{i}]", f"{want!r} in [{lo}, {'inf' if hi is None else hi}]",
-                str(size), f"{want!r} is outside its range",
+                path,
+                f"shape[{i}]",
+                f"{want!r} in [{lo}, {'inf' if hi is None else hi}]",
+                str(size),
+                f"{want!r} is outside its range",
             )
         bound = self.bound.setdefault(want, (size, where))
         if bound[0] != size:
             raise DescriptorMismatch(
-                path, f"shape[{i}]", f"{want!r} = {bound[0]}", str(size),
+                path,
+                f"shape[{i}]",
+                f"{want!r} = {bound[0]}",
+                str(size),
                 f"{want!r} is {bound[0]} from {bound[1]}",
             )
 
@@ -95,7 +101,9 @@ class Checker:
             )
         if len(value) != len(node):
             raise DescriptorMismatch(
-                path, "structure", f"a {kind} of length {len(node)}",
+                path,
+                "structure",
+                f"a {kind} of length {len(node)}",
                 f"a {kind} of length {len(value)}",
             )
         for i, (child, item) in enumerate(zip(node, value, strict=True)):
@@ -110,8 +118,11 @@ class Checker:
             missing = [k for k in node if k not in value]
             extra = [k for k in value if k not in node]
             raise DescriptorMismatch(
-                path, "structure", f"a dict with keys {list(node)}",
-                f"keys {list(value)}", f"missing {missing}, unexpected {extra}",
+                path,
+                "structure",
+                f"a dict with keys {list(node)}",
+                f"keys {list(value)}",
+                f"missing {missing}, unexpected {extra}",
             )
         for key, child in node.items():
             self.check(child, value[key], f"{path}[{key!r}]")
@@ -143,7 +154,10 @@ def _check_value(node: Value, value: Any, path: str) -> None:
     same = type(value) is type(want) and (value == want or _both_nan(value, want))
     if not same:
         raise DescriptorMismatch(
-            path, "value", repr(want), repr(value) if _is_scalar(value) else _describe(value),
+            path,
+            "value",
+            repr(want),
+            repr(value) if _is_scalar(value) else _describe(value),
             "the program was specialized for this value; script another program for "
             f"{repr(value) if _is_scalar(value) else 'it'} or describe the argument by its type",
         )

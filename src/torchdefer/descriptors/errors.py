@@ -24,9 +24,7 @@ class DescriptorMismatch(TypeError):
         got: what the call passed, as text.
     """
 
-    def __init__(
-        self, path: str, property: str, expected: str, got: str, detail: str = ""
-    ) -> None:
+    def __init__(self, path: str, property: str, expected: str, got: str, detail: str = "") -> None:
         self.path = path
         self.property = property
         self.expected = expected

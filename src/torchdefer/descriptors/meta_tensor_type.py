@@ -251,8 +251,10 @@ def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
         raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
     out = tuple(shape)
     for i, d in enumerate(out):
-        ok = d is None or (isinstance(d, str) and d) or (
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0
+        ok = (
+            d is None
+            or (isinstance(d, str) and d)
+            or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
         )
         if not ok:
             raise ValueError(
@@ -274,9 +276,7 @@ def _normalize_ranges(
     ranges: Mapping[str, DimRange] | Iterable[tuple[str, int, int | None]],
     shape: tuple[Dim, ...] | None,
 ) -> tuple[tuple[str, int, int | None], ...]:
-    items = (
-        [(k, *v) for k, v in ranges.items()] if isinstance(ranges, Mapping) else list(ranges)
-    )
+    items = [(k, *v) for k, v in ranges.items()] if isinstance(ranges, Mapping) else list(ranges)
     out = []
     for entry in items:
         if len(entry) != 3:

@@ -82,4 +82,6 @@ class Signature:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Signature:
-        return cls(data["qualname"], tuple(Parameter(n, bool(pos)) for n, pos in data["parameters"]))
+        return cls(
+            data["qualname"], tuple(Parameter(n, bool(pos)) for n, pos in data["parameters"])
+        )

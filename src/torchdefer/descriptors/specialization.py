@@ -74,8 +74,12 @@ class Specialization:
                     f"parameter {name!r} of {signature.qualname}() has no default and no input "
                     f"descriptor; add input_descriptors[{name!r}]"
                 )
-        tensors = [leaf for tree in trees.values() for _, leaf in leaves(tree, "")
-                   if isinstance(leaf, MetaTensorType)]
+        tensors = [
+            leaf
+            for tree in trees.values()
+            for _, leaf in leaves(tree, "")
+            if isinstance(leaf, MetaTensorType)
+        ]
         described = tuple(n for n in names if n in descriptors)
         return cls(signature, trees, described, merge_ranges(tensors))
 

@@ -1,0 +1,35 @@
+"""Input descriptors and descriptor-specialized scripting.
+
+Describe a model's inputs once, get a program specialized to them that checks
+every call::
+
+    import torch, torchdefer
+    from torchdefer import MetaTensorType
+    program = torchdefer.script(model, {
+        "x": MetaTensorType(["b", 10], torch.float32, dim_ranges={"b": (1, 64)}),
+        "flag": True,                                   # value specialization
+    })
+    program(torch.randn(7, 10), True)                   # checked, then run
+    program.output_descriptors                          # e.g. MetaTensorType(['b', 3], ...)
+    torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
+
+See ``docs/descriptors.md`` for the full story; each module's docstring says
+how its part works and why.
+"""
+
+from torchdefer.descriptors.archive import load, save
+from torchdefer.descriptors.describe import describe
+from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch
+from torchdefer.descriptors.meta_tensor_type import MetaTensorType
+from torchdefer.descriptors.program import Program, script
+
+__all__ = [
+    "DescriptorConflict",
+    "DescriptorMismatch",
+    "MetaTensorType",
+    "Program",
+    "describe",
+    "load",
+    "save",
+    "script",
+]

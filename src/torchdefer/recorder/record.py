@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
@@ -112,9 +113,11 @@ def record_constant(graph: Graph, real: torch.Tensor) -> DeferredTensor:
     """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value."""
     node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
     node.source = user_frame(2)
-    node.payload = real.detach().clone()
     node.graph = graph
-    return _new_output(graph, node, 0, _meta_like(real), real.device, None)
+    with _disable_current_modes():  # called from Python too (from_numpy), mode active
+        node.payload = real.detach().clone()
+        elem = _meta_like(real)
+    return _new_output(graph, node, 0, elem, real.device, None)
 
 
 def _meta_like(real: torch.Tensor) -> torch.Tensor:
@@ -220,8 +223,13 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     """Answer ``.item()``, ``.tolist()``, ``bool(t)`` ... by materializing just that value."""
     fake = args[0]
     real = read_value(fake)
-    with torch._C.DisableTorchFunctionSubclass():
+    # numpy() detaches internally: with the recording mode on, that detach
+    # would be recorded and the array would read a fake tensor's memory.
+    with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
         result = func(real, *args[1:], **kwargs)
+    if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+        # The array would share memory with a real tensor nobody keeps; own it.
+        result = result.copy()
     graph = fake._graph
     node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
                 (fake._value,), (fake._value.storage.version,))

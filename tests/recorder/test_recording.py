@@ -1,0 +1,233 @@
+"""What deferred_init records, checked against eager construction."""
+
+import gc
+import weakref
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from parity import assert_same_tensor, build_both
+from torch import nn
+
+import torchdefer
+from torchdefer.recorder import RecordingError
+
+
+def materialized(objs):
+    return [torchdefer.materialize_tensor(t) for t in objs]
+
+
+def check_program(fn, seed=0):
+    eager, deferred = build_both(fn, seed=seed)
+    for i, (ref, t) in enumerate(zip(eager, deferred, strict=True)):
+        assert torchdefer.is_fake(t)
+        assert_same_tensor(torchdefer.materialize_tensor(t), ref, f"output {i}")
+
+
+def test_deferring_a_40_gib_model_allocates_nothing():
+    rss = psutil.Process().memory_info().rss
+    m = torchdefer.deferred_init(
+        lambda: nn.Sequential(nn.Linear(100_000, 50_000), nn.Linear(50_000, 50_000))
+    )
+    m.to(torch.float64)
+    assert psutil.Process().memory_info().rss - rss < 256 * 2**20
+    assert sum(p.numel() for p in m.parameters()) > 7_500_000_000
+
+
+def test_deferred_tensor_prints_as_fake():
+    t = torchdefer.deferred_init(torch.zeros, 2, 3, device="cuda")
+    assert repr(t) == "tensor(..., size=(2, 3), device='cuda:0', fake=True)"
+
+
+def test_fake_cuda_tensors_behave_as_eager_on_a_host_without_gpu():
+    def build():
+        a = torch.ones(3, device="cuda")
+        b = torch.zeros_like(a)
+        with torch.device("cuda"):
+            c = torch.empty(2)
+        return a, b, c, a.is_cuda
+
+    a, b, c, is_cuda = torchdefer.deferred_init(build)
+    assert is_cuda and a.is_cuda and b.device == torch.device("cuda", 0)
+    assert c.device.type == "cuda"
+
+
+def test_device_specific_branches_see_the_requested_device():
+    def build():
+        a = torch.ones(2, device="cuda")
+        return a if a.is_cuda else a + 1
+
+    out = torchdefer.deferred_init(build)
+    assert torch.equal(torchdefer.materialize_tensor(out, device="cpu"), torch.ones(2))
+
+
+def test_random_ops_with_an_explicit_generator_match_eager():
+    def build():
+        g = torch.Generator().manual_seed(7)
+        a = torch.randn(4, generator=g)
+        b = torch.empty(3).uniform_(generator=g)
+        c = torch.randn(2)
+        return a, b, c
+
+    check_program(build)
+
+
+def test_inplace_on_a_base_after_a_view_was_taken_reaches_the_view():
+    def build():
+        a = torch.ones(2, 2)
+        b = a.view(-1)
+        a.add_(2)
+        c = a[0]
+        c.mul_(3)
+        return a, b, c
+
+    check_program(build)
+
+
+def test_data_get_and_set_are_recorded():
+    def build():
+        p = nn.Parameter(torch.empty(3, 3))
+        p.data.normal_()
+        d = p.data
+        p.data = torch.randn(3, 3) * 2
+        d.add_(1)
+        return p, d
+
+    check_program(build)
+
+
+def test_no_grad_blocks_and_nn_init_functions_match_eager():
+    def build():
+        ts = [torch.empty(6, 4) for _ in range(9)]
+        with torch.no_grad():
+            nn.init.orthogonal_(ts[0])
+            nn.init.trunc_normal_(ts[1], std=0.02)
+            nn.init.sparse_(ts[2], sparsity=0.5)
+            nn.init.xavier_uniform_(ts[3])
+            nn.init.xavier_normal_(ts[4])
+            nn.init.kaiming_uniform_(ts[5], a=5**0.5)
+            nn.init.kaiming_normal_(ts[6])
+            nn.init.eye_(ts[7])
+            nn.init.dirac_(ts[8].view(6, 4, 1)) if False else nn.init.constant_(ts[8], 0.3)
+        return ts
+
+    check_program(build)
+
+
+def test_linear_algebra_in_init_code_matches_eager():
+    def build():
+        a = torch.randn(5, 5)
+        q, r = torch.linalg.qr(a)
+        return q, r, torch.linalg.cholesky(a @ a.T + torch.eye(5)), torch.linalg.svd(a)[1]
+
+    check_program(build)
+
+
+def test_constants_from_python_data_are_captured_by_value():
+    array = np.arange(6, dtype=np.float32)
+
+    def build():
+        a = torch.tensor([1.0, 2.0, 3.0])
+        b = torch.from_numpy(array) * 2
+        return a, b
+
+    eager, deferred = build_both(build)
+    array[:] = 100  # changing the source after recording must not change the result
+    assert torch.equal(torchdefer.materialize_tensor(deferred[0]), eager[0])
+    assert torch.equal(torchdefer.materialize_tensor(deferred[1]), torch.arange(6.0) * 2)
+
+
+def test_data_dependent_reads_during_construction_work():
+    def build():
+        rates = [x.item() for x in torch.linspace(0, 0.1, 12)]
+        noise = torch.rand(4)
+        listed = noise.tolist()
+        flag = bool(noise.sum() > 2)
+        arr = noise.numpy()
+        return rates, listed, flag, arr.copy(), noise
+
+    torch.manual_seed(3)
+    eager = build()
+    torch.manual_seed(3)
+    deferred = torchdefer.deferred_init(build)
+    assert deferred[:3] == eager[:3]
+    assert np.array_equal(deferred[3], eager[3])
+    assert torch.equal(torchdefer.materialize_tensor(deferred[4]), eager[4])
+
+
+def test_ops_after_deferred_init_returns_are_recorded():
+    def post(m):
+        m.to(torch.float64)
+        m[1].half()
+        m[2].weight = m[0].weight
+        with torch.no_grad():
+            m[0].bias.add_(1)
+        m.apply(lambda s: nn.init.zeros_(s.bias) if isinstance(s, nn.Linear) and s.out_features == 3 else None)
+        return m
+
+    def build():
+        return nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 3))
+
+    torch.manual_seed(0)
+    eager = post(build())
+    torch.manual_seed(0)
+    deferred = post(torchdefer.deferred_init(build))
+    torchdefer.materialize_module(deferred)
+    from parity import assert_same_module
+
+    assert_same_module(deferred, eager)
+    assert deferred[2].weight is deferred[0].weight
+
+
+def test_op_without_meta_kernel_raises_with_op_and_source_line():
+    def build():
+        x = torch.randn(4)
+        return torch.nonzero(x)  # output shape depends on data
+
+    with pytest.raises(RecordingError, match=r"aten.nonzero.*test_recording.py:\d+"):
+        torchdefer.deferred_init(build)
+
+
+def test_unsupported_layout_argument_raises_at_recording_time():
+    with pytest.raises(RecordingError, match=r"layout=torch.sparse_coo.*test_recording.py"):
+        torchdefer.deferred_init(lambda: torch.empty(2, 2, layout=torch.sparse_coo))
+
+
+def test_inplace_write_to_an_external_real_tensor_is_refused():
+    real = torch.ones(3)
+    with pytest.raises(RecordingError, match="outside deferred_init"):
+        torchdefer.deferred_init(lambda: real.add_(1))
+
+
+def test_failing_constructor_leaves_no_mode_patch_or_default_behind():
+    def build():
+        torch.set_default_dtype(torch.float64)
+        torch.set_default_device("cpu")
+        torch.empty(3)
+        raise ValueError("boom")
+
+    modes = torch._C._len_torch_dispatch_stack()
+    from_numpy = torch.from_numpy
+    with pytest.raises(ValueError, match="boom"):
+        torchdefer.deferred_init(build)
+    assert torch.get_default_dtype() == torch.float32
+    assert torch._C._len_torch_dispatch_stack() == modes
+    assert torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+    assert torch.from_numpy is from_numpy
+    assert not torchdefer.is_fake(torch.empty(1))
+
+
+def test_materialized_graph_is_freed():
+    m = torchdefer.deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+    graph = weakref.ref(m[0].weight._graph)
+    torchdefer.materialize_module(m)
+    gc.collect()
+    assert graph() is None
+
+
+def test_mixing_tensors_of_two_recordings_is_refused():
+    a = torchdefer.deferred_init(torch.ones, 2)
+    b = torchdefer.deferred_init(torch.ones, 2)
+    with pytest.raises(RecordingError, match="two different deferred_init"):
+        a + b

@@ -33,6 +33,8 @@ from torch._export.serde import serialize as serde
 
 from torchdefer.descriptors.program import Program
 from torchdefer.descriptors.specialization import Specialization
+from torchdefer.descriptors.tree import from_json as tree_from_json
+from torchdefer.descriptors.tree import to_json as tree_to_json
 
 __all__ = ["load", "save"]
 
@@ -75,6 +77,10 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
 
         files["program.ts"] = save_bytes(program._runner)
         header["weights"] = True
+        try:  # export outputs are recomputed from the graph; jit's are kept
+            header["outputs"] = tree_to_json(program.output_descriptors)
+        except (TypeError, AttributeError):
+            header["outputs"] = None
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         zf.writestr("torchdefer.json", json.dumps(header, indent=1))
         for name, data in files.items():
@@ -111,7 +117,10 @@ def load(path: str | os.PathLike[str]) -> Program:
     if header["backend"] == "jit":
         from torchdefer.descriptors.jit_backend import load_program
 
-        return load_program(spec, payload["program.ts"])
+        program = load_program(spec, payload["program.ts"])
+        if header.get("outputs") is not None:
+            program.output_descriptors = tree_from_json(header["outputs"])
+        return program
     raise ValueError(f"{os.fspath(path)!r}: unknown backend {header['backend']!r}")
 
 

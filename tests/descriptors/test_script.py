@@ -1,0 +1,139 @@
+"""script(): specialization on both backends, compared against eager."""
+
+import pytest
+import torch
+
+import torchdefer
+from torchdefer.descriptors import DescriptorConflict, DescriptorMismatch, MetaTensorType
+
+F32 = torch.float32
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(10, 3)
+
+    def forward(self, x: torch.Tensor, flag: bool, n: int) -> torch.Tensor:
+        if flag:
+            return torch.sigmoid(self.lin(x)) * n
+        return torch.tanh(self.lin(x)) - n
+
+
+@pytest.mark.parametrize("backend", ["export", "jit"])
+def test_value_specialized_branch_is_gone_from_the_graph(backend):
+    model = Branchy()
+    p = torchdefer.script(
+        model, {"x": MetaTensorType(["b", 10], F32), "flag": True, "n": int}, backend=backend
+    )
+    assert "sigmoid" in p.graph
+    assert "tanh" not in p.graph
+    x = torch.randn(5, 10)
+    torch.testing.assert_close(p(x, True, 3), model(x, True, 3))
+    with pytest.raises(DescriptorMismatch, match=r"flag \(value\): expected True, got False"):
+        p(x, False, 3)
+
+
+@pytest.mark.parametrize("backend", ["export", "jit"])
+def test_symbolic_dim_runs_for_every_length_including_zero_and_one(backend):
+    model = Branchy()
+    p = torchdefer.script(
+        model, {"x": MetaTensorType(["b", 10], F32), "flag": False, "n": 2}, backend=backend
+    )
+    for b in [0, 1, 2, 3, 17]:
+        x = torch.randn(b, 10)
+        torch.testing.assert_close(p(x, False, 2), model(x, False, 2))
+
+
+def test_export_graph_keeps_the_symbol_dynamic_and_names_it():
+    p = torchdefer.script(Branchy(), {"x": MetaTensorType(["b", 10], F32), "flag": True, "n": 1})
+    first_line = p.graph.splitlines()[0]
+    assert first_line.endswith("= b")
+    symbol = first_line.split()[1]
+    assert f"f32[{symbol}, 3]" in p.graph
+
+
+def test_output_descriptors_mirror_nested_outputs_with_symbols_propagated():
+    def f(x, y):
+        return {"sum": x + 1, "parts": (x[:, :2], torch.cat([x, y], 0))}, x.shape[0]
+
+    d = {
+        "x": MetaTensorType(["b", 10], F32, dim_ranges={"b": (1, 8)}),
+        "y": MetaTensorType(["c", 10], F32),
+    }
+    p = torchdefer.script(f, d)
+    outs, size = p.output_descriptors
+    assert outs["sum"].shape == ("b", 10)
+    assert outs["sum"].ranges == {"b": (1, 8)}
+    assert outs["parts"][0].shape == ("b", 2)
+    assert outs["parts"][1].shape == ("b + c", 10)
+    x, y = torch.randn(3, 10), torch.randn(4, 10)
+    got, ref = p(x, y), f(x, y)
+    torch.testing.assert_close(got, ref)
+    assert got[0]["parts"][1].shape == ref[0]["parts"][1].shape
+
+
+def test_jit_output_descriptors_use_the_descriptor_names():
+    p = torchdefer.script(
+        Branchy(), {"x": MetaTensorType(["b", 10], F32), "flag": True, "n": 1}, backend="jit"
+    )
+    assert p.output_descriptors.shape == ("b", 3)
+
+
+@pytest.mark.parametrize("backend", ["export", "jit"])
+def test_rank_only_descriptor_admits_any_lengths_of_that_rank(backend):
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) * 2
+
+    p = torchdefer.script(f, {"x": MetaTensorType(rank=3, dtype=F32)}, backend=backend)
+    for shape in [(1, 2, 3), (4, 0, 5), (2, 2, 2)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(p(x), f(x))
+    with pytest.raises(DescriptorMismatch, match=r"x\.ndim: expected 3, got 2"):
+        p(torch.randn(2, 2))
+
+
+def test_jit_graph_inputs_carry_refined_types():
+    p = torchdefer.script(
+        Branchy(), {"x": MetaTensorType(["b", 10], F32), "flag": True, "n": 1}, backend="jit"
+    )
+    assert "Float(*, 10" in p.graph
+
+
+class NeedsFour(torch.nn.Module):
+    def forward(self, x):
+        return x.view(4, -1)
+
+
+def test_descriptor_contradicted_by_the_code_is_reported_at_script_time_with_the_line():
+    with pytest.raises(DescriptorConflict) as e:
+        torchdefer.script(NeedsFour(), {"x": MetaTensorType(["b", 10], F32)})
+    message = str(e.value)
+    assert "'b' is described as symbolic, but the code requires" in message
+    assert "test_script.py" in message
+    assert "return x.view(4, -1)" in message
+
+
+def test_static_descriptor_that_satisfies_the_code_scripts_fine():
+    p = torchdefer.script(NeedsFour(), {"x": MetaTensorType([4, 10], F32)})
+    x = torch.randn(4, 10)
+    torch.testing.assert_close(p(x), x.view(4, -1))
+
+
+def test_export_needs_rank_and_dtype_and_says_so():
+    with pytest.raises(TypeError, match="leaves dtype unknown; give dtype=..."):
+        torchdefer.script(NeedsFour(), {"x": MetaTensorType([4, 10])})
+
+
+def test_descriptor_of_a_tensor_value_is_rejected_with_a_hint():
+    with pytest.raises(TypeError, match=r"MetaTensorType.from_examples\(t\)"):
+        torchdefer.script(NeedsFour(), {"x": torch.zeros(4, 10)})
+
+
+def test_program_runs_with_the_modules_current_weights():
+    model = Branchy()
+    p = torchdefer.script(model, {"x": MetaTensorType(["b", 10], F32), "flag": True, "n": 1})
+    with torch.no_grad():
+        model.lin.weight.mul_(3)
+    x = torch.randn(2, 10)
+    torch.testing.assert_close(p(x, True, 1), model(x, True, 1))

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from parity import check_module_parity
 
 transformers = pytest.importorskip("transformers")

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from parity import build_both, check_module_parity
 from torch import nn
 
 import torchdefer
+from parity import build_both, check_module_parity
 
 LAYERS = {
     "linear": lambda: nn.Linear(8, 4),

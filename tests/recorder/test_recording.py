@@ -7,10 +7,10 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from parity import assert_same_tensor, build_both
 from torch import nn
 
 import torchdefer
+from parity import assert_same_tensor, build_both
 from torchdefer.recorder import RecordingError
 
 

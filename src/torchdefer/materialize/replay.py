@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.device import device_available
@@ -31,6 +30,7 @@ from torchdefer.materialize.errors import (
 from torchdefer.materialize.plan import make_plan
 from torchdefer.materialize.rng import RngReplay
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder.mode import suspended
 
 __all__ = ["Replay"]
 
@@ -68,7 +68,7 @@ class Replay:
         env: dict[int, torch.Tensor] = {}
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
-        with _disable_current_modes(), torch.no_grad():
+        with suspended(), torch.no_grad():
             for i, node in enumerate(plan.nodes):
                 outs = self._run_checked(node, env, plan.cached)
                 for value in node.outputs:

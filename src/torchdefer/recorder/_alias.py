@@ -28,7 +28,9 @@ def alias_plan(func: Any) -> AliasPlan:
 def _build(schema: Any) -> AliasPlan:
     names = tuple(a.name for a in schema.arguments)
     writes = tuple(
-        i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        i
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
     )
     returns: list[int | None] = []
     for r in schema.returns:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
-from torchdefer.recorder.record import record_constant
 
 __all__ = ["deferred_init"]
 
@@ -43,7 +41,7 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     dtype = torch.get_default_dtype()
     device = torch.get_default_device()
     try:
-        with _from_numpy_as_constant(graph), RecordingMode(graph):
+        with RecordingMode(graph):
             return fn(*args, **kwargs)
     finally:
         # The constructor may change defaults and fail before restoring them.
@@ -51,18 +49,3 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             torch.set_default_dtype(dtype)
         if torch.get_default_device() != device:
             torch.set_default_device(device)
-
-
-@contextlib.contextmanager
-def _from_numpy_as_constant(graph: Graph) -> Iterator[None]:
-    """``torch.from_numpy`` bypasses dispatch; capture its result by value instead."""
-    original = torch.from_numpy
-
-    def from_numpy(array: Any) -> torch.Tensor:
-        return record_constant(graph, original(array))
-
-    torch.from_numpy = from_numpy
-    try:
-        yield
-    finally:
-        torch.from_numpy = original

@@ -6,13 +6,12 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from torchdefer.fake.tensor import in_kernel
 from torchdefer.recorder.graph import Graph
-from torchdefer.recorder.record import record_call
 
-__all__ = ["RecordingMode", "recording"]
+__all__ = ["RecordingMode", "recording", "suspended"]
 
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
@@ -32,6 +31,8 @@ class RecordingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:
             return torch.device("meta") if in_kernel() else args[0].fake_device
+        from torchdefer.recorder.record import record_call
+
         return record_call(self.graph, func, args, kwargs or {})
 
 
@@ -43,3 +44,19 @@ def recording(graph: Graph) -> Iterator[None]:
         return
     with RecordingMode(graph):
         yield
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Run real code while a recording is active (replay, constants, data reads).
+
+    ``torch.utils._python_dispatch._disable_current_modes`` leaves the FAKE
+    slot alone, so the recording mode is taken out and put back here.
+    """
+    mode = torch._C._unset_dispatch_mode(_FAKE)
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        if mode is not None:
+            torch._C._set_dispatch_mode(mode)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
@@ -13,6 +12,7 @@ from torchdefer.recorder._alias import alias_plan, schema_values
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
 
@@ -26,6 +26,8 @@ _ITEM = torch.ops.aten._local_scalar_dense.default
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
     if func in _LIFT:
+        if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
+            return args[0]
         return record_constant(graph, args[0])
     if func is _ITEM:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
@@ -114,7 +116,7 @@ def record_constant(graph: Graph, real: torch.Tensor) -> DeferredTensor:
     node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
     node.source = user_frame(2)
     node.graph = graph
-    with _disable_current_modes():  # called from Python too (from_numpy), mode active
+    with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
         elem = _meta_like(real)
     return _new_output(graph, node, 0, elem, real.device, None)
@@ -225,7 +227,7 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     real = read_value(fake)
     # numpy() detaches internally: with the recording mode on, that detach
     # would be recorded and the array would read a fake tensor's memory.
-    with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
+    with suspended(), torch._C.DisableTorchFunctionSubclass():
         result = func(real, *args[1:], **kwargs)
     if func in (torch.Tensor.numpy, torch.Tensor.__array__):
         # The array would share memory with a real tensor nobody keeps; own it.

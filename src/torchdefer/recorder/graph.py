@@ -128,16 +128,21 @@ class Graph:
         from torchdefer.recorder.rng import RngRecorder
 
         self._seq = itertools.count()
+        self.op_count = 0  # nodes recorded so far
         self._storage_ids = itertools.count()
         self.rng = RngRecorder()
         # id(real tensor) -> (tensor, its deferred stand-in); keeps the real
         # tensor alive so ids are not reused while recorded.
         self.externals: dict[int, tuple[torch.Tensor, Any]] = {}
+        # Data-dependent reads seen while recording (.item(), .tolist()): no
+        # tensor depends on them, so only this list reaches them (for viz).
+        self.observations: list[Node] = []
         # Owned by torchdefer.materialize: real storages and RNG states kept
         # between materialization calls. Opaque here.
         self.replay_cache: Any = None
 
     def next_seq(self) -> int:
+        self.op_count += 1
         return next(self._seq)
 
     def new_storage(self, creator: Node, nbytes: int) -> Storage:

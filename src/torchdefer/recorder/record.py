@@ -238,6 +238,7 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     node.source = user_frame(2)
     node.payload = result if not isinstance(result, torch.Tensor) else None
     node.graph = graph
+    graph.observations.append(node)
     return result
 
 

@@ -125,28 +125,34 @@ def load(path: str | os.PathLike[str]) -> Program:
 
 
 def _export_files(program: Program, files: dict[str, bytes]) -> bool:
-    runner = program._runner
-    ep = runner.program
-    live = program._current_weights_or_none()
-    real = live is not None
-    state = {}
-    for name, t in ep.state_dict.items():
-        source = live[name] if real else t
-        if not real:
+    ep = program._runner.program
+    live = program._current_weights_or_none() or {}
+
+    def stored(name: str, t: torch.Tensor) -> torch.Tensor:
+        # Live module weights win; the graph's own (loaded) weights are real
+        # unless fake/meta; anything without data is stored as a meta twin.
+        source = live.get(name, t)
+        if source.is_meta or type(source).__name__ == "FakeTensor" or _has_no_data(source):
             source = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta")
         source = source.detach()
-        is_param = name in ep.graph_signature.parameters
-        state[name] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
+        if isinstance(t, torch.nn.Parameter):
+            return torch.nn.Parameter(source, t.requires_grad)
+        return source
+
+    state = {name: stored(name, t) for name, t in ep.state_dict.items()}
+    constants = {}
+    for name, value in ep.constants.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"save(): constant {name!r} of the program is a {type(value).__name__}; only "
+                "tensor constants can be saved"
+            )
+        constants[name] = stored(name, value)
     # The graph is serialized against meta twins (its verifier wants every
     # weight present); the weights themselves go to weights.pt.
-    twins = {
-        k: torch.nn.Parameter(v.to("meta"), v.requires_grad)
-        if isinstance(v, torch.nn.Parameter)
-        else v.to("meta")
-        for k, v in state.items()
-    }
-    old_state, old_examples = ep._state_dict, ep._example_inputs
-    ep._state_dict, ep._example_inputs = twins, None
+    twins = {k: _meta(v) for k, v in state.items()}
+    old = ep._state_dict, ep._constants, ep._example_inputs
+    ep._state_dict, ep._constants, ep._example_inputs = twins, {}, None
     try:
         artifact = serde.serialize(
             ep,
@@ -155,17 +161,22 @@ def _export_files(program: Program, files: dict[str, bytes]) -> bool:
             serialize_example_inputs=False,
         )
     finally:
-        ep._state_dict, ep._example_inputs = old_state, old_examples
+        ep._state_dict, ep._constants, ep._example_inputs = old
     files["program.json"] = artifact.exported_program
     files["weights.pt"] = _tensor_bytes(state)
-    files["constants.pt"] = _tensor_bytes(
-        {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
-    )
-    if len(files["constants.pt"]) and len(ep.constants) != len(
-        torch.load(io.BytesIO(files["constants.pt"]), weights_only=True)
-    ):
-        raise TypeError("save(): the program holds non-tensor constants (script objects)")
-    return real
+    files["constants.pt"] = _tensor_bytes(constants)
+    return all(not t.is_meta for t in [*state.values(), *constants.values()])
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    twin = t.to("meta")
+    return torch.nn.Parameter(twin, t.requires_grad) if isinstance(t, torch.nn.Parameter) else twin
+
+
+def _has_no_data(t: torch.Tensor) -> bool:
+    from torchdefer.descriptors.program import _is_deferred_tensor
+
+    return _is_deferred_tensor(t)
 
 
 def _load_export(spec: Specialization, payload: dict[str, bytes], path: Any) -> Program:
@@ -178,7 +189,7 @@ def _load_export(spec: Specialization, payload: dict[str, bytes], path: Any) -> 
     ep = serde.deserialize(artifact)
     symbols = ExportSymbols.from_program(ep, list(spec.dynamic_leaves()))
     runner = ExportRunner(ep, symbols.display)
-    real = all(not t.is_meta for t in state.values())
+    real = all(not t.is_meta for t in [*state.values(), *constants.values()])
     return Program(
         backend="export",
         spec=spec,

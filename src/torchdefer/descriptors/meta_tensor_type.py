@@ -197,7 +197,7 @@ requires_grad=False, layout=torch.strided)
                 self.requires_grad if self.requires_grad in (None, tensor.requires_grad) else None
             ),
             layout=self.layout if self.layout in (None, tensor.layout) else None,
-            dim_ranges=tuple(ranges.items()),
+            dim_ranges=ranges,
         )
 
     # --------------------------------------------------------------- codecs

@@ -163,9 +163,10 @@ def build_export(target: Callable[..., Any], spec: Specialization) -> tuple[Expo
     plan = _ExamplePlan(spec)
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     wrapper = _Bound(target, spec)
+    metadata = _weight_metadata(wrapper)
     with fake_mode:
         examples = plan.examples()
-        state = _fake_state(wrapper)
+        state = _fake_state(metadata)
     with capture_guards() as log, _reparametrize_module(wrapper, state):
         try:
             program = torch.export.export(
@@ -275,22 +276,40 @@ def _identifier(name: str, index: int) -> str:
     return f"d{index}_" + re.sub(r"\W+", "_", name).strip("_")
 
 
-def _fake_state(wrapper: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Fake twins of every parameter and buffer (tying kept), made in the active
-    fake mode; reads only metadata, so deferred (storage-less) weights work."""
-    twins: dict[int, torch.Tensor] = {}
-    state: dict[str, torch.Tensor] = {}
+def _weight_metadata(wrapper: torch.nn.Module) -> list[tuple[str, int, tuple[Any, ...]]]:
+    """``(name, identity, metadata)`` per parameter and buffer, read outside any
+    fake mode: deferred tensors answer metadata queries through their own
+    dispatch, which must not run under our FakeTensorMode."""
     named = [
         *wrapper.named_parameters(remove_duplicate=False),
         *wrapper.named_buffers(remove_duplicate=False),
     ]
-    for name, t in named:
-        if id(t) not in twins:
-            twin = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=t.device)
-            if isinstance(t, torch.nn.Parameter):
-                twin = torch.nn.Parameter(twin, requires_grad=t.requires_grad)
-            twins[id(t)] = twin
-        state[name] = twins[id(t)]
+    return [
+        (
+            name,
+            id(t),
+            (
+                tuple(t.shape),
+                tuple(t.stride()),
+                t.dtype,
+                t.device,
+                isinstance(t, torch.nn.Parameter),
+                t.requires_grad,
+            ),
+        )
+        for name, t in named
+    ]
+
+
+def _fake_state(metadata: list[tuple[str, int, tuple[Any, ...]]]) -> dict[str, torch.Tensor]:
+    """Fake twins (tying kept) made in the active fake mode: no storage at all."""
+    twins: dict[int, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, identity, (shape, stride, dtype, device, is_param, grad) in metadata:
+        if identity not in twins:
+            twin = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            twins[identity] = torch.nn.Parameter(twin, grad) if is_param else twin
+        state[name] = twins[identity]
     return state
 
 

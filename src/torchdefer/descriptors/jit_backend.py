@@ -61,6 +61,16 @@ class JitRunner:
 
 def build_jit(target: Any, spec: Specialization) -> tuple[JitRunner, Any]:
     """Script ``target`` and specialize its graph to ``spec``."""
+    from torchdefer.descriptors.program import _is_deferred_tensor
+
+    if isinstance(target, torch.nn.Module) and any(
+        _is_deferred_tensor(t) for t in [*target.parameters(), *target.buffers()]
+    ):
+        raise TypeError(
+            f"backend='jit' cannot script the deferred module {spec.signature.qualname}: "
+            "TorchScript needs real weights; use backend='export' (no allocation) or call "
+            "torchdefer.materialize_module(model) first"
+        )
     try:
         scripted = torch.jit.script(target)
     except Exception as e:

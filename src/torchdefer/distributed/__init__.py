@@ -1,0 +1,46 @@
+"""Sharded materialization: deferred modules as inputs to PyTorch's own sharding.
+
+``torch.distributed`` is the sharding engine (FSDP2 ``fully_shard``, DTensor,
+FSDP1); this package only makes deferred tensors flow through it so that each
+rank replays one full parameter at a time, keeps its slice, and frees the rest.
+
+FSDP2 takes deferred modules as they are: ``fully_shard`` slices each deferred
+parameter, and the slicing is *recorded*, so each local shard is a deferred
+tensor that knows how to compute exactly its slice of the eager value.
+:func:`materialize_module` then replays those shards::
+
+    model = torchdefer.deferred_init(Transformer, config)   # same seed on every rank
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    torchdefer.distributed.materialize_module(model)        # shards + one full param
+
+The core :func:`torchdefer.materialize_module` does not look inside DTensor
+parameters (the core never imports ``torch.distributed``), hence the
+distributed variant here, which does both.
+
+Nothing in this package runs at import time beyond importing
+``torch.distributed``; the core never imports it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+if not torch.distributed.is_available():  # pragma: no cover - builds without distributed
+    raise ImportError(
+        "torchdefer.distributed needs torch.distributed, which this PyTorch build lacks "
+        f"(torch {torch.__version__}). Install a PyTorch build with distributed support "
+        "(the default wheels from pytorch.org on Linux)."
+    )
+
+from torchdefer.distributed.dtensor import materialize_dtensor
+from torchdefer.distributed.fsdp1 import fsdp1_deferred_init, param_init_fn
+from torchdefer.distributed.module import materialize_module
+
+__all__ = [
+    "fsdp1_deferred_init",
+    "materialize_dtensor",
+    "materialize_module",
+    "param_init_fn",
+]

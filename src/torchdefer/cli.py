@@ -1,0 +1,237 @@
+"""``python -m torchdefer inspect``: build a model deferred and look at it.
+
+Builds ``PACKAGE.MODULE:CALLABLE`` with :func:`torchdefer.deferred_init`
+(nothing is allocated), prints its module tree with parameter counts and the
+bytes it would need per device and dtype, writes the recorded graph
+(``--dot FILE``: ``.dot``, ``.svg``, ``.png`` by extension) and explains
+parameters by name (``--explain NAME``)::
+
+    python -m torchdefer inspect transformers:LlamaForCausalLM \\
+        --config-class transformers:LlamaConfig \\
+        --config '{"hidden_size": 8192, "num_hidden_layers": 80}' \\
+        --dot llama.svg --explain model.layers.3.mlp.down_proj.weight
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import importlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+__all__ = ["main"]
+
+
+class CliError(Exception):
+    """A mistake in the command line; the message says what to change."""
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 failed, 2 bad usage).
+
+    >>> from torchdefer.cli import main
+    >>> main(["inspect", "torch.nn:Linear", "--kwargs", '{"in_features": 4, "out_features": 2}'])
+    ... # doctest: +ELLIPSIS
+    Built Linear...
+    0
+    """
+    out = out or sys.stdout
+    args = _parser().parse_args(argv)
+    try:
+        return _inspect(args, out)
+    except CliError as e:
+        print(f"torchdefer inspect: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchdefer",
+        description="Build PyTorch models without allocating them, and look at them.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser(
+        "inspect",
+        help="build a model with deferred_init; print its tree, memory and provenance",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", metavar="PACKAGE.MODULE:CALLABLE",
+                   help="what builds the model, e.g. torch.nn:Linear or "
+                   "transformers:AutoModelForCausalLM.from_config")
+    p.add_argument("--kwargs", default="{}", metavar="JSON",
+                   help="keyword arguments for the callable, as a JSON object")
+    p.add_argument("--config-class", metavar="PACKAGE.MODULE:CLASS",
+                   help="build a config from --config and pass it as first argument")
+    p.add_argument("--config", metavar="JSON", help="keyword arguments of --config-class")
+    p.add_argument("--dtype", help="default dtype while building (e.g. bfloat16)")
+    p.add_argument("--device", help="default device while building (e.g. cuda); "
+                   "no GPU is needed, nothing is allocated")
+    p.add_argument("--seed", type=int, help="torch.manual_seed before building")
+    p.add_argument("--dot", metavar="FILE",
+                   help="write the recorded graph: .dot/.gv (source), .svg, .png, .pdf")
+    p.add_argument("--no-collapse", action="store_true",
+                   help="draw every repeated submodule instead of one marked xN")
+    p.add_argument("--max-nodes", type=int, metavar="N", help="draw at most N nodes")
+    p.add_argument("--explain", action="append", default=[], metavar="NAME",
+                   help="explain a parameter or buffer by name (repeatable)")
+    return parser
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    import torchdefer
+    from torchdefer.viz.summary import memory_table, module_tree
+
+    fn = _load(args.target, "--target")
+    call_args = []
+    if args.config_class is not None:
+        config_cls = _load(args.config_class, "--config-class")
+        call_args.append(config_cls(**_json(args.config or "{}", "--config")))
+    elif args.config is not None:
+        raise CliError("--config needs --config-class to say which class to build it with")
+    kwargs = _json(args.kwargs, "--kwargs")
+    start = time.perf_counter()
+    def build() -> Any:
+        # The device context is entered inside the recording: entered outside,
+        # deferred_init's own torch.get_default_device() would allocate on it.
+        with _defaults(args.dtype, args.device):
+            return fn(*call_args, **kwargs)
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    try:
+        model = torchdefer.deferred_init(build)
+    except CliError:
+        raise
+    except Exception as e:
+        traceback.print_exc()
+        print(f"torchdefer inspect: building {args.target} with deferred_init failed: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    took = time.perf_counter() - start
+    if not isinstance(model, nn.Module):
+        raise CliError(f"{args.target} returned {type(model).__name__}, not an nn.Module")
+    explained = [(name, _tensor_named(model, name)) for name in args.explain]  # fail early
+    ops = _op_count(model)
+    print(f"Built {type(model).__name__} with deferred_init in {took:.2f} s: {ops} ops "
+          "recorded, no tensor storage allocated.", file=out)
+    print("\nModule tree (parameters):", file=out)
+    print(module_tree(model), file=out)
+    print("\nMemory it would need (shared storage counted once):", file=out)
+    print(memory_table(model), file=out)
+    status = 0
+    if args.dot:
+        status = _write_graph(model, args, out)
+    for name, tensor in explained:
+        print(f"\nProvenance of {name}:", file=out)
+        print(torchdefer.explain(tensor, model), file=out)
+    return status
+
+
+def _write_graph(model: nn.Module, args: argparse.Namespace, out: TextIO) -> int:
+    from torchdefer.viz import GraphvizNotFoundError, write_graph
+    from torchdefer.viz.dot import picture_to_dot
+    from torchdefer.viz.picture import build_picture
+
+    picture = build_picture(model, collapse_repeats=not args.no_collapse,
+                            max_nodes=args.max_nodes)
+    dot = picture_to_dot(picture, type(model).__name__)
+    try:
+        path = write_graph(dot, args.dot)
+    except GraphvizNotFoundError as e:
+        print(f"torchdefer inspect: {e} (e.g. --dot {args.dot.rsplit('.', 1)[0]}.dot)",
+              file=sys.stderr)
+        return 1
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    drawn = sum(1 for item in picture.items.values() if item.attrs.get("seq") is not None)
+    notes = [f"{drawn} ops drawn"]
+    if picture.repeats:
+        runs = len(picture.repeats)
+        notes.append(f"{picture.folded} more folded into {runs} repeated module "
+                     f"cluster{'s' if runs > 1 else ''}")
+    if picture.elided:
+        notes.append(f"{picture.elided} left out by --max-nodes")
+    print(f"\nGraph written to {path.resolve()} ({', '.join(notes)})", file=out)
+    return 0
+
+
+def _op_count(model: nn.Module) -> int:
+    graphs = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        graph = getattr(t, "_graph", None)
+        if graph is not None:
+            graphs[id(graph)] = graph
+    return sum(g.op_count for g in graphs.values())
+
+
+def _load(spec: str, option: str) -> Any:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"{option} {spec!r} must look like PACKAGE.MODULE:NAME, e.g. "
+                       "torch.nn:Linear")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise CliError(f"cannot import {module_name!r} (from {spec!r}): {e}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CliError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CliError(f"{spec!r} is a {type(obj).__name__}, not something callable")
+    return obj
+
+
+def _json(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"{option} is not valid JSON ({e}): {text!r}") from e
+    if not isinstance(value, dict):
+        raise CliError(f"{option} must be a JSON object of keyword arguments, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _defaults(dtype: str | None, device: str | None) -> Iterator[None]:
+    """The default dtype and device while building, restored afterwards."""
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        value = getattr(torch, dtype, None)
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise CliError(f"--dtype {dtype!r} is not a floating torch dtype "
+                           "(e.g. float32, bfloat16, float16)")
+        torch.set_default_dtype(value)
+    try:
+        if device is None:
+            yield
+        else:
+            try:
+                context = torch.device(device)
+            except RuntimeError as e:
+                raise CliError(f"--device {device!r} is not a torch device: {e}") from e
+            with context:
+                yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _tensor_named(model: nn.Module, name: str) -> torch.Tensor:
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    if name in named:
+        return named[name]
+    close = difflib.get_close_matches(name, list(named), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise CliError(f"--explain {name!r}: {type(model).__name__} has no parameter or buffer "
+                   f"of that name.{hint}")

@@ -140,14 +140,18 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def rng_text(node: Node) -> str | None:
-    """``generator default cpu, draw 28`` (and the epoch when it was reseeded)."""
+    """``generator default cpu, draw 28`` (and the epoch when it was reseeded);
+    a user's generator is named by its stream number and seed."""
     if node.rng is None:
         return None
     stream, epoch, position = node.rng
-    who = (
-        f"default {stream.device}"
-        if stream.generator is None
-        else f"Generator@{id(stream.generator):x} on {stream.device}"
-    )
+    if stream.generator is None:
+        who = f"default {stream.device}"
+    else:
+        # The id of the Python wrapper means nothing to a reader; the stream's
+        # number in the recording and the generator's seed do.
+        streams = list(node.graph.rng.streams.values()) if node.graph is not None else []
+        number = next((i for i, s in enumerate(streams) if s is stream), 0)
+        who = f"#{number} (initial seed {stream.generator.initial_seed()}) on {stream.device}"
     epoch_text = f", after reseed {epoch}" if epoch else ""
     return f"generator {who}, draw {position}{epoch_text}"

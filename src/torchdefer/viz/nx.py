@@ -53,8 +53,10 @@ def to_networkx(
         modules=dict(picture.modules),
         repeats={path: list(r.members) for path, r in picture.repeats.items()},
     )
+    keys = {key for item in picture.items.values() for key in item.attrs}
     for item in picture.items.values():
-        graph.add_node(item.id, **item.attrs, kind=item.kind, module=item.module,
+        attrs = dict.fromkeys(keys) | item.attrs  # every node has every attribute
+        graph.add_node(item.id, **attrs, kind=item.kind, module=item.module,
                        label="\n".join(item.lines))
     for link in picture.links:
         graph.add_edge(link.tail, link.head, **link.attrs, kind=link.kind, label=link.label)

@@ -195,7 +195,7 @@ class _Builder:
         label = f"v{version}" if version else ""
         attrs = {"storage": storage.id, "version": version, "input": index}
         self._link(Link(tail, head, "data", label, attrs))
-        if version and storage.writers[version - 1] is not value.node:
+        if version and held_version(value) != version:
             writer = self.node_id(storage.writers[version - 1])
             label = f"s#{storage.id} v{version}"
             self._link(Link(writer, head, "mutation", label, dict(attrs)))
@@ -268,6 +268,22 @@ def _node_lines(node: Node) -> tuple[str, ...]:
     if source is not None:
         lines.append(source)
     return tuple(lines)
+
+
+def held_version(value: Value) -> int:
+    """The version of its storage a value had when its op produced it.
+
+    A reader that reads a later version sees writes made through other views
+    since: that is what a mutation edge shows.
+    """
+    node = value.node
+    for written, version in node.writes:
+        if written is value.storage:
+            return version
+    for other, version in zip(node.inputs, node.reads):
+        if other.storage is value.storage:
+            return version
+    return 0
 
 
 def node_version(node: Node) -> int | None:

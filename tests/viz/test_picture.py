@@ -5,8 +5,8 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 import torch
-from models import Stack, ViewsMutatedAfterTaken, Zoo
 from torch import nn
+from viz_models import Stack, ViewsMutatedAfterTaken, Zoo
 
 import torchdefer
 from torchdefer.recorder import NodeKind
@@ -47,7 +47,7 @@ def test_every_node_and_edge_carries_the_documented_attributes():
                     "module", "label"):
             assert key in d, key
     ops = [d for _, d in g.nodes(data=True) if d["kind"] in ALL_KINDS]
-    assert all(d["source"] and d["source"].startswith("tests/viz/models.py:") for d in ops)
+    assert all(d["source"] and d["source"].startswith("tests/viz/viz_models.py:") for d in ops)
     for _, _, d in g.edges(data=True):
         assert d["kind"] in ("data", "mutation")
         assert {"storage", "version", "label"} <= set(d)

@@ -142,10 +142,10 @@ def _write_graph(model: nn.Module, args: argparse.Namespace, out: TextIO) -> int
     from torchdefer.viz.dot import picture_to_dot
     from torchdefer.viz.picture import build_picture
 
-    picture = build_picture(model, collapse_repeats=not args.no_collapse,
-                            max_nodes=args.max_nodes)
-    dot = picture_to_dot(picture, type(model).__name__)
     try:
+        picture = build_picture(model, collapse_repeats=not args.no_collapse,
+                                max_nodes=args.max_nodes)
+        dot = picture_to_dot(picture, type(model).__name__)
         path = write_graph(dot, args.dot)
     except GraphvizNotFoundError as e:
         print(f"torchdefer inspect: {e} (e.g. --dot {args.dot.rsplit('.', 1)[0]}.dot)",

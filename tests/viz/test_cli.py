@@ -147,3 +147,21 @@ def test_inspect_a_70b_llama_end_to_end(tmp_path):
     text = "".join(ET.parse(svg).getroot().itertext())
     assert f"0{DASH}79 {TIMES}80 (LlamaDecoderLayer)" in text
     assert "down_proj (Linear)" in text and "Legend" in text
+
+
+def test_no_collapse_and_max_nodes_reach_the_picture(tmp_path):
+    path = tmp_path / "stack.dot"
+    status, out = run("inspect", "viz_models:Stack", "--dot", str(path), "--no-collapse")
+    assert status == 0
+    source = path.read_text()
+    assert all(f'label="{i} (Block)"' in source for i in range(len(Stack().layers)))
+    status, out = run("inspect", "viz_models:Stack", "--dot", str(path), "--max-nodes", "5")
+    assert status == 0 and "left out by --max-nodes" in out
+    assert "more recorded ops not shown (max_nodes=5)" in path.read_text()
+
+
+def test_max_nodes_below_one_is_a_usage_error(tmp_path, capsys):
+    status, _ = run("inspect", "viz_models:Stack", "--dot", str(tmp_path / "g.dot"),
+                    "--max-nodes", "0")
+    assert status == 2
+    assert "max_nodes must be at least 1" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten
 
-from torchdefer.recorder.graph import Node, TensorMeta, Value
+from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 
 __all__ = [
     "DASH",
@@ -19,8 +19,10 @@ __all__ = [
     "fmt_meta",
     "fmt_shape",
     "fmt_source",
+    "node_title",
     "op_name",
     "rng_text",
+    "short_repr",
 ]
 
 TIMES = "\u00d7"  # the multiplication sign of 8192x28672 (ruff flags it written out)
@@ -155,3 +157,26 @@ def rng_text(node: Node) -> str | None:
         who = f"#{number} (initial seed {stream.generator.initial_seed()}) on {stream.device}"
     epoch_text = f", after reseed {epoch}" if epoch else ""
     return f"generator {who}, draw {position}{epoch_text}"
+
+
+def node_title(node: Node) -> str:
+    """What a node did, in a few words: ``uniform_(%97, from=-0.1, to=0.1)``."""
+    kind = node.kind
+    if kind == NodeKind.CONSTANT:
+        return "constant (captured by value)"
+    if kind == NodeKind.EXTERNAL:
+        return "external real tensor"
+    if kind == NodeKind.DATA_SET:
+        return f".data = %{node.inputs[0].node.seq}"
+    if kind == NodeKind.DATA_GET:
+        return f".data of %{node.inputs[0].node.seq}"
+    if kind == NodeKind.OBSERVE:
+        name = getattr(node.op, "__name__", "read")
+        return f"{name}(%{node.inputs[0].node.seq}) = {short_repr(node.payload)}"
+    return f"{op_name(node)}({fmt_args(node)})"
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 24 characters."""
+    text = repr(value)
+    return text if len(text) <= 24 else text[:23] + "…"

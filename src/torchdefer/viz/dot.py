@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
+from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
 
 from torchdefer.viz.picture import Picture, build_picture
 from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
@@ -74,13 +79,23 @@ def to_dot(
     True
     """
     picture = build_picture(obj, collapse_repeats=collapse_repeats, max_nodes=max_nodes)
-    return picture_to_dot(picture, name=type(obj).__name__)
+    return picture_to_dot(picture, name=subject_name(obj))
+
+
+def subject_name(obj: object) -> str:
+    """What the caption calls ``obj``: the module's class, or the tensors."""
+    if isinstance(obj, torch.Tensor):
+        return "a tensor"
+    if isinstance(obj, nn.Module):
+        return type(obj).__name__
+    n = len(obj) if isinstance(obj, Sized) else 0
+    return f"{n} tensors" if n != 1 else "a tensor"
 
 
 def picture_to_dot(picture: Picture, name: str = "recording") -> graphviz.Digraph:
     """Draw a :class:`~torchdefer.viz.picture.Picture` with graphviz."""
     graphviz = _graphviz()
-    dot = graphviz.Digraph(name)
+    dot = graphviz.Digraph(re.sub(r"\W+", "_", name).strip("_") or "recording")
     dot.attr(rankdir="LR", fontname="Helvetica", newrank="true", compound="true",
              label=_caption(picture, name), labelloc="t", fontsize="14")
     dot.attr("node", fontname="Helvetica", fontsize="10")

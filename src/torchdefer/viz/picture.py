@@ -31,8 +31,9 @@ from torchdefer.viz._format import (
     fmt_dtype,
     fmt_meta,
     fmt_source,
-    op_name,
+    node_title,
     rng_text,
+    short_repr,
 )
 from torchdefer.viz.target import Target, common_prefix, describe_real, targets_of
 
@@ -232,29 +233,8 @@ def _relative(name: str, module: str) -> str:
     return name[len(module) + 1:] if module and name.startswith(module + ".") else name
 
 
-def _node_title(node: Node) -> str:
-    kind = node.kind
-    if kind == NodeKind.CONSTANT:
-        return "constant (captured by value)"
-    if kind == NodeKind.EXTERNAL:
-        return "external real tensor"
-    if kind == NodeKind.DATA_SET:
-        return f".data = %{node.inputs[0].node.seq}"
-    if kind == NodeKind.DATA_GET:
-        return f".data of %{node.inputs[0].node.seq}"
-    if kind == NodeKind.OBSERVE:
-        name = getattr(node.op, "__name__", "read")
-        return f"{name}(%{node.inputs[0].node.seq}) = {_short(node.payload)}"
-    return f"{op_name(node)}({fmt_args(node)})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 24 else text[:23] + "…"
-
-
 def _node_lines(node: Node) -> tuple[str, ...]:
-    lines = [f"#{node.seq} {_node_title(node)}"]
+    lines = [f"#{node.seq} {node_title(node)}"]
     for value in node.outputs[:2]:
         lines.append(f"{fmt_meta(value.meta)} · s#{value.storage.id}")
     if len(node.outputs) > 2:
@@ -316,7 +296,7 @@ def _node_attrs(node: Node) -> dict[str, Any]:
         "rng": rng_text(node),
         "source": fmt_source(node.source),
         "function": None if node.source is None else node.source[2],
-        "observed": _short(node.payload) if node.kind == NodeKind.OBSERVE else None,
+        "observed": short_repr(node.payload) if node.kind == NodeKind.OBSERVE else None,
     }
 
 

@@ -9,8 +9,14 @@ from torchdefer.materialize.cache import ReplayCache
 from torchdefer.materialize.plan import make_plan
 from torchdefer.recorder.graph import Node, NodeKind, Value
 from torchdefer.recorder.tensor import DeferredTensor
-from torchdefer.viz._format import fmt_dtype, fmt_meta, fmt_shape, fmt_source, rng_text
-from torchdefer.viz.picture import _node_title
+from torchdefer.viz._format import (
+    fmt_dtype,
+    fmt_meta,
+    fmt_shape,
+    fmt_source,
+    node_title,
+    rng_text,
+)
 from torchdefer.viz.target import describe_real, module_paths, owner_names
 
 __all__ = ["explain"]
@@ -78,7 +84,7 @@ def _shape_on(value: Value) -> str:
 
 
 def _op_line(node: Node, target: Value, width: int) -> str:
-    parts = [f"  {'#' + str(node.seq):<{width}} {node.kind:<8} {_node_title(node)}"]
+    parts = [f"  {'#' + str(node.seq):<{width}} {node.kind:<8} {node_title(node)}"]
     if node.outputs:
         out = node.outputs[0]
         parts.append(f"-> {fmt_meta(out.meta)} s#{out.storage.id}")

@@ -21,9 +21,9 @@ def module_tree(model: nn.Module) -> str:
     with their count; modules whose parameters are already real say so.
 
     >>> import torch, torchdefer
-    >>> m = torchdefer.deferred_init(torch.nn.Sequential, torch.nn.Linear(2, 2))
+    >>> m = torchdefer.deferred_init(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2)))
     >>> print(module_tree(m))
-    Sequential    6
+    Sequential      6
     └── 0 (Linear)  6
     """
     rows = [(type(model).__name__, _count(model))]

@@ -1,0 +1,72 @@
+"""Run scenario functions on N gloo ranks (CPU) in one spawn; collect what each rank saw.
+
+Starting processes is the slow part on a 2-core CI machine, so each world size
+spawns once and runs every scenario; each test then reads its scenario's
+outcome. A scenario is a function ``(rank, world_size) -> None`` in
+``scenarios.py`` that raises on any mismatch with eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+
+def run_scenarios(world_size: int, names: list[str], out_dir: Path) -> dict[str, list[str]]:
+    """{scenario: [error traceback per failing rank]} (an empty list means it passed)."""
+    port = _free_port()
+    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    # Large blocks come from mmap and go back to the OS when freed, so the
+    # peak RSS a scenario measures is its own (read by glibc at process start).
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    try:
+        mp.spawn(_worker, args=(world_size, port, names, str(out_dir)), nprocs=world_size)
+    finally:
+        if saved is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
+    results: dict[str, list[str]] = {name: [] for name in names}
+    for rank in range(world_size):
+        outcome = json.loads((out_dir / f"rank{rank}.json").read_text())
+        for name in names:
+            error = outcome.get(name, "scenario did not report (the rank died?)")
+            if error:
+                results[name].append(f"rank {rank}/{world_size}:\n{error}")
+    return results
+
+
+def _worker(rank: int, world_size: int, port: int, names: list[str], out_dir: str) -> None:
+    from datetime import timedelta
+
+    import scenarios
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # A rank stuck in a collective its peer never reached fails instead of hanging.
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
+    )
+    outcome: dict[str, str] = {}
+    try:
+        for name in names:
+            try:
+                getattr(scenarios, name)(rank, world_size)
+                outcome[name] = ""
+            except Exception:
+                outcome[name] = traceback.format_exc()
+            dist.barrier()  # a failing rank must not leave the others in a collective
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

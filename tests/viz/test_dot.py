@@ -91,7 +91,7 @@ def test_dot_file_is_written_and_rendering_explains_install_without_dot(tmp_path
     m = torchdefer.deferred_init(nn.Linear, 3, 3)
     dot = to_dot(m)
     assert dot.source.startswith("digraph")
-    path = write_graph(m, tmp_path / "linear.dot")
+    path = write_graph(m, tmp_path / "out" / "linear.dot")
     assert path.read_text() == dot.source
     with pytest.raises(GraphvizNotFoundError, match="apt-get install graphviz"):
         write_graph(m, tmp_path / "linear.svg")

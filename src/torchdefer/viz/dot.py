@@ -169,7 +169,7 @@ def write_graph(
 
     Args:
         obj: what :func:`to_dot` accepts, or a ``graphviz.Digraph`` it made.
-        path: the file to write.
+        path: the file to write (missing parent folders are created).
         collapse_repeats, max_nodes: as for :func:`to_dot`.
 
     Returns:
@@ -191,6 +191,7 @@ def write_graph(
     else:
         dot = to_dot(obj, collapse_repeats=collapse_repeats, max_nodes=max_nodes)
     suffix = path.suffix.lower()
+    path.parent.mkdir(parents=True, exist_ok=True)
     if suffix in _TEXT_FORMATS:
         path.write_text(dot.source, encoding="utf-8")
         return path

@@ -11,6 +11,10 @@ time and keeps its shard. Every rank prints the memory it used, then checks its
 shards against the model built eagerly (``--no-check`` skips that, for models
 too big to build eagerly), and runs a forward, backward and optimizer step.
 
+On the CPU, glibc may keep freed full parameters mapped, which inflates the
+RSS printed; ``MALLOC_MMAP_THRESHOLD_=65536 torchrun ...`` makes RSS follow
+frees (bench/bench_fsdp_memory.py does that).
+
 Options: ``--layers N --hidden H --vocab V`` (defaults: a ~45M-parameter model).
 """
 

@@ -29,6 +29,21 @@ class FakeMode(TorchDispatchMode):
         self._mode_key = torch._C._TorchDispatchModeKey.FAKE
         self.fake_cuda = fake_cuda
 
+    def __enter__(self) -> FakeMode:
+        self._lift_cpu_only = torch._C._only_lift_cpu_tensors()
+        torch._C._set_only_lift_cpu_tensors(True)  # torch.tensor(..., device="cuda")
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:

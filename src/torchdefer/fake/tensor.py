@@ -147,6 +147,16 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     and a CPU-only build has no CUDA guard (the process aborts). Such calls run
     under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
     """
+    # The Python bindings of copy_ and to() take a device guard before they
+    # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
+    # FakeTensorMode fails the same way); the ops themselves take none on the
+    # way to our dispatch, so call them directly.
+    if func is torch.Tensor.copy_:
+        func = _copy_
+    elif func is torch.Tensor.to or func is torch.Tensor.cuda:
+        rerouted = _to_missing_device(func, args, kwargs)
+        if rerouted is not None:
+            func, args, kwargs = rerouted
     if torch.is_grad_enabled():
         needs_grad = False
         missing_device = False
@@ -167,6 +177,34 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
             return tree_map(mark, out)
     return func(*args, **kwargs)
+
+
+def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+
+def _to_missing_device(func, args: tuple, kwargs: dict):
+    """``t.to(...)``/``t.cuda()`` aimed at a device this host lacks, as ``_to_copy``."""
+    from torchdefer.fake.device import normalize
+
+    self, rest = args[0], args[1:]
+    kwargs = dict(kwargs)
+    if func is torch.Tensor.cuda:
+        index = rest[0] if rest else kwargs.pop("device", None)
+        device: Any = torch.device("cuda", index) if isinstance(index, int) else index or "cuda"
+        rest, kwargs = (device,), {"non_blocking": kwargs.get("non_blocking", False)}
+    copy = bool(kwargs.pop("copy", False))
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+    if device is None or device_available(normalize(device)):
+        return None
+    device = normalize(device)
+    same = device == self.device and (dtype is None or dtype == self.dtype)
+    if same and not copy and memory_format in (None, torch.preserve_format):
+        return (lambda t: t), (self,), {}
+    options = {"dtype": dtype or self.dtype, "device": device, "non_blocking": non_blocking}
+    if memory_format is not None:
+        options["memory_format"] = memory_format
+    return torch.ops.aten._to_copy.default, (self,), options
 
 
 def _flat_tensors(args: tuple, kwargs: dict):

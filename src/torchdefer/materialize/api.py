@@ -11,7 +11,7 @@ from torchdefer.fake.device import device_available
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import swap_in
 from torchdefer.recorder._hooks import set_value_reader
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = ["materialize_module", "materialize_tensor"]
 
@@ -85,8 +85,15 @@ def materialize_module(
         kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
         for kind in kinds:
             for name, t in getattr(sub, kind).items():
+                path = f"{prefix}.{name}" if prefix else name
+                if not isinstance(t, DeferredTensor) and holds_deferred(t):
+                    raise TypeError(
+                        f"'{path}' is a {type(t).__name__} whose local tensor is deferred "
+                        "(the module was sharded, e.g. by fully_shard or distribute_tensor). "
+                        "Use torchdefer.distributed.materialize_module(module), which "
+                        "materializes each shard."
+                    )
                 if isinstance(t, DeferredTensor):
-                    path = f"{prefix}.{name}" if prefix else name
                     entry = owners.setdefault(id(t), (t, path, []))
                     entry[2].append((sub, kind, name))
     if not owners:

@@ -28,6 +28,24 @@ class RecordingMode(TorchDispatchMode):
         self._mode_key = _FAKE
         self.graph = graph
 
+    def __enter__(self) -> RecordingMode:
+        # As under FakeTensorMode: torch.tensor(data, device="cuda") lifts a CPU
+        # tensor and moves it with a dispatched .to(), which we record, instead
+        # of copying to a device this host may not have.
+        self._lift_cpu_only = torch._C._only_lift_cpu_tensors()
+        torch._C._set_only_lift_cpu_tensors(True)
+        try:
+            return super().__enter__()
+        except BaseException:
+            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:
             return torch.device("meta") if in_kernel() else args[0].fake_device

@@ -46,7 +46,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     args, kwargs = tree_unflatten(flat, spec)
     _check_arguments(func, kwargs)
     try:
-        out, device = run_on_meta(func, args, kwargs)
+        out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
     except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
@@ -67,6 +67,30 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
         graph.rng.place(node, generator, device)
     return out
+
+
+_NORMAL_ = torch.ops.aten.normal_.default
+_UNIFORM_ = torch.ops.aten.uniform_.default
+
+
+def _fill_in_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device] | None:
+    """The two init workhorses, without their (slow, Python) meta kernels.
+
+    On meta, ``normal_`` and ``uniform_`` change nothing but check their
+    arguments; the checks are repeated here and anything unusual takes the
+    ordinary path so that its error is PyTorch's own.
+    """
+    if func is not _NORMAL_ and func is not _UNIFORM_:
+        return None
+    self = args[0]
+    if not isinstance(self, DeferredTensor) or not self.is_floating_point():
+        return None
+    values = schema_values(alias_plan(func), args, kwargs)
+    if func is _NORMAL_:
+        ok = values[2] is None or values[2] >= 0
+    else:
+        ok = values[1] is None or values[2] is None or values[1] <= values[2]
+    return (self, self.fake_device) if ok else None
 
 
 def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, call_grad_safe, in_kernel
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
-__all__ = ["DeferredTensor", "graph_of", "is_deferred"]
+__all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
 
 _DATA_GET = torch.Tensor.data.__get__
 _DATA_SET = torch.Tensor.data.__set__
@@ -93,8 +94,18 @@ def is_deferred(obj: object) -> bool:
     (True, True)
     """
     if isinstance(obj, torch.nn.Module):
-        return any(isinstance(t, DeferredTensor) for t in _tensors(obj))
-    return isinstance(obj, DeferredTensor)
+        return any(holds_deferred(t) for t in _tensors(obj))
+    return holds_deferred(obj)
+
+
+def holds_deferred(t: object) -> bool:
+    """A deferred tensor, or a wrapper (DTensor, FSDP2 parameter) around one."""
+    if isinstance(t, DeferredTensor):
+        return True
+    if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        return any(holds_deferred(getattr(t, name)) for name in names)
+    return False
 
 
 def _tensors(module: torch.nn.Module):

@@ -4,10 +4,10 @@ import gc
 
 import pytest
 import torch
-from parity import assert_same_module, assert_same_tensor, build_both
 from torch import nn
 
 import torchdefer
+from parity import assert_same_module, assert_same_tensor, build_both
 from torchdefer.materialize import DeviceUnavailableError, ExternalTensorModifiedError
 
 

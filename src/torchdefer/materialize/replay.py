@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.cache import cache_for
@@ -29,6 +28,7 @@ from torchdefer.materialize.errors import (
 )
 from torchdefer.materialize.plan import make_plan
 from torchdefer.materialize.rng import RngReplay
+from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
 from torchdefer.recorder.mode import suspended
 
@@ -116,12 +116,12 @@ class Replay:
             leaves.append(leaf)
         if kind == NodeKind.DATA_SET:
             return [leaves[0].detach()]
-        args, kwargs = tree_unflatten(leaves, node.spec)
+        args, kwargs = unflatten_call(leaves, node.spec)
         if kind == NodeKind.RANDOM:
             out = self.rng.run(node, args, kwargs)
         else:
             out = node.op(*args, **kwargs)
-        return tree_flatten(out)[0]
+        return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:
         real, version = node.payload

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_map, tree_unflatten
 
 from torchdefer.materialize.cache import ReplayCache
+from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, Value
 from torchdefer.recorder.rng import Stream, default_generator
 
@@ -91,7 +91,7 @@ class RngReplay:
             else:
                 leaf = self.replay.map_leaf(leaf)
             leaves.append(leaf)
-        return tree_unflatten(leaves, node.spec)
+        return unflatten_call(leaves, node.spec)
 
 
 def _draw(node, stream, device, state, args, kwargs) -> tuple[Any, Any]:
@@ -110,9 +110,7 @@ def _draw(node, stream, device, state, args, kwargs) -> tuple[Any, Any]:
     private = torch.Generator(device=device)
     private.set_state(state)
 
-    def swap(x: Any) -> Any:
-        return private if isinstance(x, torch.Generator) else x
-
-    args, kwargs = tree_map(swap, (args, kwargs))
+    args = tuple(private if isinstance(x, torch.Generator) else x for x in args)
+    kwargs = {k: private if isinstance(x, torch.Generator) else x for k, x in kwargs.items()}
     out = node.op(*args, **kwargs)
     return out, private.get_state()

@@ -103,6 +103,14 @@ class Node:
     payload: Any = None  # constant / external tensor, or the observed value
     graph: Graph | None = None
 
+    def arguments(self) -> tuple[tuple, dict]:
+        """The call's ``(args, kwargs)``, each input tensor shown as its :class:`Value`."""
+        from torchdefer.recorder._args import unflatten_call
+
+        if self.spec is None:
+            return (), {}
+        return unflatten_call(self.leaves, self.spec)
+
     @property
     def name(self) -> str:
         return str(self.op) if self.op is not None else self.kind

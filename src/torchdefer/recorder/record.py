@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values
+from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
@@ -33,7 +33,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
             return func(*args, **kwargs)
         return data_read(torch.Tensor.item, args, kwargs)
-    flat, spec = tree_flatten((args, kwargs))
+    flat, spec = flatten_call(args, kwargs)
     leaves = list(flat)
     inputs: list[Value] = []
     reads: list[int] = []
@@ -43,7 +43,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             inputs.append(x._value)
             reads.append(x._value.storage.version)
             leaves[i] = x._value
-    args, kwargs = tree_unflatten(flat, spec)
+    args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
@@ -188,7 +188,7 @@ def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
 
 def _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat_in):
     """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input)."""
-    outs, out_spec = tree_flatten(out)
+    outs = flatten_out(out)
     in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
     values = None
     aliased = False
@@ -214,7 +214,9 @@ def _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat_in):
                 storage = base._value.storage
                 aliased = True
         outs[k] = _new_output(graph, node, k, o, device, storage)
-    return tree_unflatten(outs, out_spec), aliased
+    if isinstance(out, torch.Tensor) or out is None:
+        return outs[0], aliased
+    return type(out)(outs), aliased
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:

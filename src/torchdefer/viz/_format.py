@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_unflatten
 
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 
@@ -93,7 +92,7 @@ def fmt_args(node: Node) -> str:
     """The op's non-default arguments, tensors as ``%seq``, cut to one short line."""
     if node.spec is None or node.op is None:
         return ""
-    args, kwargs = tree_unflatten(list(node.leaves), node.spec)
+    args, kwargs = node.arguments()
     schema = getattr(node.op, "_schema", None)
     parts: list[str] = []
     names = [a.name for a in schema.arguments] if schema is not None else []

@@ -28,3 +28,13 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# Benchmarks (bench/README.md). matplotlib is optional for the plots only.
+.PHONY: bench bench-quick
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt matplotlib
+	$(PY) -m bench --out bench/results
+
+bench-quick: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt matplotlib
+	$(PY) -m bench --quick --out build/bench-quick

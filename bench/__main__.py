@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from bench.environment import describe
+from bench.environment import describe, load
 from bench.models import GiB, ModelSpec, specs
 from bench.runner import Outcome, Runner
 
@@ -26,6 +26,7 @@ class Plan:
     construction: list[str]
     materialization: list[str]  # must be eager-buildable here
     sweep: list[str] = field(default_factory=list)  # depths of one shape: time vs ops
+    pairs: int = 2  # eager / materialize_module runs, alternated
     recording_n: int = 1000
     recording_repeats: int = 3
     repeats: int = 3
@@ -43,8 +44,8 @@ class Plan:
     @staticmethod
     def quick() -> Plan:
         return Plan(construction=["llama-tiny", "llama-70b", "stack-1t"],
-                    materialization=["llama-tiny"], recording_n=100, recording_repeats=2,
-                    repeats=2, timeout=300.0)
+                    materialization=["llama-tiny"], pairs=1, recording_n=100,
+                    recording_repeats=2, repeats=2, timeout=300.0)
 
 
 def eager_fits(spec: ModelSpec, total: int) -> bool:
@@ -63,20 +64,19 @@ def cases(plan: Plan, total_memory: int) -> list[tuple[str, dict[str, Any], str]
             methods.append("eager")
         for method in methods:
             case = {"suite": "construction", "model": spec.name, "method": method,
-                    "repeats": plan.repeats,
-                    "fingerprint": method == "eager" and spec.name in plan.materialization}
+                    "repeats": plan.repeats}
             out.append(("construction", case, f"construct {spec.name} with {method}"))
     for spec in specs(plan.sweep):
         for method in ("deferred_init", "meta+init"):
             case = {"suite": "construction", "model": spec.name, "method": method,
                     "repeats": plan.repeats}
             out.append(("sweep", case, f"construct {spec.name} with {method}"))
-    from bench.materialization import MODES
-
     for spec in specs(plan.materialization):
         if not eager_fits(spec, total_memory):
             continue
-        for mode in MODES:
+        modes = ["eager", "materialize_module"] * plan.pairs + ["reverse tensors",
+                                                                "per submodule"]
+        for mode in modes:
             case = {"suite": "materialization", "model": spec.name, "mode": mode}
             out.append(("materialization", case, f"materialize {spec.name}: {mode}"))
     case = {"suite": "recording", "n": plan.recording_n, "repeats": plan.recording_repeats}
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         for suite, case, label in todo:
             outcomes.setdefault(suite, []).append(runner.run(case, label))
     env["Duration"] = f"{time.monotonic() - start:.0f} s for {len(todo)} cases"
+    env["Load"] = f"at start: {env['Load']}; at end: {load()}"
     args.out.mkdir(parents=True, exist_ok=True)
     raw = {"environment": env, "quick": args.quick,
            "outcomes": {s: [_raw(o) for o in os] for s, os in outcomes.items()}}

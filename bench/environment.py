@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["describe"]
+__all__ = ["describe", "load"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PACKAGES = ("torch", "transformers", "torchdefer", "psutil", "networkx", "matplotlib")
@@ -33,7 +33,17 @@ def describe(argv: list[str]) -> dict[str, str]:
         "Python": f"{platform.python_implementation()} {platform.python_version()}",
         "Versions": versions,
         "Threads": f"torch intra-op threads: {_threads()}",
+        "Load": load(),
     }
+
+
+def load() -> str:
+    """The 1-minute load average: other work on the machine moves the times."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
 def _command(argv: list[str]) -> str:

@@ -1,8 +1,12 @@
 """Suite 2: materializing a deferred model on CPU, against building it eagerly.
 
-Three ways, each in a fresh child (the eager reference is the construction
-suite's ``eager`` case of the same model, run in the same bench run):
+Each way in a fresh child, against eager construction of the same model.
+``eager`` and ``materialize_module`` run alternately (eager, materialize,
+eager, materialize) and the medians are compared, so that a change in the
+machine's load during the run moves both sides alike.
 
+``eager``
+    ``torch.manual_seed(0); model = LlamaForCausalLM(config)``: the reference.
 ``materialize_module``
     ``deferred_init`` then one ``materialize_module(model)``. Time and peak RSS
     are compared with eager construction; the peak counts the graph too (the
@@ -35,7 +39,7 @@ from bench.models import build_fn, spec_named
 
 __all__ = ["MODES", "run_case", "units"]
 
-MODES = ("materialize_module", "reverse tensors", "per submodule")
+MODES = ("eager", "materialize_module", "reverse tensors", "per submodule")
 
 
 def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
@@ -44,6 +48,9 @@ def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
 
     spec = spec_named(case["model"])
     fn, args = build_fn(spec)
+    mode = case["mode"]
+    if mode == "eager":
+        return _eager(fn, args, probe)
     _warm_up(torchdefer)
     probe.begin()
     torch.manual_seed(0)
@@ -51,7 +58,6 @@ def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
         model = torchdefer.deferred_init(fn, *args)
     result: dict[str, Any] = {"init_seconds": phase["seconds"]}
     gc.collect()
-    mode = case["mode"]
     if mode == "materialize_module":
         with probe.measure("materialize") as phase:
             torchdefer.materialize_module(model)
@@ -67,6 +73,19 @@ def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
     probe.stop()
     result["fingerprint"] = fingerprint(state)
     return result
+
+
+def _eager(fn, args, probe) -> dict[str, Any]:
+    tiny_fn, tiny_args = build_fn(spec_named("llama-tiny"))
+    tiny_fn(*tiny_args)  # the same warm-up as the construction suite's eager case
+    gc.collect()
+    probe.begin()
+    torch.manual_seed(0)
+    with probe.measure("eager") as phase:
+        model = fn(*args)
+    probe.stop()
+    return {"seconds": phase["seconds"], "init_seconds": None,
+            "fingerprint": fingerprint(model)}
 
 
 def _warm_up(torchdefer) -> None:

@@ -6,8 +6,8 @@ replays the recording per tensor onto a real device, bit for bit what eager
 construction would have produced.
 
 >>> import torch, torchdefer
->>> torch.manual_seed(0); eager = torch.nn.Linear(4, 2)
->>> torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.nn.Linear, 4, 2)
+>>> _ = torch.manual_seed(0); eager = torch.nn.Linear(4, 2)
+>>> _ = torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.nn.Linear, 4, 2)
 >>> torchdefer.is_deferred(lazy)
 True
 >>> torch.equal(torchdefer.materialize_module(lazy).weight, eager.weight)

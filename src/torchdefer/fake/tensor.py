@@ -77,7 +77,8 @@ class FakeTensor(torch.Tensor):
             extras.append(f"dtype={self.dtype}")
         if self.requires_grad:
             extras.append("requires_grad=True")
-        return f"tensor(..., {', '.join(extras)}, fake=True)"
+        prefix = "Parameter containing:\n" if getattr(self, "_is_param", False) else ""
+        return f"{prefix}tensor(..., {', '.join(extras)}, fake=True)"
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]

@@ -33,8 +33,8 @@ def materialize_tensor(
         values eager construction would have given.
 
     >>> import torch, torchdefer
-    >>> torch.manual_seed(0); eager = torch.randn(3)
-    >>> torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.randn, 3)
+    >>> _ = torch.manual_seed(0); eager = torch.randn(3)
+    >>> _ = torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.randn, 3)
     >>> torch.equal(torchdefer.materialize_tensor(lazy), eager)
     True
     """

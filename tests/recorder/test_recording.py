@@ -231,3 +231,20 @@ def test_mixing_tensors_of_two_recordings_is_refused():
     b = torchdefer.deferred_init(torch.ones, 2)
     with pytest.raises(RecordingError, match="two different deferred_init"):
         a + b
+
+
+def test_indexing_and_assignment_on_fake_cuda_tensors_replay_like_eager_on_cpu():
+    def build(device):
+        w = torch.zeros(4, 4, device=device)
+        w[[0, 2], 1] = 5.0
+        w[1] = torch.arange(4.0, device=device)
+        emb = nn.Embedding(10, 4, padding_idx=0, device=device)
+        return w, emb.weight, w.t().contiguous(), w.new_tensor([1.0, 2.0])
+
+    torch.manual_seed(0)
+    eager = build("cpu")
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build, "cuda")
+    assert all(t.is_cuda for t in deferred)
+    for ref, t in zip(eager, deferred, strict=True):
+        assert torch.equal(torchdefer.materialize_tensor(t, device="cpu"), ref)

@@ -24,7 +24,9 @@ def output_device(kwargs: dict, tensors: Iterable[torch.Tensor]) -> torch.device
         return normalize(torch.device(explicit))
     first: torch.device | None = None
     for t in tensors:
-        dev = t.device
+        # fake_device, not .device: inside a guarded binding a fake tensor may
+        # report "cpu" (see fake.tensor.reported_device).
+        dev = getattr(t, "fake_device", None) or t.device
         if first is None:
             first = dev
         if dev.type not in ("cpu", "meta"):

@@ -11,9 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from torchdefer.fake.device import device_available, normalize
-from torchdefer.fake.tensor import FakeTensor, in_kernel, run_on_meta, wrap_outputs
+from torchdefer.fake.tensor import FakeTensor, reported_device, run_on_meta, wrap_outputs
 
-__all__ = ["FakeMode", "check_device", "fake_mode", "to_meta"]
+__all__ = ["FakeMode", "check_device", "fake_mode", "faking", "to_meta"]
 
 
 class FakeMode(TorchDispatchMode):
@@ -47,7 +47,7 @@ class FakeMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
-            return torch.device("meta") if in_kernel() else args[0].fake_device
+            return reported_device(args[0])
         args, kwargs = tree_map(to_meta, (args, kwargs))
         if "device" in kwargs and kwargs["device"] is not None:
             check_device(torch.device(kwargs["device"]), self.fake_cuda, func)
@@ -89,3 +89,18 @@ def fake_mode(*, fake_cuda: bool = True) -> Iterator[FakeMode]:
     mode = FakeMode(fake_cuda=fake_cuda)
     with mode:
         yield mode
+
+
+@contextlib.contextmanager
+def faking() -> Iterator[None]:
+    """Keep a fake mode active for calls on fake tensors made outside ``fake_mode``.
+
+    Factory calls such a call makes (``t.new_tensor(...)`` on a fake CUDA
+    tensor) must give fake tensors, and only a mode in PyTorch's FAKE slot
+    lets them pass CUDA's lazy initialization on a host without it.
+    """
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        yield
+        return
+    with FakeMode(fake_cuda=True):
+        yield

@@ -32,6 +32,16 @@ class FakeTensorError(RuntimeError):
 # fake device.
 _kernel = threading.local()
 
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+# Python bindings that take a device guard for their tensor argument before
+# dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
+# CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
+GUARDED: frozenset[Callable[..., Any]] = frozenset(
+    {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.contiguous}
+)
+
 # Calls that need a tensor's data. Plain fake tensors have none; the recorder's
 # DeferredTensor answers them by materializing just the value needed.
 DATA_READS: frozenset[Callable[..., Any]] = frozenset(
@@ -89,20 +99,37 @@ class FakeTensor(torch.Tensor):
                 "none. Use torchdefer.deferred_init to record the value instead, or "
                 "compute it from a real tensor."
             )
-        with torch._C.DisableTorchFunctionSubclass():
+        from torchdefer.fake.mode import faking
+
+        with faking(), torch._C.DisableTorchFunctionSubclass():
             return call_grad_safe(func, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
-            return torch.device("meta") if in_kernel() else args[0].fake_device
+            return reported_device(args[0])
         out, device = run_on_meta(func, args, kwargs)
         return wrap_outputs(out, device, cls)
 
 
 def in_kernel() -> bool:
     return getattr(_kernel, "active", False)
+
+
+def reported_device(t: FakeTensor) -> torch.device:
+    """What ``t.device`` answers: meta inside kernels, else the fake device.
+
+    Inside a Python binding that takes a device guard before dispatching (see
+    ``GUARDED``), a tensor on a device this host lacks reports the CPU, whose
+    guard exists and does nothing; our dispatch takes devices from
+    ``fake_device``, so outputs still land on the requested device.
+    """
+    if in_kernel():
+        return _META
+    if getattr(_kernel, "guarded", False) and not device_available(t.fake_device):
+        return _CPU
+    return t.fake_device
 
 
 def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
@@ -158,6 +185,14 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         rerouted = _to_missing_device(func, args, kwargs)
         if rerouted is not None:
             func, args, kwargs = rerouted
+    elif func is torch.Tensor.new_tensor and not device_available(args[0].fake_device):
+        func, args, kwargs = _new_tensor, args, kwargs
+    elif func in GUARDED and not getattr(_kernel, "guarded", False):
+        _kernel.guarded = True
+        try:
+            return call_grad_safe(func, args, kwargs)
+        finally:
+            _kernel.guarded = False
     if torch.is_grad_enabled():
         needs_grad = False
         missing_device = False
@@ -180,12 +215,23 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return func(*args, **kwargs)
 
 
+def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):
+    """``t.new_tensor(data)`` as ``torch.tensor(data, ...)`` with ``t``'s dtype and fake device."""
+    return torch.tensor(
+        data,
+        dtype=dtype or self.dtype,
+        device=device or self.fake_device,
+        requires_grad=requires_grad,
+        **kw,
+    )
+
+
 def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return torch.ops.aten.copy_.default(self, src, non_blocking)
 
 
 def _to_missing_device(func, args: tuple, kwargs: dict):
-    """``t.to(...)``/``t.cuda()`` aimed at a device this host lacks, as ``_to_copy``."""
+    """``t.to(...)``/``t.cuda()`` from or to a device this host lacks, as ``_to_copy``."""
     from torchdefer.fake.device import normalize
 
     self, rest = args[0], args[1:]
@@ -196,9 +242,9 @@ def _to_missing_device(func, args: tuple, kwargs: dict):
         rest, kwargs = (device,), {"non_blocking": kwargs.get("non_blocking", False)}
     copy = bool(kwargs.pop("copy", False))
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
-    if device is None or device_available(normalize(device)):
+    device = self.device if device is None else normalize(device)
+    if device_available(device) and device_available(self.device):
         return None
-    device = normalize(device)
     same = device == self.device and (dtype is None or dtype == self.dtype)
     if same and not copy and memory_format in (None, torch.preserve_format):
         return (lambda t: t), (self,), {}

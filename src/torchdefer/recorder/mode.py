@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from torchdefer.fake.tensor import in_kernel
+from torchdefer.fake.tensor import reported_device
 from torchdefer.recorder.graph import Graph
 
 __all__ = ["RecordingMode", "recording", "suspended"]
@@ -48,7 +48,7 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:
-            return torch.device("meta") if in_kernel() else args[0].fake_device
+            return reported_device(args[0])
         from torchdefer.recorder.record import record_call
 
         return record_call(self.graph, func, args, kwargs or {})

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torchdefer.fake.tensor import DATA_READS, FakeTensor, call_grad_safe, in_kernel
+from torchdefer.fake.tensor import DATA_READS, FakeTensor, call_grad_safe, reported_device
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
@@ -55,7 +55,7 @@ class DeferredTensor(FakeTensor):
         from torchdefer.recorder.record import record_call
 
         if func is torch.ops.prim.device.default:
-            return torch.device("meta") if in_kernel() else args[0].fake_device
+            return reported_device(args[0])
         return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
 

@@ -52,7 +52,8 @@ def main() -> None:
     model = torchdefer.deferred_init(LlamaForCausalLM, CONFIG)
     elapsed = time.perf_counter() - start
     grown = process.memory_info().rss - rss
-    print(f"Deferred LlamaForCausalLM in {elapsed:.2f} s; process memory grew by {grown / 2**20:.0f} MiB")
+    print(f"Deferred LlamaForCausalLM in {elapsed:.2f} s; "
+          f"process memory grew by {grown / 2**20:.0f} MiB")
 
     # 2. Structure, parameters, bytes.
     print(model)

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torchdefer.fake.tensor import DATA_READS, FakeTensor, call_grad_safe, reported_device
+from torchdefer.fake._calls import call_grad_safe
+from torchdefer.fake.tensor import DATA_READS, FakeTensor, reported_device
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]

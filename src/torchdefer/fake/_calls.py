@@ -1,0 +1,120 @@
+"""Calling torch on fake tensors whose device this host lacks (CUDA on a CPU build).
+
+Two things in PyTorch touch a device before our dispatch sees a call, and a
+CPU-only build has no CUDA "device guard" for them (PyTorch's own
+``FakeTensorMode`` fails the same way):
+
+* a few Python bindings take a guard for their tensor argument
+  (``copy_``, ``to``, indexing, ``contiguous``, ``new_tensor``);
+* autograd asks the guard for a stream when it records a node.
+
+``call_grad_safe`` routes those calls around the guard; everything else is
+called as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from torchdefer.fake._state import STATE
+from torchdefer.fake.device import device_available
+from torchdefer.fake.tensor import flat_tensors
+
+__all__ = ["GUARDED", "call_grad_safe"]
+
+# Python bindings that take a device guard for their tensor argument before
+# dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
+# CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
+GUARDED: frozenset[Callable[..., Any]] = frozenset(
+    {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.contiguous}
+)
+
+
+def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Call ``func``; if autograd would touch a fake device this process lacks, don't.
+
+    Autograd asks the device's guard for a stream when it builds a graph node,
+    and a CPU-only build has no CUDA guard (the process aborts). Such calls run
+    under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
+    """
+    # The Python bindings of copy_ and to() take a device guard before they
+    # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
+    # FakeTensorMode fails the same way); the ops themselves take none on the
+    # way to our dispatch, so call them directly.
+    if func is torch.Tensor.copy_:
+        func = _copy_
+    elif func is torch.Tensor.to or func is torch.Tensor.cuda:
+        rerouted = _to_missing_device(func, args, kwargs)
+        if rerouted is not None:
+            func, args, kwargs = rerouted
+    elif func is torch.Tensor.new_tensor and not device_available(args[0].fake_device):
+        func, args, kwargs = _new_tensor, args, kwargs
+    elif func in GUARDED and not STATE.guarded:
+        STATE.guarded = True
+        try:
+            return call_grad_safe(func, args, kwargs)
+        finally:
+            STATE.guarded = False
+    if torch.is_grad_enabled():
+        needs_grad = False
+        missing_device = False
+        for t in flat_tensors(args, kwargs):
+            if t.requires_grad:
+                needs_grad = True
+            if hasattr(t, "fake_device") and not device_available(t.fake_device):
+                missing_device = True
+        if needs_grad and missing_device:
+            with torch.no_grad():
+                out = func(*args, **kwargs)
+
+            def mark(o: Any) -> Any:
+                if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()):
+                    if not o.requires_grad and o._base is None:
+                        o.requires_grad_(True)
+                return o
+
+            return tree_map(mark, out)
+    return func(*args, **kwargs)
+
+
+def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):
+    """``t.new_tensor(data)`` as ``torch.tensor(data, ...)`` with ``t``'s dtype and fake device."""
+    return torch.tensor(
+        data,
+        dtype=dtype or self.dtype,
+        device=device or self.fake_device,
+        requires_grad=requires_grad,
+        **kw,
+    )
+
+
+def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+
+def _to_missing_device(func, args: tuple, kwargs: dict):
+    """``t.to(...)``/``t.cuda()`` from or to a device this host lacks, as ``_to_copy``."""
+    from torchdefer.fake.device import normalize
+
+    self, rest = args[0], args[1:]
+    kwargs = dict(kwargs)
+    if func is torch.Tensor.cuda:
+        index = rest[0] if rest else kwargs.pop("device", None)
+        device: Any = torch.device("cuda", index) if isinstance(index, int) else index or "cuda"
+        rest, kwargs = (device,), {"non_blocking": kwargs.get("non_blocking", False)}
+    copy = bool(kwargs.pop("copy", False))
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+    device = self.device if device is None else normalize(device)
+    if device_available(device) and device_available(self.device):
+        return None
+    same = device == self.device and (dtype is None or dtype == self.dtype)
+    if same and not copy and memory_format in (None, torch.preserve_format):
+        return (lambda t: t), (self,), {}
+    options = {"dtype": dtype or self.dtype, "device": device, "non_blocking": non_blocking}
+    if memory_format is not None:
+        options["memory_format"] = memory_format
+    return torch.ops.aten._to_copy.default, (self,), options

@@ -248,3 +248,16 @@ def test_indexing_and_assignment_on_fake_cuda_tensors_replay_like_eager_on_cpu()
     assert all(t.is_cuda for t in deferred)
     for ref, t in zip(eager, deferred, strict=True):
         assert torch.equal(torchdefer.materialize_tensor(t, device="cpu"), ref)
+
+
+@torch.library.custom_op("torchdefer_test::cpu_only_double", mutates_args=())
+def _cpu_only_double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_op_without_meta_kernel_names_itself_and_the_line():
+    def build():
+        return _cpu_only_double(torch.ones(3))
+
+    with pytest.raises(RecordingError, match=r"cpu_only_double.*no meta implementation.*test_recording.py:\d+"):
+        torchdefer.deferred_init(build)

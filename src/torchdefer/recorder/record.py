@@ -50,7 +50,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
-        if "Meta" in str(e) or "meta" in str(e):
+        # Shape errors and the like are the user's and read as in eager code;
+        # these messages mean the op has no way to run without data.
+        if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
         raise
     node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
@@ -68,6 +70,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         graph.rng.place(node, generator, device)
     return out
 
+
+_NO_META_SIGNS = ("Meta", "meta", "fake impl", "fake kernel", "data-dependent")
 
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default

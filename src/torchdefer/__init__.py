@@ -25,6 +25,7 @@ from typing import Any
 
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
+from torchdefer.materialize.api import set_sharded_materializer
 from torchdefer.recorder import deferred_init, is_deferred
 
 __all__ = [
@@ -53,6 +54,16 @@ _LAZY = {
     "script": "torchdefer.descriptors",
     "explain": "torchdefer.viz",
 }
+
+
+def _materialize_sharded(module: Any) -> Any:
+    # The composition root wires the distributed extension into the core: the
+    # core never imports it, and it is imported only when a sharded module
+    # actually reaches materialize_module.
+    return importlib.import_module("torchdefer.distributed").materialize_module(module)
+
+
+set_sharded_materializer(_materialize_sharded)
 
 
 def __getattr__(name: str) -> Any:

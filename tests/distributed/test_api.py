@@ -111,3 +111,30 @@ def test_fsdp2_shards_recorded_on_cuda_are_created_on_cuda(one_rank_group):
     tdd.materialize_module(model)
     assert model.weight.to_local().is_cuda
     assert torch.equal(model.weight.to_local(), eager.weight)
+
+
+def test_core_materialize_module_hands_fsdp2_modules_to_the_sharded_path(one_rank_group):
+    device = one_rank_group
+
+    def build():
+        return nn.Sequential(nn.Linear(8, 16, device=device), nn.Linear(16, 4, device=device))
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(build)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    assert torchdefer.is_deferred(model)
+    torchdefer.materialize_module(model)  # the user's code keeps its shape
+    assert not torchdefer.is_deferred(model)
+    for param, ref in zip(model.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(param.full_tensor(), ref)
+
+
+def test_core_materialize_module_refuses_device_for_sharded_modules(one_rank_group):
+    model = torchdefer.deferred_init(nn.Linear, 4, 4)
+    fully_shard(model)
+    with pytest.raises(TypeError, match=r"'weight'.*sharded.*without device="):
+        torchdefer.materialize_module(model, device="cpu")

@@ -15,9 +15,11 @@ tensor that knows how to compute exactly its slice of the eager value.
     fully_shard(model)
     torchdefer.distributed.materialize_module(model)        # shards + one full param
 
-The core :func:`torchdefer.materialize_module` does not look inside DTensor
-parameters (the core never imports ``torch.distributed``), hence the
-distributed variant here, which does both.
+The core :func:`torchdefer.materialize_module` never imports
+``torch.distributed``; when it meets sharded deferred parameters it hands the
+module to :func:`materialize_module` here (the top-level package wires that
+in), so ``fully_shard(...)`` then ``torchdefer.materialize_module(model)``
+works as users write it for meta-device models.
 
 Nothing in this package runs at import time beyond importing
 ``torch.distributed``; the core never imports it.

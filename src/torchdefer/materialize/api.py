@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -13,7 +14,7 @@ from torchdefer.materialize.swap import swap_in
 from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
-__all__ = ["materialize_module", "materialize_tensor"]
+__all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
 
 
 def materialize_tensor(
@@ -59,7 +60,9 @@ def materialize_module(
 
     Tensors are replaced in place: tied parameters stay tied (the same object),
     and references taken before (an optimizer, ``nn.LSTM``'s flat weights) see
-    the real tensors.
+    the real tensors. A module sharded with FSDP2 ``fully_shard`` or DTensor
+    parameters is handed to :func:`torchdefer.distributed.materialize_module`
+    (each rank replays one full parameter at a time and keeps its shard).
 
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
@@ -78,6 +81,9 @@ def materialize_module(
     False
     """
     device = None if device is None else torch.device(device)
+    sharded = _sharded_paths(module)
+    if sharded:
+        return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
     owners: dict[int, tuple[torch.Tensor, str, list[tuple[nn.Module, str, str]]]] = {}
     for prefix, sub in module.named_modules():
         if check_fn is not None and not check_fn(sub):
@@ -86,13 +92,6 @@ def materialize_module(
         for kind in kinds:
             for name, t in getattr(sub, kind).items():
                 path = f"{prefix}.{name}" if prefix else name
-                if not isinstance(t, DeferredTensor) and holds_deferred(t):
-                    raise TypeError(
-                        f"'{path}' is a {type(t).__name__} whose local tensor is deferred "
-                        "(the module was sharded, e.g. by fully_shard or distribute_tensor). "
-                        "Use torchdefer.distributed.materialize_module(module), which "
-                        "materializes each shard."
-                    )
                 if isinstance(t, DeferredTensor):
                     entry = owners.setdefault(id(t), (t, path, []))
                     entry[2].append((sub, kind, name))
@@ -104,6 +103,47 @@ def materialize_module(
     for (fake, _, slots), real in zip(owners.values(), reals):
         swap_in(fake, real, slots)
     return module
+
+
+# How to materialize modules whose parameters are sharded wrappers (DTensor,
+# FSDP2) around deferred tensors. The core cannot do it (it never imports
+# torch.distributed); the top-level package injects torchdefer.distributed.
+_sharded_materializer: list[Callable[[nn.Module], nn.Module]] = []
+_in_sharded = threading.local()
+
+
+def set_sharded_materializer(fn: Callable[[nn.Module], nn.Module]) -> None:
+    """Install the handler for modules with sharded deferred parameters."""
+    _sharded_materializer[:] = [fn]
+
+
+def _sharded_paths(module: nn.Module) -> list[str]:
+    return [
+        name
+        for name, t in (*module.named_parameters(), *module.named_buffers())
+        if not isinstance(t, DeferredTensor) and holds_deferred(t)
+    ]
+
+
+def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Module:
+    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    if not _sharded_materializer or getattr(_in_sharded, "active", False):
+        raise TypeError(
+            f"{shown} wrap deferred tensors (the module was sharded, e.g. by fully_shard "
+            "or distribute_tensor), and no sharded materializer is installed. Use "
+            "torchdefer.distributed.materialize_module(module)."
+        )
+    if device is not None or buffers_only or check_fn is not None:
+        raise TypeError(
+            f"{shown} are sharded: they are materialized on their mesh's device, all of "
+            "them. Call materialize_module(module) without device=, buffers_only= or "
+            "check_fn=."
+        )
+    _in_sharded.active = True
+    try:
+        return _sharded_materializer[0](module)
+    finally:
+        _in_sharded.active = False
 
 
 def _materialize(

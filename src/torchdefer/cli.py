@@ -100,9 +100,10 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError("--config needs --config-class to say which class to build it with")
     kwargs = _json(args.kwargs, "--kwargs")
     start = time.perf_counter()
+
     def build() -> Any:
-        # The device context is entered inside the recording: entered outside,
-        # deferred_init's own torch.get_default_device() would allocate on it.
+        # The defaults are set inside the recording and restored before it
+        # ends, so they apply to the build only.
         with _defaults(args.dtype, args.device):
             return fn(*call_args, **kwargs)
 

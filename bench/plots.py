@@ -99,10 +99,10 @@ def _steps(ax, outcomes: list[Outcome]) -> bool:
     stepwise = [o for o in outcomes if "steps" in o.result]
     if not stepwise:
         return False
-    biggest = max(o.result["steps"][-1]["done"] for o in stepwise)
+    biggest = max(stepwise, key=lambda o: o.result["steps"][-1]["done"]).case["model"]
     top = 0.0
     for o in stepwise:
-        if o.result["steps"][-1]["done"] != biggest:
+        if o.case["model"] != biggest:
             continue
         done = [s["done"] / MiB for s in o.result["steps"]]
         peak = [s["peak"] / MiB for s in o.result["steps"]]

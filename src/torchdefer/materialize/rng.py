@@ -16,7 +16,7 @@ import torch
 
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.graph import Node, Value
+from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.rng import Stream, default_generator
 
 if TYPE_CHECKING:
@@ -31,6 +31,11 @@ class RngReplay:
     def __init__(self, replay: Replay, cache: ReplayCache) -> None:
         self.replay = replay
         self.cache = cache
+        # One scratch buffer per device, grown to the largest skipped draw.
+        # Fresh tensors per draw would be freed at once, but glibc keeps
+        # freed memory below its mmap threshold: reverse-order materialization
+        # of a 350M model held 1.5 GiB more than needed (bench/README.md).
+        self._scratch: dict[torch.device, torch.UntypedStorage] = {}
 
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, epoch, position = node.rng  # type: ignore[misc]
@@ -75,8 +80,18 @@ class RngReplay:
             _, states[j + 1] = _draw(calls[j], stream, device, states[j], args, kwargs)
         return states[position]
 
+    def _scratch_tensor(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
+        """A tensor with ``meta``'s sizes and strides over the reused scratch buffer."""
+        extent = 1 + sum((n - 1) * st for n, st in zip(meta.size, meta.stride) if n > 0)
+        nbytes = extent * meta.dtype.itemsize if all(meta.size) else 0
+        buffer = self._scratch.get(device)
+        if buffer is None or buffer.nbytes() < nbytes:
+            self._scratch[device] = buffer = torch.UntypedStorage(nbytes, device=device)
+        out = torch.empty(0, dtype=meta.dtype, device=device)
+        return out.set_(buffer, 0, meta.size, meta.stride)
+
     def _scratch_args(self, node: Node, device: torch.device) -> tuple[tuple, dict]:
-        """Arguments that draw the same numbers as ``node`` did, into fresh memory."""
+        """Arguments that draw the same numbers as ``node`` did, into scratch memory."""
         written = {id(storage) for storage, _ in node.writes}
         reads = iter(node.reads)
         leaves = []
@@ -84,8 +99,7 @@ class RngReplay:
             if isinstance(leaf, Value):
                 version = next(reads)
                 if id(leaf.storage) in written:
-                    m = leaf.meta
-                    leaf = torch.empty_strided(m.size, m.stride, dtype=m.dtype, device=device)
+                    leaf = self._scratch_tensor(leaf.meta, device)
                 else:  # e.g. the probabilities of bernoulli_(p_tensor): needs real values
                     leaf = self.replay.nested([(leaf, version)])[0]
             else:

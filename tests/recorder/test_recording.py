@@ -180,13 +180,26 @@ def test_ops_after_deferred_init_returns_are_recorded():
     assert deferred[2].weight is deferred[0].weight
 
 
-def test_op_without_meta_kernel_raises_with_op_and_source_line():
+def test_ops_whose_output_depends_on_data_are_computed_and_replay_like_eager():
     def build():
-        x = torch.randn(4)
-        return torch.nonzero(x)  # output shape depends on data
+        x = torch.randn(10)
+        positive = torch.nonzero(x > 0)
+        selected = x[x > 0]
+        values = torch.unique(torch.randint(0, 5, (20,)))
+        same = torch.equal(x, x.clone())
+        repeated = torch.repeat_interleave(torch.tensor([1, 2]), torch.tensor([2, 3]))
+        x[x < 0] = 0
+        return positive, selected, values, repeated, x * 2, same
 
-    with pytest.raises(RecordingError, match=r"aten.nonzero.*test_recording.py:\d+"):
-        torchdefer.deferred_init(build)
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert deferred[-1] is eager[-1] is True
+    for ref, t in zip(eager[:-1], deferred[:-1], strict=True):
+        assert torchdefer.is_fake(t)
+        assert_same_tensor(torchdefer.materialize_tensor(t), ref)
+    assert len(deferred[0]._graph.observations) >= 5
 
 
 def test_unsupported_layout_argument_raises_at_recording_time():

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
@@ -45,6 +46,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             leaves[i] = x._value
     args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
+    if _needs_data(func, flat):
+        return _computed_from_data(graph, func, args, kwargs, inputs)
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
     except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
@@ -97,6 +100,56 @@ def _fill_in_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.dev
     return (self, self.fake_device) if ok else None
 
 
+# Ops whose output shape or value depends on the data (no meta kernel can say
+# what they return). Replay is deterministic, so computing them once from the
+# materialized inputs gives exactly what replay would; the result is kept as a
+# constant and the read is recorded.
+_DATA_DEPENDENT = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in (
+        "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+        "unique_consecutive", "bincount", "equal", "is_nonzero",
+    )
+)
+_INDEX = torch.ops.aten.index.Tensor
+_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave
+
+
+def _needs_data(func: Any, flat: list[Any]) -> bool:
+    packet = func.overloadpacket
+    if packet in _DATA_DEPENDENT:
+        return True
+    if packet is _REPEAT_INTERLEAVE:
+        return func is not torch.ops.aten.repeat_interleave.self_int
+    if func is _INDEX:  # boolean-mask indexing is nonzero in disguise
+        return any(
+            isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8) for x in flat[1:]
+        )
+    return False
+
+
+def _computed_from_data(graph: Graph, func: Any, args: tuple, kwargs: dict, inputs) -> Any:
+    """Run a data-dependent op on the materialized inputs; keep the result as constants."""
+    flat, spec = flatten_call(args, kwargs)
+    device = output_device(kwargs, [x for x in flat if isinstance(x, torch.Tensor)])
+    real = [read_value(x) if isinstance(x, DeferredTensor) else x for x in flat]
+    real_args, real_kwargs = unflatten_call(real, spec)
+    with suspended():
+        out = func(*real_args, **real_kwargs)
+    leaves = [x._value if isinstance(x, DeferredTensor) else x for x in flat]
+    node = Node(graph.next_seq(), NodeKind.OBSERVE, func, leaves, spec,
+                tuple(inputs), tuple(v.storage.version for v in inputs))
+    node.source = user_frame(3)
+    node.graph = graph
+    graph.observations.append(node)
+    outs = [record_constant(graph, o, device) if isinstance(o, torch.Tensor) else o
+            for o in flatten_out(out)]
+    node.payload = None if any(isinstance(o, torch.Tensor) for o in outs) else out
+    if isinstance(out, torch.Tensor) or out is None or not isinstance(out, (tuple, list)):
+        return outs[0]
+    return type(out)(outs)
+
+
 def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:
     if _SEEDED in func.tags and device.type != "meta":
         return NodeKind.RANDOM
@@ -139,15 +192,21 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
     return fake
 
 
-def record_constant(graph: Graph, real: torch.Tensor) -> DeferredTensor:
-    """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value."""
+def record_constant(
+    graph: Graph, real: torch.Tensor, device: torch.device | None = None
+) -> DeferredTensor:
+    """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value.
+
+    ``device`` is the device the fake reports when it differs from the real
+    one (a value computed on the CPU for a fake CUDA tensor).
+    """
     node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
     node.source = user_frame(2)
     node.graph = graph
     with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
         elem = _meta_like(real)
-    return _new_output(graph, node, 0, elem, real.device, None)
+    return _new_output(graph, node, 0, elem, device or real.device, None)
 
 
 def _meta_like(real: torch.Tensor) -> torch.Tensor:

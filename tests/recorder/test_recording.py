@@ -274,3 +274,11 @@ def test_op_without_meta_kernel_names_itself_and_the_line():
 
     with pytest.raises(RecordingError, match=r"cpu_only_double.*no meta implementation.*test_recording.py:\d+"):
         torchdefer.deferred_init(build)
+
+
+def test_saving_a_deferred_model_says_to_materialize_first():
+    import io
+
+    m = torchdefer.deferred_init(nn.Linear, 2, 2)
+    with pytest.raises(RuntimeError, match=r"Cannot save or pickle a fake tensor \(\(2, 2\).*Materialize it first"):
+        torch.save(m.state_dict(), io.BytesIO())

@@ -81,6 +81,8 @@ class FakeTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
+        if func is torch.Tensor.__reduce_ex__:
+            raise not_picklable(args[0])
         if func in DATA_READS:
             raise FakeTensorError(
                 f"{_name(func)} needs the data of a fake tensor, and fake tensors have "
@@ -100,6 +102,15 @@ class FakeTensor(torch.Tensor):
             return reported_device(args[0])
         out, device = run_on_meta(func, args, kwargs)
         return wrap_outputs(out, device, cls)
+
+
+def not_picklable(t: FakeTensor) -> FakeTensorError:
+    return FakeTensorError(
+        f"Cannot save or pickle a fake tensor ({tuple(t.shape)} {t.dtype} on "
+        f"{t.fake_device}): it has no data. Materialize it first "
+        "(torchdefer.materialize_module(model) or materialize_tensor(t)), or save "
+        "the code and arguments that build it."
+    )
 
 
 def in_kernel() -> bool:

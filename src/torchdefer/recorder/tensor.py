@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake._calls import call_grad_safe
-from torchdefer.fake.tensor import DATA_READS, FakeTensor, reported_device
+from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
@@ -39,6 +39,8 @@ class DeferredTensor(FakeTensor):
         from torchdefer.recorder.record import data_read, record_data_set
 
         kwargs = kwargs or {}
+        if func is torch.Tensor.__reduce_ex__:
+            raise not_picklable(args[0])
         if func in DATA_READS:
             return data_read(func, args, kwargs)
         if func == _DATA_SET:

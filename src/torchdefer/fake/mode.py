@@ -13,25 +13,27 @@ from torch.utils._pytree import tree_map
 from torchdefer.fake.device import device_available, normalize
 from torchdefer.fake.tensor import FakeTensor, reported_device, run_on_meta, wrap_outputs
 
-__all__ = ["FakeMode", "check_device", "fake_mode", "faking", "to_meta"]
+__all__ = ["FakeMode", "FakeSlotMode", "check_device", "fake_mode", "faking", "to_meta"]
 
 
-class FakeMode(TorchDispatchMode):
-    """Turns every tensor created while active into a :class:`FakeTensor`.
+class FakeSlotMode(TorchDispatchMode):
+    """A dispatch mode in PyTorch's FAKE slot, as ``FakeTensorMode`` uses.
 
-    The mode claims PyTorch's FAKE mode slot: that is what lets
-    ``torch.empty(..., device="cuda")`` pass CUDA's lazy initialization on a
-    host without CUDA, exactly as ``FakeTensorMode`` does.
+    Only a mode in that slot lets ``torch.empty(..., device="cuda")`` pass
+    CUDA's lazy initialization on a host without CUDA. While active, like
+    under ``FakeTensorMode``, ``torch.tensor(data, device="cuda")`` lifts a CPU
+    tensor and moves it with a dispatched ``.to()`` instead of copying to a
+    device this host may not have.
     """
 
-    def __init__(self, *, fake_cuda: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._mode_key = torch._C._TorchDispatchModeKey.FAKE
-        self.fake_cuda = fake_cuda
+        self._lift_cpu_only = False
 
-    def __enter__(self) -> FakeMode:
+    def __enter__(self) -> FakeSlotMode:
         self._lift_cpu_only = torch._C._only_lift_cpu_tensors()
-        torch._C._set_only_lift_cpu_tensors(True)  # torch.tensor(..., device="cuda")
+        torch._C._set_only_lift_cpu_tensors(True)
         try:
             return super().__enter__()
         except BaseException:
@@ -43,6 +45,14 @@ class FakeMode(TorchDispatchMode):
             super().__exit__(*exc)
         finally:
             torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+
+
+class FakeMode(FakeSlotMode):
+    """Turns every tensor created while active into a :class:`FakeTensor`."""
+
+    def __init__(self, *, fake_cuda: bool = True) -> None:
+        super().__init__()
+        self.fake_cuda = fake_cuda
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}

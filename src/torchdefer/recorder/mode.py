@@ -6,8 +6,9 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
+from torchdefer.fake.mode import FakeSlotMode
 from torchdefer.fake.tensor import reported_device
 from torchdefer.recorder.graph import Graph
 
@@ -16,35 +17,17 @@ __all__ = ["RecordingMode", "recording", "suspended"]
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
-class RecordingMode(TorchDispatchMode):
+class RecordingMode(FakeSlotMode):
     """Records every op, factory calls included, into ``graph``.
 
-    Like ``FakeTensorMode`` it takes PyTorch's FAKE mode slot, which is what
-    lets ``device="cuda"`` pass CUDA's lazy initialization on hosts without it.
+    It sits in PyTorch's FAKE mode slot (see :class:`FakeSlotMode`), which is
+    what lets ``device="cuda"`` pass CUDA's lazy initialization on hosts
+    without it.
     """
 
     def __init__(self, graph: Graph) -> None:
         super().__init__()
-        self._mode_key = _FAKE
         self.graph = graph
-
-    def __enter__(self) -> RecordingMode:
-        # As under FakeTensorMode: torch.tensor(data, device="cuda") lifts a CPU
-        # tensor and moves it with a dispatched .to(), which we record, instead
-        # of copying to a device this host may not have.
-        self._lift_cpu_only = torch._C._only_lift_cpu_tensors()
-        torch._C._set_only_lift_cpu_tensors(True)
-        try:
-            return super().__enter__()
-        except BaseException:
-            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:

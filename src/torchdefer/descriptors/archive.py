@@ -6,11 +6,15 @@ The file is a zip archive:
   (signature, descriptor trees, ranges) as JSON, whether weights are stored;
 * export backend: ``program.json`` (``torch.export``'s JSON graph format),
   ``weights.pt`` and ``constants.pt`` (tensors only);
-* jit backend: ``program.ts`` (a ``torch.jit.save`` archive).
+* jit backend: ``program.ts`` (a ``torch.jit.save`` archive of the scripted
+  or traced module); a traced program's output structure is stored as
+  ``torch.utils._pytree`` JSON in the header.
 
 Loading never unpickles arbitrary objects. Descriptors are JSON; tensors are
 read with ``torch.load(weights_only=True)``; the TorchScript archive is read by
-``torch.jit.load``, whose unpickler only builds TorchScript values. We do not
+``torch.jit.load``, whose unpickler only builds TorchScript values; output
+structures are rebuilt only from types registered with ``torch.utils._pytree``
+in the loading process. We do not
 call ``torch.export.load``: it falls back to ``weights_only=False`` (and to
 ``pickle.loads`` for some constants) when a payload is not plain tensors, so a
 crafted file could run code.
@@ -76,6 +80,7 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         from torchdefer.descriptors.jit_backend import save_bytes
 
         files["program.ts"] = save_bytes(program._runner)
+        header["jit"] = program._runner.header()
         header["weights"] = True
         try:  # export outputs are recomputed from the graph; jit's are kept
             header["outputs"] = tree_to_json(program.output_descriptors)
@@ -117,10 +122,13 @@ def load(path: str | os.PathLike[str]) -> Program:
     if header["backend"] == "jit":
         from torchdefer.descriptors.jit_backend import load_program
 
-        program = load_program(spec, payload["program.ts"])
-        if header.get("outputs") is not None:
-            program.output_descriptors = tree_from_json(header["outputs"])
-        return program
+        outputs = header.get("outputs")
+        return load_program(
+            spec,
+            payload["program.ts"],
+            header.get("jit"),
+            None if outputs is None else tree_from_json(outputs),
+        )
     raise ValueError(f"{os.fspath(path)!r}: unknown backend {header['backend']!r}")
 
 

@@ -18,6 +18,10 @@ re-applies the specialization from the JSON descriptors on load.
 Output descriptors come from the same symbolic trace as the export backend
 when the model can be exported (so symbolic names propagate); otherwise from
 the graph's output types, with unknown lengths.
+
+When ``torch.jit.script`` cannot compile the model (Hugging Face models, most
+eager-only code), the backend falls back to a validated ``torch.jit.trace``;
+see ``jit_trace``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ __all__ = ["JitRunner", "build_jit", "load_program", "save_bytes"]
 
 
 class JitRunner:
-    """A specialized TorchScript graph plus the scripted module it reads from."""
+    """A specialized TorchScript graph plus the scripted module it reads from.
+
+    Subclasses (the trace fallback) override :meth:`_prepare` to specialize
+    the graph copy differently, and :meth:`run` to call it.
+    """
+
+    mode = "script"
 
     def __init__(self, scripted: Any, spec: Specialization) -> None:
         self.scripted = scripted
@@ -44,9 +54,12 @@ class JitRunner:
         method = scripted.forward if self.is_module else scripted
         graph = method.graph.copy()
         first = 1 if self.is_module else 0
-        self.inputs = _specialize(graph, spec, first)
+        self.inputs = self._prepare(graph, spec, first)
         self.function = torch._C._create_function_from_graph("forward", graph)
         self._graph = graph
+
+    def _prepare(self, graph: torch._C.Graph, spec: Specialization, first: int) -> list[str]:
+        return _specialize(graph, spec, first)
 
     @property
     def graph(self) -> str:
@@ -57,6 +70,14 @@ class JitRunner:
         if self.is_module:
             return self.function(self.scripted._c, *args)
         return self.function(*args)
+
+    def outputs_from_types(self) -> Any:
+        """Output descriptors read from the graph's output types."""
+        return _outputs_from_types(self._graph)
+
+    def header(self) -> dict[str, Any]:
+        """What :func:`load_program` needs besides the TorchScript archive (JSON)."""
+        return {"mode": self.mode}
 
 
 def build_jit(target: Any, spec: Specialization) -> tuple[JitRunner, Any]:
@@ -74,12 +95,11 @@ def build_jit(target: Any, spec: Specialization) -> tuple[JitRunner, Any]:
     try:
         scripted = torch.jit.script(target)
     except Exception as e:
-        raise TypeError(
-            f"backend='jit': torch.jit.script cannot compile {spec.signature.qualname} "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            "use backend='export'"
-        ) from e
-    runner = JitRunner(scripted, spec)
+        from torchdefer.descriptors.jit_trace import build_trace
+
+        runner: JitRunner = build_trace(target, spec, script_error=e)
+    else:
+        runner = JitRunner(scripted, spec)
     return runner, _output_descriptors(target, spec, runner)
 
 
@@ -89,12 +109,32 @@ def save_bytes(runner: JitRunner) -> bytes:
     return buffer.getvalue()
 
 
-def load_program(spec: Specialization, data: bytes) -> Any:
+def load_program(
+    spec: Specialization, data: bytes, header: Mapping[str, Any] | None, outputs: Any
+) -> Any:
+    """The program saved as ``data`` (a TorchScript archive) plus its JSON ``header``.
+
+    Args:
+        spec: the specialization read from the file.
+        data: the ``torch.jit.save`` archive.
+        header: :meth:`JitRunner.header` as saved (``None`` in older files).
+        outputs: the saved output descriptors, or ``None`` to read them from
+            the graph's types.
+    """
     from torchdefer.descriptors.program import Program
 
     scripted = torch.jit.load(io.BytesIO(data), map_location="cpu")
-    runner = JitRunner(scripted, spec)
-    outputs = _outputs_from_types(runner._graph)
+    mode = (header or {}).get("mode", "script")
+    if mode == "trace":
+        from torchdefer.descriptors.jit_trace import load_trace
+
+        runner, outputs = load_trace(scripted, spec, header or {}, outputs)
+    elif mode == "script":
+        runner = JitRunner(scripted, spec)
+    else:
+        raise ValueError(f"saved jit program has unknown mode {mode!r} (expected script/trace)")
+    if outputs is None:
+        outputs = runner.outputs_from_types()
     return Program(backend="jit", spec=spec, runner=runner, output_descriptors=outputs, module=None)
 
 
@@ -152,7 +192,7 @@ def _output_descriptors(target: Any, spec: Specialization, runner: JitRunner) ->
     try:
         _, outputs = build_export(target, complete_for_export(spec, device))
     except Exception:  # not exportable or not fully described: fall back to types
-        return _outputs_from_types(runner._graph)
+        return runner.outputs_from_types()
     return outputs
 
 

@@ -127,7 +127,13 @@ def _sharded_paths(module: nn.Module) -> list[str]:
 
 def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Module:
     shown = ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
-    if not _sharded_materializer or getattr(_in_sharded, "active", False):
+    if getattr(_in_sharded, "active", False):
+        raise TypeError(
+            f"{shown} still wrap deferred tensors after the sharded materializer ran: a "
+            "tensor subclass it does not know (it handles DTensor and FSDP2 parameters). "
+            "Materialize the module before wrapping its tensors that way."
+        )
+    if not _sharded_materializer:
         raise TypeError(
             f"{shown} wrap deferred tensors (the module was sharded, e.g. by fully_shard "
             "or distribute_tensor), and no sharded materializer is installed. Use "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
 from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
@@ -50,7 +51,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return _computed_from_data(graph, func, args, kwargs, inputs)
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+    except (NotImplementedError, DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
         # Shape errors and the like are the user's and read as in eager code;

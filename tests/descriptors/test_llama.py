@@ -1,4 +1,9 @@
-"""A 2-layer Hugging Face Llama with input_ids of shape ["b", "s"]."""
+"""A 2-layer Hugging Face Llama with input_ids of shape ["b", "s"], on both backends.
+
+TorchScript cannot script Llama, so backend="jit" runs the validated trace
+fallback (torchdefer.descriptors.jit_trace); it traces with (b, s) = (3, 4)
+and validates with (5, 6), so the lengths called below are all new to it.
+"""
 
 import pytest
 import torch
@@ -30,14 +35,28 @@ IDS = {
 
 
 @pytest.fixture(scope="module")
-def llama_and_program():
-    model = tiny_llama()
-    return model, torchdefer.script(model, IDS)
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def export_program(model):
+    return torchdefer.script(model, IDS)
+
+
+@pytest.fixture(scope="module")
+def jit_program(model):
+    return torchdefer.script(model, IDS, backend="jit")
+
+
+@pytest.fixture(params=["export", "jit"])
+def llama_and_program(request, model):
+    return model, request.getfixturevalue(f"{request.param}_program")
 
 
 def test_llama_program_matches_eager_for_several_batch_and_sequence_lengths(llama_and_program):
     model, p = llama_and_program
-    for b, s in [(1, 1), (2, 7), (3, 16)]:
+    for b, s in [(1, 1), (1, 4), (2, 7), (2, 9), (3, 2), (3, 16)]:
         ids = torch.randint(0, 64, (b, s))
         with torch.no_grad():
             torch.testing.assert_close(
@@ -64,6 +83,10 @@ def test_llama_program_round_trips_through_save_and_load(llama_and_program, tmp_
     model, p = llama_and_program
     torchdefer.save(p, tmp_path / "llama.tdp")
     q = torchdefer.load(tmp_path / "llama.tdp")
+    assert q.backend == p.backend
+    assert q.output_descriptors.logits.shape == ("b", "s", 64)
+    with pytest.raises(DescriptorMismatch, match="input_ids.dtype: expected torch.int64"):
+        q(torch.zeros(1, 4), use_cache=False)
     ids = torch.randint(0, 64, (2, 5))
     with torch.no_grad():
         torch.testing.assert_close(
@@ -71,6 +94,14 @@ def test_llama_program_round_trips_through_save_and_load(llama_and_program, tmp_
         )
 
 
-def test_llama_jit_backend_reports_that_torchscript_cannot_compile_it():
-    with pytest.raises(TypeError, match="torch.jit.script cannot compile .* use backend='export'"):
-        torchdefer.script(tiny_llama(), IDS, backend="jit")
+def test_llama_program_returns_the_models_output_type(llama_and_program):
+    model, p = llama_and_program
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        assert type(p(ids, use_cache=False)) is type(model(ids, use_cache=False))
+
+
+def test_llama_jit_graph_takes_input_ids_with_the_refined_type(jit_program):
+    inputs = jit_program.graph.split("):")[0]
+    assert "%input_ids : Long(*, *)" in inputs
+    assert "use_cache" not in inputs  # value-specialized: closed over, not an input

@@ -1,5 +1,9 @@
 """backend="jit" on code TorchScript cannot script: the validated trace fallback."""
 
+import json
+import sys
+import zipfile
+
 import pytest
 import torch
 
@@ -143,3 +147,21 @@ class Dropping(torch.nn.Module):
 
     def forward(self, x):
         return (lambda t: torch.nn.functional.dropout(t, 0.5, self.training))(x)
+
+
+def test_loading_a_traced_program_imports_nothing_its_output_structure_names(tmp_path):
+    path = tmp_path / "traced.tdp"
+    torchdefer.save(torchdefer.script(Unscriptable(), DESC, backend="jit"), path)
+    with zipfile.ZipFile(path) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    header = json.loads(files["torchdefer.json"])
+    spec = json.loads(header["jit"]["out_spec"])
+    spec[1]["type"] = "antigravity.Fly"  # a module whose import has a side effect
+    header["jit"]["out_spec"] = json.dumps(spec)
+    files["torchdefer.json"] = json.dumps(header).encode()
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, d in files.items():
+            zf.writestr(n, d)
+    with pytest.raises(ValueError, match=r"\['antigravity.Fly'\], not registered"):
+        torchdefer.load(path)
+    assert "antigravity" not in sys.modules

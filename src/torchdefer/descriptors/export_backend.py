@@ -26,7 +26,6 @@ module's (CPU for functions) and that device is then checked on every call.
 
 from __future__ import annotations
 
-import inspect
 import re
 import traceback
 from collections.abc import Callable, Mapping
@@ -39,57 +38,15 @@ from torch.export import Dim, ExportedProgram
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.nn.utils.stateless import _reparametrize_module
 
+from torchdefer.descriptors._bound import Bound
 from torchdefer.descriptors._guards import GuardLog, capture_guards, user_frame
 from torchdefer.descriptors.errors import DescriptorConflict
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.outputs import ExportSymbols, output_descriptors
 from torchdefer.descriptors.specialization import Specialization
-from torchdefer.descriptors.tree import Node, TypeOf, rebuild
+from torchdefer.descriptors.tree import Node, TypeOf
 
 __all__ = ["ExportRunner", "build_export", "complete_for_export"]
-
-
-class _Bound(torch.nn.Module):
-    """Calls the target with value-specialized leaves baked in.
-
-    Shares the target's parameter/buffer/submodule dicts, so export lifts the
-    weights under the target's own names (``layers.0.weight``, not
-    ``target.layers.0.weight``) and the graph reads like the model.
-    """
-
-    def __init__(self, target: Callable[..., Any], spec: Specialization) -> None:
-        super().__init__()
-        if isinstance(target, torch.nn.Module):
-            for attr in ("_parameters", "_buffers", "_modules"):
-                object.__setattr__(self, attr, getattr(target, attr))
-            self.training = target.training
-        object.__setattr__(self, "_target", target)
-        object.__setattr__(self, "_spec", spec)
-        # Export names graph inputs after forward's parameters: give it one
-        # parameter per dynamic leaf, named after the leaf (x, inp_b_1).
-        self.input_names = _leaf_names([path for path, _ in spec.dynamic_leaves()])
-        call = self._call
-
-        def forward(*dynamic: Any) -> Any:
-            return call(*dynamic)
-
-        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in self.input_names]
-        )
-        self.forward = forward
-
-    def _call(self, *dynamic: Any) -> Any:
-        stream = iter(dynamic)
-        args, kwargs = [], {}
-        for p in self._spec.signature.parameters:
-            if p.name not in self._spec.trees:
-                continue
-            value = rebuild(self._spec.trees[p.name], stream)
-            if p.positional:
-                args.append(value)
-            else:
-                kwargs[p.name] = value
-        return self._target(*args, **kwargs)
 
 
 class ExportRunner:
@@ -162,7 +119,7 @@ def build_export(target: Callable[..., Any], spec: Specialization) -> tuple[Expo
     """
     plan = _ExamplePlan(spec)
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    wrapper = _Bound(target, spec)
+    wrapper = Bound(target, spec)
     metadata = _weight_metadata(wrapper)
     with fake_mode:
         examples = plan.examples()
@@ -256,18 +213,6 @@ class _ExamplePlan:
 
     def describe_hints(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.hints.items())
-
-
-def _leaf_names(paths: list[str]) -> list[str]:
-    names: list[str] = []
-    for path in paths:
-        base = re.sub(r"\W+", "_", path).strip("_") or "arg"
-        base = base if base.isidentifier() else f"arg_{base}"
-        name, k = base, 1
-        while name in names:
-            name, k = f"{base}_{k}", k + 1
-        names.append(name)
-    return names
 
 
 def _identifier(name: str, index: int) -> str:

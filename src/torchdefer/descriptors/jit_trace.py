@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.export_backend import _Bound, _leaf_names
+from torchdefer.descriptors._bound import Bound, leaf_names
 from torchdefer.descriptors.jit_backend import JitRunner, _from_type, _refined
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.specialization import Specialization
@@ -85,7 +85,7 @@ class TraceRunner(JitRunner):
                 f"backend='jit': the traced graph of {spec.signature.qualname} has "
                 f"{len(inputs)} inputs but its descriptors have {len(dynamic)} tensor leaves"
             )
-        names = _leaf_names([path for path, _ in dynamic])
+        names = leaf_names([path for path, _ in dynamic])
         for value, name, (_, leaf) in zip(inputs, names, dynamic, strict=True):
             value.setDebugName(name)
             if isinstance(leaf, MetaTensorType):
@@ -124,14 +124,14 @@ class _NotTensorOutput(TypeError):
 class _Traceable(torch.nn.Module):
     """Calls the target on flat tensor leaves and returns flat output leaves.
 
-    Shares the target's parameter/buffer/submodule dicts (as ``_Bound``
+    Shares the target's parameter/buffer/submodule dicts (as ``Bound``
     does), so the traced module and its graph use the model's own names and
     live weights. ``out_spec`` is the structure of the last call's outputs.
     """
 
     def __init__(self, target: Any, spec: Specialization) -> None:
         super().__init__()
-        bound = _Bound(target, spec)
+        bound = Bound(target, spec)
         for attr in ("_parameters", "_buffers", "_modules"):
             object.__setattr__(self, attr, getattr(bound, attr))
         self.training = bound.training
@@ -140,7 +140,7 @@ class _Traceable(torch.nn.Module):
         self.out_spec: pytree.TreeSpec | None = None
 
     def forward(self, *dynamic: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        flat, self.out_spec = _tensor_outputs(self._bound._call(*dynamic), self._qualname)
+        flat, self.out_spec = _tensor_outputs(self._bound.call_target(*dynamic), self._qualname)
         return tuple(flat)
 
 
@@ -218,11 +218,13 @@ def load_trace(
     try:
         out_spec = pytree.treespec_loads(header["out_spec"])
     except Exception as e:
-        types = sorted(set(_type_names(json.loads(header["out_spec"]))))
+        known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+        names = set(_type_names(json.loads(header["out_spec"])))
         raise ValueError(
             f"saved jit program of {spec.signature.qualname}: its outputs are built from "
-            f"{types}, not all registered with torch.utils._pytree in this process; import "
-            "the modules that define them (e.g. transformers.modeling_outputs) before load()"
+            f"{sorted(n for n in names if n not in known)}, not registered with "
+            "torch.utils._pytree in this process; import the modules that define them "
+            "(e.g. transformers.modeling_outputs) before load()"
         ) from e
     runner = TraceRunner(traced, spec, out_spec)
     if outputs is not None:  # saved as plain JSON trees: give them the outputs' structure
@@ -325,7 +327,7 @@ def _validation_problem(
         except Exception as e:
             return f"the traced program raised {_first_line(e)}"
         torch.manual_seed(0)
-        want = module._bound._call(*examples)
+        want = module._bound.call_target(*examples)
     got_leaves, got_spec = pytree.tree_flatten(got)
     want_leaves, want_spec = _tensor_outputs(want, module._qualname)
     if got_spec != want_spec:

@@ -5,7 +5,9 @@ runs the specialized graph of its backend:
 
 * ``backend="export"`` (default): ``torch.export``, see ``export_backend``.
 * ``backend="jit"``: TorchScript with refined input types and the
-  value-specialized arguments constant-folded, see ``jit_backend``.
+  value-specialized arguments constant-folded, see ``jit_backend``; when
+  ``torch.jit.script`` cannot compile the model, a ``torch.jit.trace``
+  validated at ``script()`` time on a second set of lengths, see ``jit_trace``.
 """
 
 from __future__ import annotations
@@ -161,14 +163,17 @@ def script(
             value (value specialization: ``flag=True``), a type (``int``), or
             a tuple / list / dict of these shaped like the argument.
             Undescribed parameters are fixed to their defaults.
-        backend: ``"export"`` (torch.export) or ``"jit"`` (TorchScript).
+        backend: ``"export"`` (torch.export) or ``"jit"`` (TorchScript:
+            ``torch.jit.script``, or when that fails a ``torch.jit.trace``
+            checked against the eager model on lengths it was not traced with).
 
     Returns:
         A :class:`Program` that checks each call, then runs the specialized graph.
 
     Raises:
         DescriptorConflict: the model's code contradicts a descriptor.
-        TypeError: a descriptor does not fit the signature or the backend.
+        TypeError: a descriptor does not fit the signature or the backend, or
+            (jit) the model can neither be scripted nor traced faithfully.
 
     Example:
         >>> import torch, torchdefer

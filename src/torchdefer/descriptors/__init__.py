@@ -13,8 +13,11 @@ every call::
     program.output_descriptors                          # e.g. MetaTensorType(['b', 3], ...)
     torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
 
-See ``docs/descriptors.md`` for the full story; each module's docstring says
-how its part works and why.
+Each module's docstring says how its part works and why: ``meta_tensor_type``
+(descriptors, symbolic dims and ranges, ``from_examples``/``widen``),
+``checker`` (the checks run on every call and their messages),
+``export_backend`` and ``jit_backend``/``jit_trace`` (the two backends),
+``archive`` (``save``/``load`` without unpickling code) and ``describe``.
 """
 
 from torchdefer.descriptors.archive import load, save

@@ -36,3 +36,12 @@ def test_hf_model_matches_eager_bitwise(name):
     if name == "llama":  # and it runs
         ids = torch.randint(0, 100, (1, 5))
         assert model(input_ids=ids).logits.shape == (1, 5, 100)
+
+
+def test_hf_from_config_with_torch_dtype_matches_eager():
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100)
+    model = check_module_parity(
+        lambda: transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16))
+    assert model.lm_head.weight.dtype == torch.bfloat16

@@ -59,6 +59,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
         raise
+    if kwargs.get("dtype") is None and isinstance(out, torch.Tensor) and _takes_dtype(func):
+        # No dtype means "the default dtype now": replay must not depend on the
+        # default at replay time (HF sets it while building, then restores it).
+        args_v, kwargs_v = unflatten_call(leaves, spec)
+        leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
     node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
     node.graph = graph
@@ -109,7 +114,7 @@ _DATA_DEPENDENT = frozenset(
     getattr(torch.ops.aten, name)
     for name in (
         "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-        "unique_consecutive", "bincount", "equal", "is_nonzero",
+        "unique_consecutive", "bincount", "equal", "allclose", "is_nonzero",
     )
 )
 _INDEX = torch.ops.aten.index.Tensor
@@ -149,6 +154,19 @@ def _computed_from_data(graph: Graph, func: Any, args: tuple, kwargs: dict, inpu
     if isinstance(out, torch.Tensor) or out is None or not isinstance(out, (tuple, list)):
         return outs[0]
     return type(out)(outs)
+
+
+_dtype_keyword: dict[Any, bool] = {}
+
+
+def _takes_dtype(func: Any) -> bool:
+    """Whether ``func`` has a keyword-only ``dtype`` argument (cached per op)."""
+    known = _dtype_keyword.get(func)
+    if known is None:
+        known = _dtype_keyword[func] = any(
+            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments
+        )
+    return known
 
 
 def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:

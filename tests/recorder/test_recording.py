@@ -297,3 +297,41 @@ def test_a_default_dtype_set_while_building_is_replayed_after_it_was_restored():
     assert_same_tensor(torchdefer.materialize_module(deferred[0]).weight, eager[0].weight)
     for ref, t in zip(eager[1:], deferred[1:], strict=True):
         assert_same_tensor(torchdefer.materialize_tensor(t), ref)
+
+
+def test_reseeding_inside_and_after_construction_matches_eager():
+    def build():
+        a = nn.Linear(4, 4)
+        torch.manual_seed(123)  # a new epoch of the default generator
+        b = nn.Linear(4, 4)
+        g = torch.Generator().manual_seed(7)
+        c = torch.randn(3, generator=g)
+        return nn.ModuleDict({"a": a, "b": b}), c, torch.randn(2)
+
+    def after(m):
+        torch.manual_seed(5)
+        m.apply(lambda s: nn.init.normal_(s.weight) if isinstance(s, nn.Linear) else None)
+        nn.init.uniform_(m["b"].bias)
+        return m
+
+    torch.manual_seed(0)
+    eager = build()
+    after(eager[0])
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    after(deferred[0])
+    torchdefer.materialize_module(deferred[0])
+    from parity import assert_same_module
+
+    assert_same_module(deferred[0], eager[0])
+    for ref, t in zip(eager[1:], deferred[1:], strict=True):
+        assert_same_tensor(torchdefer.materialize_tensor(t), ref)
+
+
+def test_an_eager_draw_between_recorded_draws_is_refused_not_silently_wrong():
+    m = torchdefer.deferred_init(nn.Linear, 4, 4)
+    torch.randn(10)  # moves the real generator; recorded draws never did
+    with pytest.raises(RecordingError, match=r"uniform_.*moved since the last recorded.*manual_seed"):
+        nn.init.uniform_(m.bias)
+    torch.manual_seed(3)  # a reseed makes the next draw well defined again
+    nn.init.uniform_(m.bias)

@@ -63,6 +63,28 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _freshly_seeded(generator: torch.Generator | None, state: Any) -> bool:
+    """Whether ``state`` is what ``manual_seed(initial_seed())`` leaves behind."""
+    if generator is None:  # ("seed", s): it only changes by reseeding
+        return True
+    fresh = torch.Generator(device=generator.device)
+    fresh.manual_seed(generator.initial_seed())
+    return _same(fresh.get_state(), state)
+
+
+def _moved_error(node: Any, stream: Stream) -> RuntimeError:
+    from torchdefer.recorder.errors import RecordingError
+
+    return RecordingError(
+        f"{node.op} at {node.where()} draws from {stream}, which moved since the "
+        "last recorded random op in a way other than reseeding (an eager random draw, "
+        "or set_rng_state). Eager code would have drawn from a generator advanced by "
+        "the recorded draws too; deferred draws do not advance it, so this op's values "
+        "would differ from eager. Call torch.manual_seed(...) before this op, or draw "
+        "the eager numbers from a separate torch.Generator."
+    )
+
+
 class RngRecorder:
     """Assigns stream positions to random ops as they are recorded."""
 
@@ -86,6 +108,8 @@ class RngRecorder:
             stream = self.streams[key] = Stream(device, generator)
         state = _current_state(real)
         if not stream.epochs or not _same(state, stream.last_state):
+            if stream.epochs and stream.epochs[-1].calls and not _freshly_seeded(real, state):
+                raise _moved_error(node, stream)
             stream.epochs.append(Epoch(state))
             stream.last_state = state
         epoch = stream.epochs[-1]

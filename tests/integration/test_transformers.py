@@ -27,6 +27,15 @@ MODELS = {
     "vit": lambda: transformers.ViTModel(transformers.ViTConfig(
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
         image_size=32, patch_size=8)),
+    # stochastic depth: drop-path rates come from torch.linspace(...).item()
+    "convnext_drop_path": lambda: transformers.ConvNextModel(transformers.ConvNextConfig(
+        depths=[1, 1, 2, 1], hidden_sizes=[8, 16, 32, 64], drop_path_rate=0.2)),
+    "swin_drop_path": lambda: transformers.SwinModel(transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 2], num_heads=[1, 2],
+        window_size=2, drop_path_rate=0.1)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100)),
 }
 
 

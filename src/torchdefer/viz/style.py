@@ -34,7 +34,7 @@ NODE_STYLES: dict[str, tuple[dict[str, str], str]] = {
     ),
     NodeKind.CONSTANT: (
         {"shape": "note", "style": "filled", "fillcolor": "#e5e7eb"},
-        "constant: captured by value from Python data (torch.tensor)",
+        "constant: kept by value (torch.tensor data, or a nonzero/mask result)",
     ),
     NodeKind.EXTERNAL: (
         {"shape": "box3d", "style": "filled", "fillcolor": "#e9d5ff"},
@@ -50,7 +50,7 @@ NODE_STYLES: dict[str, tuple[dict[str, str], str]] = {
     ),
     NodeKind.OBSERVE: (
         {"shape": "hexagon", "style": "filled", "fillcolor": "#fdba74"},
-        "data-dependent read (.item(), .tolist()): computed while recording",
+        "data-dependent read (.item(), nonzero, masks): computed while recording",
     ),
     TENSOR: (
         {"shape": "tab", "style": "filled,bold", "fillcolor": "#bbf7d0", "penwidth": "1.5"},

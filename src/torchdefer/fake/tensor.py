@@ -12,7 +12,7 @@ meta tensor) is what lets in-place metadata ops such as ``q.t_()`` in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -51,9 +51,6 @@ class FakeTensor(torch.Tensor):
     """A tensor with a real device and no storage; ops run on meta kernels."""
 
     fake_device: torch.device
-
-    # Attributes the subclass keeps in ``__dict__``; ``swap_tensors`` moves them.
-    _meta_attrs: ClassVar[tuple[str, ...]] = ("fake_device",)
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
@@ -113,10 +110,6 @@ def not_picklable(t: FakeTensor) -> FakeTensorError:
     )
 
 
-def in_kernel() -> bool:
-    return STATE.in_kernel
-
-
 def reported_device(t: FakeTensor) -> torch.device:
     """What ``t.device`` answers: meta inside kernels, else the fake device.
 
@@ -125,7 +118,7 @@ def reported_device(t: FakeTensor) -> torch.device:
     guard exists and does nothing; our dispatch takes devices from
     ``fake_device``, so outputs still land on the requested device.
     """
-    if in_kernel():
+    if STATE.in_kernel:
         return _META
     if STATE.guarded and not device_available(t.fake_device):
         return _CPU

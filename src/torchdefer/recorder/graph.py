@@ -135,8 +135,7 @@ class Graph:
     def __init__(self) -> None:
         from torchdefer.recorder.rng import RngRecorder
 
-        self._seq = itertools.count()
-        self.op_count = 0  # nodes recorded so far
+        self.op_count = 0  # nodes recorded so far; also the next node's seq
         self._storage_ids = itertools.count()
         self.rng = RngRecorder()
         # id(real tensor) -> (tensor, its deferred stand-in); keeps the real
@@ -151,7 +150,7 @@ class Graph:
 
     def next_seq(self) -> int:
         self.op_count += 1
-        return next(self._seq)
+        return self.op_count - 1
 
     def new_storage(self, creator: Node, nbytes: int) -> Storage:
         return Storage(next(self._storage_ids), creator, nbytes)

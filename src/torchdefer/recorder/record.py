@@ -48,7 +48,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
     if _needs_data(func, flat):
-        return _computed_from_data(graph, func, args, kwargs, inputs)
+        return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
     except (NotImplementedError, DynamicOutputShapeException) as e:
@@ -134,9 +134,8 @@ def _needs_data(func: Any, flat: list[Any]) -> bool:
     return False
 
 
-def _computed_from_data(graph: Graph, func: Any, args: tuple, kwargs: dict, inputs) -> Any:
+def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: dict, inputs):
     """Run a data-dependent op on the materialized inputs; keep the result as constants."""
-    flat, spec = flatten_call(args, kwargs)
     device = output_device(kwargs, [x for x in flat if isinstance(x, torch.Tensor)])
     real = [read_value(x) if isinstance(x, DeferredTensor) else x for x in flat]
     real_args, real_kwargs = unflatten_call(real, spec)

@@ -1,8 +1,6 @@
-"""What materialization keeps between calls, per graph: real storages and RNG states."""
+"""What materialization keeps between calls, per graph: real storages."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -13,7 +11,7 @@ __all__ = ["ReplayCache", "cache_for"]
 
 
 class ReplayCache:
-    """Real storages already produced (held weakly) and generator states reached.
+    """Real storages already produced, held weakly.
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
@@ -24,8 +22,6 @@ class ReplayCache:
     def __init__(self) -> None:
         # (storage, device key) -> (storage record, weak ref, version)
         self._storages: dict[tuple[int, str], tuple[Storage, StorageWeakRef, int]] = {}
-        # (stream, epoch, device) -> {position: generator state before that op}
-        self.rng_states: dict[tuple[int, int, str], dict[int, Any]] = {}
 
     def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
         entry = self._storages.get((id(value.storage), device_key))

@@ -43,7 +43,7 @@ class Replay:
         self.device = device
         self.device_key = "recorded" if device is None else str(device)
         self.cache = cache_for(graph)
-        self.rng = RngReplay(self, self.cache)
+        self.rng = RngReplay(self)
 
     def map_device(self, device: torch.device) -> torch.device:
         if self.device is None or device.type == "meta":

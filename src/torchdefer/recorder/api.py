@@ -43,7 +43,7 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = _default_device_context()
     try:
-        with RecordingMode(graph):
+        with graph.rng.deferring(), RecordingMode(graph):
             return fn(*args, **kwargs)
     finally:
         # The constructor may change defaults and fail before restoring them.

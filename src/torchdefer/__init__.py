@@ -26,11 +26,12 @@ from typing import Any
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
-from torchdefer.recorder import deferred_init, is_deferred
+from torchdefer.recorder import deferred, deferred_init, is_deferred
 
 __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
+    "deferred",
     "deferred_init",
     "describe",
     "explain",

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,7 +55,7 @@ __all__ = [
     "tensor_groups",
 ]
 
-Source = Union[Mapping[str, torch.Tensor], str, os.PathLike]
+Source = Mapping[str, torch.Tensor] | str | os.PathLike
 
 
 @dataclass(frozen=True, slots=True)

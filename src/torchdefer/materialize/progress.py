@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["Progress", "ProgressEvent", "ProgressSpec"]
 
@@ -41,7 +41,7 @@ class ProgressEvent:
     total_bytes: int
 
 
-ProgressSpec = Union[bool, Callable[[ProgressEvent], Any], None]
+ProgressSpec = bool | Callable[[ProgressEvent], Any] | None
 
 # A bar appears only after this many seconds, so short calls print nothing.
 _AUTO_DELAY_S = 2.0

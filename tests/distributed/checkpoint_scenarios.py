@@ -1,4 +1,4 @@
-"""Checkpoints into FSDP2-sharded deferred models on gloo ranks (see test_checkpoint.py).
+"""Checkpoints into FSDP2-sharded deferred models on gloo ranks (see test_sharded_checkpoint.py).
 
 Each scenario is ``(rank, world_size) -> None`` and raises on any mismatch with
 the eager model loaded by ``Module.load_state_dict``. The checkpoint directory

@@ -17,15 +17,20 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 
-def run_scenarios(world_size: int, names: list[str], out_dir: Path) -> dict[str, list[str]]:
-    """{scenario: [error traceback per failing rank]} (an empty list means it passed)."""
+def run_scenarios(
+    world_size: int, names: list[str], out_dir: Path, module: str = "scenarios"
+) -> dict[str, list[str]]:
+    """{scenario: [error traceback per failing rank]} (an empty list means it passed).
+
+    ``module`` is the file (next to this one) that defines the scenarios.
+    """
     port = _free_port()
     saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     # Large blocks come from mmap and go back to the OS when freed, so the
     # peak RSS a scenario measures is its own (read by glibc at process start).
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
-        mp.spawn(_worker, args=(world_size, port, names, str(out_dir)), nprocs=world_size)
+        mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module), nprocs=world_size)
     finally:
         if saved is None:
             del os.environ["MALLOC_MMAP_THRESHOLD_"]
@@ -41,12 +46,15 @@ def run_scenarios(world_size: int, names: list[str], out_dir: Path) -> dict[str,
     return results
 
 
-def _worker(rank: int, world_size: int, port: int, names: list[str], out_dir: str) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, names: list[str], out_dir: str, module: str
+) -> None:
+    import importlib
     from datetime import timedelta
 
-    import scenarios
     import torch.distributed as dist
 
+    scenarios = importlib.import_module(module)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # A rank stuck in a collective its peer never reached fails instead of hanging.
     dist.init_process_group(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from torchdefer.fake.device import device_available
+from torchdefer.materialize.convert import cast, check_dtype
+from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import swap_in
 from torchdefer.recorder._hooks import set_value_reader
@@ -16,9 +19,14 @@ from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
 
+M = TypeVar("M", bound=nn.Module)
+
 
 def materialize_tensor(
-    tensor: torch.Tensor, device: torch.device | str | None = None
+    tensor: torch.Tensor,
+    device: torch.device | str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The real tensor a deferred tensor stands for.
 
@@ -28,6 +36,8 @@ def materialize_tensor(
     Args:
         tensor: a deferred (or real) tensor.
         device: where to create it; ``None`` means the device it was recorded on.
+        dtype: convert a floating point (or complex) result to this dtype, as
+            ``t.to(dtype)`` would; other tensors keep theirs.
 
     Returns:
         The real tensor: a ``Parameter`` if ``tensor`` is one, with the same
@@ -39,23 +49,26 @@ def materialize_tensor(
     >>> torch.equal(torchdefer.materialize_tensor(lazy), eager)
     True
     """
+    check_dtype(dtype)
     if not isinstance(tensor, DeferredTensor):
-        return tensor
+        return cast(tensor, dtype)
     device = None if device is None else torch.device(device)
     memo = tensor.__dict__.setdefault("_materialized", {})
-    key = str(device)
+    key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        memo[key] = _materialize([tensor], device, None)[0]
+        memo[key] = cast(_materialize([tensor], device, None)[0], dtype)
     return memo[key]
 
 
 def materialize_module(
-    module: nn.Module,
+    module: M,
     device: torch.device | str | None = None,
     *,
+    dtype: torch.dtype | None = None,
     buffers_only: bool = False,
     check_fn: Callable[[nn.Module], bool] | None = None,
-) -> nn.Module:
+    progress: ProgressSpec = None,
+) -> M:
     """Materialize the deferred parameters and buffers of ``module`` and its descendants.
 
     Tensors are replaced in place: tied parameters stay tied (the same object),
@@ -67,22 +80,48 @@ def materialize_module(
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
         device: where to create the tensors; ``None`` means each tensor's
-            recorded device.
+            recorded device. Unlike torchdistX, whose second positional
+            argument was ``buffers_only``; pass that by keyword.
+        dtype: convert floating point tensors to this dtype, as
+            ``module.to(dtype)`` would after materializing, but one tensor at
+            a time: peak memory is the module in ``dtype`` plus one tensor in
+            its recorded dtype. Recorded conversions (``model.half()`` after
+            ``deferred_init``) are honoured the same way, tensor by tensor.
         buffers_only: materialize buffers and leave parameters deferred.
         check_fn: if given, only modules for which it returns True have their
             own tensors materialized (descendants are still visited).
+        progress: ``None`` shows a progress bar on stderr when it is a terminal
+            and the work takes over two seconds; ``True``/``False`` always/never;
+            a callable gets a :class:`~torchdefer.materialize.progress.ProgressEvent`
+            per tensor instead.
 
     Returns:
-        ``module`` itself.
+        ``module`` itself (typed as the module you passed).
+
+    Each tensor is replayed, converted and swapped in before the next one is
+    replayed, so the module never holds more than one tensor's replay at once.
 
     >>> import torch, torchdefer
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
     >>> torchdefer.materialize_module(m, device="cpu").weight.is_meta
     False
     """
+    if isinstance(device, bool):
+        raise TypeError(
+            f"materialize_module(module, {device}): the second argument is the device. "
+            "torchdistX took buffers_only there; pass it by keyword: "
+            f"materialize_module(module, buffers_only={device})."
+        )
+    check_dtype(dtype)
     device = None if device is None else torch.device(device)
     sharded = _sharded_paths(module)
     if sharded:
+        if dtype is not None:
+            raise TypeError(
+                f"{_shown(sharded)} are sharded; dtype= is not supported for sharded modules. "
+                "Convert the deferred module before sharding it (model.to(dtype) is "
+                "recorded), or use FSDP2's MixedPrecisionPolicy."
+            )
         return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
     owners: dict[int, tuple[torch.Tensor, str, list[tuple[nn.Module, str, str]]]] = {}
     for prefix, sub in module.named_modules():
@@ -97,12 +136,22 @@ def materialize_module(
                     entry[2].append((sub, kind, name))
     if not owners:
         return module
-    fakes = [entry[0] for entry in owners.values()]
-    names = [entry[1] for entry in owners.values()]
-    reals = _materialize(fakes, device, names)
-    for (fake, _, slots), real in zip(owners.values(), reals):
-        swap_in(fake, real, slots)
+    nbytes = sum(_nbytes(entry[0], dtype) for entry in owners.values())
+    with Progress("materialize", len(owners), nbytes, progress) as bar:
+        # One tensor per replay, swapped in at once: a later replay finds the
+        # storages it shares in the cache (kept alive by the module), and no
+        # replay holds more than one tensor's intermediates.
+        for fake, path, slots in owners.values():
+            real = cast(_materialize([fake], device, [path])[0], dtype)
+            swap_in(fake, real, slots)
+            bar.advance(path, real.nbytes)
     return module
+
+
+def _nbytes(t: torch.Tensor, dtype: torch.dtype | None) -> int:
+    if dtype is not None and (t.is_floating_point() or t.is_complex()):
+        return t.numel() * dtype.itemsize
+    return t.numel() * t.element_size()
 
 
 # How to materialize modules whose parameters are sharded wrappers (DTensor,
@@ -125,8 +174,12 @@ def _sharded_paths(module: nn.Module) -> list[str]:
     ]
 
 
+def _shown(paths: list[str]) -> str:
+    return ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+
+
 def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Module:
-    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    shown = _shown(paths)
     if getattr(_in_sharded, "active", False):
         raise TypeError(
             f"{shown} still wrap deferred tensors after the sharded materializer ran: a "

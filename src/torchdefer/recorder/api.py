@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
-
-from torchdefer.recorder.graph import Graph
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.context import deferred
 
 __all__ = ["deferred_init"]
 
@@ -24,6 +21,10 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     with :func:`torchdefer.materialize_module` or
     :func:`torchdefer.materialize_tensor`.
 
+    The same as ``with torchdefer.deferred(): fn(*args, **kwargs)``; called
+    inside such a block (or another ``deferred_init``), it records into the
+    outer graph.
+
     Args:
         fn: a module class or any callable that builds tensors.
         *args, **kwargs: passed to ``fn``.
@@ -37,21 +38,5 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     Parameter containing:
     tensor(..., size=(8192, 8192), device='cuda:0', requires_grad=True, fake=True)
     """
-    graph = Graph()
-    dtype = torch.get_default_dtype()
-    # Not torch.get_default_device(): it builds a tensor, which fails under
-    # `with torch.device("cuda")` on a host without CUDA.
-    device_context = _default_device_context()
-    try:
-        with graph.rng.deferring(), RecordingMode(graph):
-            return fn(*args, **kwargs)
-    finally:
-        # The constructor may change defaults and fail before restoring them.
-        if torch.get_default_dtype() != dtype:
-            torch.set_default_dtype(dtype)
-        if _default_device_context() is not device_context:
-            torch.set_default_device(None if device_context is None else device_context.device)
-
-
-def _default_device_context() -> Any:
-    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    with deferred():
+        return fn(*args, **kwargs)

@@ -30,7 +30,14 @@ class DeferredTensor(FakeTensor):
     _value: Value
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor, device: torch.device) -> DeferredTensor:
+    def __new__(
+        cls, elem: torch.Tensor, device: torch.device | None = None, requires_grad: bool = True
+    ) -> DeferredTensor:
+        if device is None:
+            # `type(param)(data, requires_grad=...)`: how accelerate's
+            # set_module_tensor_to_device (and bitsandbytes) rebuild a parameter
+            # around loaded data. The result is real, so a plain Parameter.
+            return torch.nn.Parameter(elem, requires_grad=requires_grad)  # type: ignore[return-value]
         return FakeTensor.__new__(cls, elem, device)  # type: ignore[return-value]
 
     @classmethod

@@ -131,7 +131,9 @@ def _emit(graph, path, picture, by_module, tree, counter) -> None:
         item = picture.items[item_id]
         attrs, _ = NODE_STYLES[item.kind]
         graph.node(item_id, _label(item.lines), **attrs)
-    for child in sorted(tree.get(path, ()), key=_natural):
+    # Definition order (picture.modules follows named_modules), as print(model) lists them.
+    order = {module: i for i, module in enumerate(picture.modules)}
+    for child in sorted(tree.get(path, ()), key=lambda c: (order.get(c, len(order)), _natural(c))):
         with graph.subgraph(name=f"cluster_{next(counter)}") as sub:
             repeat = picture.repeats.get(child)
             name = child.rpartition(".")[2] if path else child

@@ -27,11 +27,12 @@ from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import load_state_dict, materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
 from torchdefer.materialize.checkpoint import set_distributed_loader
-from torchdefer.recorder import deferred, deferred_init, is_deferred
+from torchdefer.recorder import composite, deferred, deferred_init, is_deferred
 
 __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
+    "composite",
     "deferred",
     "deferred_init",
     "describe",

@@ -27,7 +27,7 @@ from torchdefer.materialize.errors import (
     ReplayError,
 )
 from torchdefer.materialize.plan import make_plan
-from torchdefer.materialize.rng import RngReplay
+from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
 from torchdefer.recorder.mode import suspended
@@ -69,13 +69,16 @@ class Replay:
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
         with suspended(), torch.no_grad():
-            for i, node in enumerate(plan.nodes):
-                outs = self._run_checked(node, env, plan.cached)
-                for value in node.outputs:
-                    env[id(value)] = outs[value.index]
-                for value in node.inputs:
-                    if last_use.get(id(value)) == i:
-                        env.pop(id(value), None)
+            try:
+                for i, node in enumerate(plan.nodes):
+                    outs = self._run_checked(node, env, plan.cached)
+                    for value in node.outputs:
+                        env[id(value)] = outs[value.index]
+                    for value in node.inputs:
+                        if last_use.get(id(value)) == i:
+                            env.pop(id(value), None)
+            finally:
+                self.rng.release()
         results = []
         for value, version in targets:
             real = plan.cached.get((id(value), version))
@@ -120,7 +123,7 @@ class Replay:
         if kind == NodeKind.RANDOM:
             out = self.rng.run(node, args, kwargs)
         else:
-            out = node.op(*args, **kwargs)
+            out = call_checking_draws(node, args, kwargs)
         return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torchdefer.recorder.stream import Stream
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RngReplay", "model_of"]
+__all__ = ["RngReplay", "call_checking_draws", "model_of"]
 
 
 def model_of(device: torch.device) -> str:
@@ -64,6 +64,10 @@ class RngReplay:
         args, kwargs = self._scratch_args(node, device)
         _, after = draw(node, stream, device, state, args, kwargs)
         return after
+
+    def release(self) -> None:
+        """Give the scratch memory back now (a replay and its RngReplay form a cycle)."""
+        self._scratch.clear()
 
     def _scratch_tensor(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
         """A tensor with ``meta``'s sizes and strides over the reused scratch buffer."""
@@ -117,6 +121,46 @@ def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.
     return out, private.get_state()
 
 
+_TRUSTED_NAMESPACES = frozenset({"aten", "prims", "prim"})
+
+
+def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
+    """Run a node recorded as deterministic; refuse if it drew from a default generator.
+
+    Ops of other libraries may draw without the ``nondeterministic_seeded``
+    tag; recorded as deterministic, replay would feed them whatever state the
+    global generator has now, a value eager code never saw (and move the
+    user's generator).
+    """
+    namespace = getattr(node.op, "namespace", None)
+    if namespace in _TRUSTED_NAMESPACES:
+        return node.op(*args, **kwargs)
+    generators = _default_generators()
+    before = [g.get_state() for g in generators]
+    out = node.op(*args, **kwargs)
+    moved = [g for g, s in zip(generators, before) if not torch.equal(g.get_state(), s)]
+    for g, s in zip(generators, before):
+        g.set_state(s)
+    if moved:
+        raise RuntimeError(
+            f"{node.name}, recorded at {node.where()}, drew random numbers from the default "
+            f"{moved[0].device} generator, but it is not tagged as random "
+            "(torch.Tag.nondeterministic_seeded), so it was recorded as deterministic and "
+            "its draws cannot be placed where eager code made them. Tag the op "
+            "(torch.library.custom_op(..., tags=torch.Tag.nondeterministic_seeded) or "
+            "define(..., tags=...)), or mark a Python init function with "
+            "torchdefer.composite(fn, random=True)."
+        )
+    return out
+
+
+def _default_generators() -> list[torch.Generator]:
+    generators = [torch.default_generator]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        generators.extend(torch.cuda.default_generators)
+    return generators
+
+
 def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     """Whether the recorded overload accepts ``generator=`` as a keyword we can fill."""
     schema = getattr(node.op, "_schema", None)
@@ -134,8 +178,11 @@ def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
     stream = node.rng[0]  # type: ignore[index]
     device = torch.device("cpu") if model == "cpu" else stream.device
     replay = Replay(node.graph, device)  # type: ignore[arg-type]
-    with suspended(), torch.no_grad():
-        return replay.rng.run_into_scratch(node, state)
+    try:
+        with suspended(), torch.no_grad():
+            return replay.rng.run_into_scratch(node, state)
+    finally:
+        replay.rng.release()
 
 
 set_call_runner(_run_call)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
@@ -73,7 +74,7 @@ def deferred() -> Iterator[Graph]:
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = _default_device_context()
     try:
-        with graph.rng.deferring(), RecordingMode(graph):
+        with library_composites(), graph.rng.deferring(), RecordingMode(graph):
             yield graph
     finally:
         # The constructor may change defaults and fail before restoring them.

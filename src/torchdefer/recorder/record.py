@@ -74,10 +74,13 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes = _record_writes(node, schema_values(plan, args, kwargs), plan.writes)
     out, aliased = _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat)
     node.kind = _kind(func, node, aliased, device)
+    generator = kwargs.get("generator")
+    if generator is None:
+        generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+    if generator is not None and device.type != "meta":
+        # An op that takes a generator draws from it, tagged random or not.
+        node.kind = NodeKind.RANDOM
     if node.kind == NodeKind.RANDOM:
-        generator = kwargs.get("generator")
-        if generator is None:
-            generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
         graph.rng.place(node, generator, device)
     return out
 

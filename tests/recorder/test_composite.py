@@ -2,10 +2,10 @@
 
 import psutil
 import torch
-from parity import assert_same_tensor, check_module_parity
 from torch import nn
 
 import torchdefer
+from parity import assert_same_tensor, check_module_parity
 from torchdefer.recorder import NodeKind
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from parity import assert_same_tensor
 
 import torchdefer
+from parity import assert_same_tensor
 
 
 @torch.library.custom_op("tdtest::noisy_", mutates_args=("t",))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
@@ -31,6 +32,7 @@ from torchdefer.recorder import deferred_init, is_deferred
 __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
+    "TorchdeferError",
     "deferred_init",
     "describe",
     "explain",

@@ -5,6 +5,7 @@ from torchdefer.materialize.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
     ReplayError,
+    SwapError,
 )
 from torchdefer.materialize.replay import Replay
 
@@ -13,6 +14,7 @@ __all__ = [
     "ExternalTensorModifiedError",
     "Replay",
     "ReplayError",
+    "SwapError",
     "materialize_module",
     "materialize_tensor",
 ]

@@ -10,8 +10,9 @@ from torch import nn
 
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import swap_in
+from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.reach import PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
@@ -45,7 +46,7 @@ def materialize_tensor(
     memo = tensor.__dict__.setdefault("_materialized", {})
     key = str(device)
     if key not in memo:
-        memo[key] = _materialize([tensor], device, None)[0]
+        memo[key] = real_tensor(tensor, _materialize([tensor], device, None)[0])
     return memo[key]
 
 
@@ -56,24 +57,34 @@ def materialize_module(
     buffers_only: bool = False,
     check_fn: Callable[[nn.Module], bool] | None = None,
 ) -> nn.Module:
-    """Materialize the deferred parameters and buffers of ``module`` and its descendants.
+    """Materialize the deferred tensors of ``module`` and its descendants, in place.
 
-    Tensors are replaced in place: tied parameters stay tied (the same object),
-    and references taken before (an optimizer, ``nn.LSTM``'s flat weights) see
-    the real tensors. A module sharded with FSDP2 ``fully_shard`` or DTensor
-    parameters is handed to :func:`torchdefer.distributed.materialize_module`
-    (each rank replays one full parameter at a time and keeps its shard).
+    That is their parameters, buffers, and tensors kept as plain attributes
+    (``self.inv_freq = ...``, also in lists, tuples, dicts and sets).
+    Each deferred tensor object *becomes* its real tensor: tied parameters
+    stay tied (the same object), and references taken before (an optimizer's
+    ``param_groups``, ``nn.LSTM``'s flat weights, a ``weakref``, a hook's
+    closure) see the real tensors. Parameters keep their class (a subclass of
+    ``nn.Parameter`` included) and the attributes set on them. A module
+    sharded with FSDP2 ``fully_shard`` or DTensor parameters is handed to
+    :func:`torchdefer.distributed.materialize_module` (each rank replays one
+    full parameter at a time and keeps its shard).
 
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
         device: where to create the tensors; ``None`` means each tensor's
             recorded device.
-        buffers_only: materialize buffers and leave parameters deferred.
+        buffers_only: materialize buffers (and tensor attributes) and leave
+            parameters deferred.
         check_fn: if given, only modules for which it returns True have their
             own tensors materialized (descendants are still visited).
 
     Returns:
         ``module`` itself.
+
+    Raises:
+        SwapError: PyTorch refused to make a tensor real in place (C++ code
+            holds a weak reference to it); the message says which and what to do.
 
     >>> import torch, torchdefer
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
@@ -84,25 +95,34 @@ def materialize_module(
     sharded = _sharded_paths(module)
     if sharded:
         return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
-    owners: dict[int, tuple[torch.Tensor, str, list[tuple[nn.Module, str, str]]]] = {}
-    for prefix, sub in module.named_modules():
-        if check_fn is not None and not check_fn(sub):
-            continue
-        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
-        for kind in kinds:
-            for name, t in getattr(sub, kind).items():
-                path = f"{prefix}.{name}" if prefix else name
-                if isinstance(t, DeferredTensor):
-                    entry = owners.setdefault(id(t), (t, path, []))
-                    entry[2].append((sub, kind, name))
-    if not owners:
+    found = _deferred_reached(module, buffers_only, check_fn)
+    if not found:
         return module
-    fakes = [entry[0] for entry in owners.values()]
-    names = [entry[1] for entry in owners.values()]
+    fakes = list(found.values())
+    names = list(found)
     reals = _materialize(fakes, device, names)
-    for (fake, _, slots), real in zip(owners.values(), reals):
-        swap_in(fake, real, slots)
+    for fake, name, real in zip(fakes, names, reals):
+        swap_in(fake, real, name)
     return module
+
+
+def _deferred_reached(
+    module: nn.Module, buffers_only: bool, check_fn: Callable[[nn.Module], bool] | None
+) -> dict[str, DeferredTensor]:
+    """{first path: deferred tensor} for what ``materialize_module`` makes real, each object once.
+
+    Parameters (unless ``buffers_only``), buffers, and tensors kept as plain
+    attributes (they are state like buffers; a parameter also held as an
+    attribute stays a parameter).
+    """
+    reached = [r for r in reached_tensors(module, check_fn) if isinstance(r.tensor, DeferredTensor)]
+    parameters = {id(r.tensor) for r in reached if r.kind == PARAMETER}
+    found: dict[int, tuple[str, DeferredTensor]] = {}
+    for r in reached:
+        if buffers_only and id(r.tensor) in parameters:
+            continue
+        found.setdefault(id(r.tensor), (r.path, r.tensor))  # type: ignore[arg-type]
+    return dict(found.values())
 
 
 # How to materialize modules whose parameters are sharded wrappers (DTensor,
@@ -119,9 +139,9 @@ def set_sharded_materializer(fn: Callable[[nn.Module], nn.Module]) -> None:
 
 def _sharded_paths(module: nn.Module) -> list[str]:
     return [
-        name
-        for name, t in (*module.named_parameters(), *module.named_buffers())
-        if not isinstance(t, DeferredTensor) and holds_deferred(t)
+        r.path
+        for r in reached_tensors(module)
+        if not isinstance(r.tensor, DeferredTensor) and holds_deferred(r.tensor)
     ]
 
 
@@ -165,18 +185,12 @@ def _materialize(
         targets = [(fakes[i]._value, fakes[i]._value.storage.version) for i in indices]
         part_names = None if names is None else [names[i] for i in indices]
         for i, real in zip(indices, Replay(graph, device).run(targets, part_names)):
-            reals[i] = _finish(fakes[i], real)
+            reals[i] = real
     for fake in fakes:
         fake._value.storage.materialized = True
     return reals  # type: ignore[return-value]
 
 
-def _finish(fake: DeferredTensor, real: torch.Tensor) -> torch.Tensor:
-    if isinstance(fake, nn.Parameter):
-        return nn.Parameter(real, requires_grad=fake.requires_grad)
-    if fake.requires_grad != real.requires_grad and real.grad_fn is None:
-        real.requires_grad_(fake.requires_grad)
-    return real
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.subclasses import subclassing
 
 __all__ = ["deferred_init"]
 
@@ -43,7 +44,9 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = _default_device_context()
     try:
-        with RecordingMode(graph):
+        # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
+        # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
+        with RecordingMode(graph), subclassing():
             return fn(*args, **kwargs)
     finally:
         # The constructor may change defaults and fail before restoring them.

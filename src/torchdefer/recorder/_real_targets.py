@@ -39,19 +39,31 @@ _NOT_VALUE_WRITES = frozenset({"requires_grad_", "set_", "share_memory_", "retai
 
 def refuse_collective(func: Any) -> None:
     """Raise if ``func`` is a collective (a ``torch.distributed`` call or a c10d op)."""
+    known = _collectives.get(func)
+    if known is None:
+        known = _collectives[func] = _collective_name(func)
+    if known:
+        raise _collective_error(known)
+
+
+# func -> its name if it is a collective, else "" (this runs on every op).
+_collectives: dict[Any, str] = {}
+
+
+def _collective_name(func: Any) -> str:
     namespace = getattr(func, "namespace", None)
     if namespace is not None:  # an aten-level op
-        if namespace not in _COLLECTIVE_NAMESPACES:
-            return
-        name = str(func)
-    else:
-        module = getattr(func, "__module__", None) or ""
-        if not module.startswith("torch.distributed"):
-            return
-        name = f"{module}.{getattr(func, '__name__', func)}"
+        return str(func) if namespace in _COLLECTIVE_NAMESPACES else ""
+    module = getattr(func, "__module__", None) or ""
+    if not module.startswith("torch.distributed"):
+        return ""
+    return f"{module}.{getattr(func, '__name__', func)}"
+
+
+def _collective_error(name: str) -> RecordingError:
     frame = user_frame(3)
     where = "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
-    raise RecordingError(
+    return RecordingError(
         f"{name} was called on a deferred tensor (at {where}). A collective needs the "
         "tensor's data, which no rank has until it is materialized, so its result cannot "
         "be recorded. If it comes from distribute_tensor or parallelize_module: pass "
@@ -65,16 +77,28 @@ def refuse_collective(func: Any) -> None:
 
 def writes_real(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether ``func`` writes values into a real tensor, with no recording active."""
-    name = getattr(func, "__name__", "")
-    in_place = (name.endswith("_") and not name.startswith("_")) or name == "__setitem__"
-    in_place = in_place or (name.startswith("__i") and name.endswith("__"))
-    target = in_place and name not in _NOT_VALUE_WRITES and bool(args) and _is_real(args[0])
+    in_place = _in_place.get(func)
+    if in_place is None:
+        in_place = _in_place[func] = _writes_first_argument(func)
+    target = in_place and bool(args) and _is_real(args[0])
     if not target and "out" in kwargs:
         out = kwargs["out"]
         outs = out if isinstance(out, (tuple, list)) else (out,)
         target = any(_is_real(o) for o in outs)
     # Inside deferred_init the recorder refuses such writes, as for any real tensor.
     return target and not isinstance(torch._C._get_dispatch_mode(_FAKE_SLOT), _recording_mode())
+
+
+_in_place: dict[Any, bool] = {}
+
+
+def _writes_first_argument(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in _NOT_VALUE_WRITES:
+        return False
+    if name.endswith("_") and not name.startswith("_"):  # add_, copy_, masked_fill_
+        return True
+    return name == "__setitem__" or (name.startswith("__i") and name.endswith("__"))  # +=
 
 
 def write_real(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
+from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 from torchdefer.recorder.reach import reached_tensors
 
@@ -37,8 +38,6 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder._copy import deepcopy_deferred
-        from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
         from torchdefer.recorder.mode import recording
         from torchdefer.recorder.record import data_read, record_data_set
 
@@ -50,6 +49,8 @@ class DeferredTensor(FakeTensor):
         if func == _DATA_SET:
             return record_data_set(args[0], args[1])
         if func is torch.Tensor.__deepcopy__:
+            from torchdefer.recorder._copy import deepcopy_deferred
+
             return deepcopy_deferred(args[0], args[1])
         refuse_collective(func)
         if func is _DETACH and type(args[0]) is not DeferredTensor:
@@ -66,7 +67,6 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder._real_targets import refuse_collective
         from torchdefer.recorder.record import record_call
 
         if func is torch.ops.prim.device.default:

@@ -123,3 +123,15 @@ def test_refused_swap_names_the_tensor_and_says_what_to_do():
     del holder
     torchdefer.materialize_module(deferred)
     assert not torchdefer.is_deferred(deferred)
+
+
+def test_grads_of_a_backward_pass_run_during_construction_are_kept():
+    def build():
+        m = nn.Linear(3, 2)
+        m(torch.randn(4, 3)).pow(2).sum().backward()
+        return m
+
+    eager, deferred = build_both(build)
+    torchdefer.materialize_module(deferred)
+    for name, param in deferred.named_parameters():
+        assert_same_tensor(param.grad, dict(eager.named_parameters())[name].grad, name)

@@ -12,7 +12,7 @@ from torchdefer.fake.device import device_available
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
-from torchdefer.recorder.reach import PARAMETER, reached_tensors
+from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
@@ -95,7 +95,7 @@ def materialize_module(
     sharded = _sharded_paths(module)
     if sharded:
         return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
-    found = _deferred_reached(module, buffers_only, check_fn)
+    found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
     fakes = list(found.values())
@@ -103,26 +103,33 @@ def materialize_module(
     reals = _materialize(fakes, device, names)
     for fake, name, real in zip(fakes, names, reals):
         swap_in(fake, real, name)
+    for parameter, grad in grads:
+        # A parameter's .grad lives on its TensorImpl, which the swap replaced.
+        parameter.grad = grad
     return module
 
 
 def _deferred_reached(
     module: nn.Module, buffers_only: bool, check_fn: Callable[[nn.Module], bool] | None
-) -> dict[str, DeferredTensor]:
-    """{first path: deferred tensor} for what ``materialize_module`` makes real, each object once.
+) -> tuple[dict[str, DeferredTensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """What ``materialize_module`` makes real, each object once, and the grads to put back.
 
-    Parameters (unless ``buffers_only``), buffers, and tensors kept as plain
-    attributes (they are state like buffers; a parameter also held as an
-    attribute stays a parameter).
+    Returns ``{first path: deferred tensor}`` for parameters (unless
+    ``buffers_only``), their ``.grad``, buffers, and tensors kept as plain
+    attributes (state like buffers; a parameter also held as an attribute
+    stays a parameter), and the ``(parameter, grad)`` pairs.
     """
     reached = [r for r in reached_tensors(module, check_fn) if isinstance(r.tensor, DeferredTensor)]
     parameters = {id(r.tensor) for r in reached if r.kind == PARAMETER}
     found: dict[int, tuple[str, DeferredTensor]] = {}
+    grads = []
     for r in reached:
-        if buffers_only and id(r.tensor) in parameters:
+        if buffers_only and (id(r.tensor) in parameters or r.kind == GRAD):
             continue
         found.setdefault(id(r.tensor), (r.path, r.tensor))  # type: ignore[arg-type]
-    return dict(found.values())
+        if r.kind == GRAD:
+            grads.append((r.parameter, r.tensor))
+    return dict(found.values()), grads
 
 
 # How to materialize modules whose parameters are sharded wrappers (DTensor,

@@ -22,6 +22,7 @@ __all__ = ["Reached", "reached_tensors"]
 PARAMETER = "parameter"
 BUFFER = "buffer"
 ATTRIBUTE = "attribute"
+GRAD = "grad"  # a parameter's .grad (a backward pass run during construction)
 
 # Module internals that hold no model tensors (hooks, registries).
 _SKIPPED = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
@@ -35,8 +36,9 @@ class Reached:
 
     path: str  # "layers.3.attn.inv_freq", "cache[2]", "tables['cos']"
     module: nn.Module  # the module whose attribute holds it
-    kind: str  # "parameter", "buffer" or "attribute"
+    kind: str  # "parameter", "buffer", "attribute" or "grad"
     tensor: torch.Tensor
+    parameter: torch.Tensor | None = None  # for a grad: the parameter it belongs to
 
 
 def reached_tensors(
@@ -62,6 +64,8 @@ def reached_tensors(
             for name, t in sub._parameters.items():
                 if t is not None:
                     yield Reached(_join(prefix, name), sub, PARAMETER, t)
+                    if t.grad is not None:
+                        yield Reached(_join(prefix, name) + ".grad", sub, GRAD, t.grad, t)
             for name, t in sub._buffers.items():
                 if t is not None:
                     yield Reached(_join(prefix, name), sub, BUFFER, t)

@@ -57,3 +57,37 @@ def test_using_an_uninitialized_parameter_raises_as_in_eager():
         deferred.weight + 1
     with pytest.raises(RuntimeError, match="Can't access the shape"):
         _ = deferred.weight.shape
+
+
+def test_deepcopy_and_dtype_change_of_an_uninitialized_lazy_module_match_eager():
+    import copy
+
+    def build():
+        return nn.Sequential(nn.LazyLinear(3), nn.LazyLinear(2)).to(torch.float64)
+
+    x = torch.ones(2, 5, dtype=torch.float64)
+    torch.manual_seed(0)
+    eager = build()
+    eager_copy = copy.deepcopy(eager)
+    eager(x)
+    eager_copy(x)
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    deferred_copy = copy.deepcopy(deferred)
+    deferred(x)
+    deferred_copy(x)
+    for real, ref in ((deferred, eager), (deferred_copy, eager_copy)):
+        torchdefer.materialize_module(real)
+        assert_same_module(real, ref)
+
+
+def test_lazy_module_loads_a_state_dict_before_its_first_call():
+    torch.manual_seed(0)
+    source = nn.Linear(4, 3)
+    eager, deferred = build_both(lambda: nn.LazyLinear(3))
+    for m in (eager, deferred):
+        m.load_state_dict(source.state_dict())
+    assert torchdefer.is_deferred(deferred)
+    torchdefer.materialize_module(deferred)
+    assert_same_module(deferred, eager)
+    assert torch.equal(deferred.weight, source.weight)

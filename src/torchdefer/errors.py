@@ -17,4 +17,12 @@ __all__ = ["TorchdeferError"]
 
 
 class TorchdeferError(Exception):
-    """Base class of torchdefer's errors; the message says what, where and what to do."""
+    """Base class of torchdefer's errors; the message says what, where and what to do.
+
+    >>> import torch, torchdefer
+    >>> try:
+    ...     torchdefer.deferred_init(torch.empty, 2, layout=torch.sparse_coo)
+    ... except torchdefer.TorchdeferError as e:
+    ...     print(type(e).__name__, isinstance(e, RuntimeError))
+    RecordingError True
+    """

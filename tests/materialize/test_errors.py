@@ -86,3 +86,10 @@ def test_replay_error_of_original_type_survives_pickling():
         torchdefer.materialize_tensor(t)
     copy = pickle.loads(pickle.dumps(info.value))
     assert type(copy) is type(info.value) and str(copy) == str(info.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_out_of_memory_during_replay_is_a_torch_out_of_memory_error():
+    huge = torchdefer.deferred_init(torch.zeros, 1 << 42, device="cuda")  # 16 TiB
+    with pytest.raises(torch.OutOfMemoryError, match="While replaying"):
+        torchdefer.materialize_tensor(huge)

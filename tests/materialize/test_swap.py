@@ -135,3 +135,15 @@ def test_grads_of_a_backward_pass_run_during_construction_are_kept():
     torchdefer.materialize_module(deferred)
     for name, param in deferred.named_parameters():
         assert_same_tensor(param.grad, dict(eager.named_parameters())[name].grad, name)
+
+
+def test_materialize_module_inside_deferred_init_gives_real_parameters():
+    def build():
+        first = nn.Linear(3, 3)
+        torchdefer.materialize_module(first)
+        assert not torchdefer.is_fake(first.weight) and type(first.weight) is nn.Parameter
+        return nn.Sequential(first, nn.Linear(3, 2))
+
+    eager, deferred = build_both(build)
+    torchdefer.materialize_module(deferred)
+    assert_same_module(deferred, eager)

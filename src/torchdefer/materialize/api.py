@@ -12,6 +12,7 @@ from torchdefer.fake.device import device_available
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
@@ -103,9 +104,10 @@ def materialize_module(
     reals = _materialize(fakes, device, names)
     for fake, name, real in zip(fakes, names, reals):
         swap_in(fake, real, name)
-    for parameter, grad in grads:
-        # A parameter's .grad lives on its TensorImpl, which the swap replaced.
-        parameter.grad = grad
+    with suspended():
+        for parameter, grad in grads:
+            # A parameter's .grad lives on its TensorImpl, which the swap replaced.
+            parameter.grad = grad
     return module
 
 

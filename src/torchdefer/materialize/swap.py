@@ -33,6 +33,7 @@ import torch
 
 from torchdefer.materialize.errors import SwapError
 from torchdefer.recorder._copy import user_attributes
+from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.subclasses import user_class
 
 __all__ = ["real_tensor", "swap_in"]
@@ -48,10 +49,13 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     are copied.
     """
     cls = user_class(fake)  # type: ignore[arg-type]
-    if cls is torch.Tensor:
-        out = real.detach().requires_grad_(fake.requires_grad)
-    else:
-        out = torch._C.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
+    # suspended(): materialize_module may run inside deferred_init, whose
+    # recording mode would otherwise record these ops on the real tensor.
+    with suspended():
+        if cls is torch.Tensor:
+            out = real.detach().requires_grad_(fake.requires_grad)
+        else:
+            out = torch._C.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
     out.__dict__.update(user_attributes(fake))
     return out
 
@@ -90,7 +94,8 @@ def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
     fake.__dict__, shell.__dict__ = shell.__dict__, fake.__dict__
     for slot in copyreg._slotnames(type(fake)):  # type: ignore[attr-defined]
         _swap_slot(fake, shell, slot)
-    _reinstall_hooks(fake)
+    with suspended():
+        _reinstall_hooks(fake)
 
 
 def _swap_slot(a: object, b: object, slot: str) -> None:

@@ -32,8 +32,9 @@ def materialize_tensor(
         device: where to create it; ``None`` means the device it was recorded on.
 
     Returns:
-        The real tensor: a ``Parameter`` if ``tensor`` is one, with the same
-        values eager construction would have given.
+        The real tensor, with the values eager construction would have given:
+        of ``tensor``'s class (``nn.Parameter`` or a subclass of it, with the
+        attributes set on it) and ``requires_grad``.
 
     >>> import torch, torchdefer
     >>> _ = torch.manual_seed(0); eager = torch.randn(3)
@@ -198,8 +199,6 @@ def _materialize(
     for fake in fakes:
         fake._value.storage.materialized = True
     return reals  # type: ignore[return-value]
-
-
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

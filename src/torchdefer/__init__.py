@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import load_state_dict, materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
@@ -32,6 +33,7 @@ from torchdefer.recorder import composite, deferred, deferred_init, is_deferred
 __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
+    "TorchdeferError",
     "composite",
     "deferred",
     "deferred_init",

@@ -7,10 +7,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import _init_utils, fully_shard
-from torch.distributed.tensor import Partial, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 import torchdefer
 import torchdefer.distributed as tdd
+from torchdefer.recorder import RecordingError
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="needs torch.distributed"
@@ -182,3 +184,18 @@ def test_load_state_dict_refuses_dtype_for_sharded_models(one_rank_group):
     fully_shard(model)
     with pytest.raises(TypeError, match="sharded"):
         torchdefer.load_state_dict(model, {}, dtype=torch.bfloat16)
+
+
+def test_collective_on_a_deferred_tensor_says_to_use_src_data_rank_none(one_rank_group):
+    t = torchdefer.deferred_init(torch.randn, 4, device=one_rank_group)
+    with pytest.raises(RecordingError, match=r"broadcast.*deferred tensor.*src_data_rank=None"):
+        torch.distributed.broadcast(t, src=0)
+
+
+def test_default_src_data_rank_on_a_deferred_model_raises_with_the_fix(one_rank_group):
+    model = torchdefer.deferred_init(nn.Linear, 4, 4, device=one_rank_group)
+    mesh = init_device_mesh(one_rank_group, (1,))
+    with pytest.raises(RecordingError, match=r"scatter.*src_data_rank=None"):
+        parallelize_module(model, mesh, {"": ColwiseParallel()})
+    with pytest.raises(RecordingError, match=r"broadcast.*src_data_rank=None"):
+        distribute_tensor(model.bias, mesh, [Replicate()])

@@ -70,6 +70,11 @@ def test_tensor_parallel_deferred_module_matches_eager(outcomes, world):
     _check(outcomes, world, "tensor_parallel_module_matches_eager")
 
 
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_tensor_parallel_with_default_src_data_rank_raises_on_every_rank(outcomes, world):
+    _check(outcomes, world, "tensor_parallel_default_src_data_rank_raises_with_the_fix")
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp1_param_init_fn_gives_the_shards_of_the_eager_model(outcomes, world):
     _check(outcomes, world, "fsdp1_param_init_fn_matches_eager")

@@ -6,6 +6,7 @@ from torchdefer.materialize.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
     ReplayError,
+    SwapError,
 )
 from torchdefer.materialize.replay import Replay
 
@@ -15,6 +16,7 @@ __all__ = [
     "LoadResult",
     "Replay",
     "ReplayError",
+    "SwapError",
     "load_state_dict",
     "materialize_module",
     "materialize_tensor",

@@ -25,6 +25,7 @@ from torchdefer.materialize.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
     ReplayError,
+    with_context,
 )
 from torchdefer.materialize.plan import make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
@@ -90,15 +91,21 @@ class Replay:
         return results
 
     def _run_checked(self, node: Node, env, cached) -> list[Any]:
+        """Run ``node``; a failure is re-raised naming the node, keeping its type.
+
+        The new exception is both a :class:`ReplayError` and an instance of the
+        original class (``torch.OutOfMemoryError`` stays catchable as such).
+        """
         try:
             return self._run_node(node, env, cached)
         except ReplayError:
             raise
         except Exception as e:
-            raise ReplayError(
+            message = (
                 f"While replaying {node.name} ({node.kind}) recorded at {node.where()}: "
                 f"{type(e).__name__}: {e}"
-            ).with_traceback(e.__traceback__) from e
+            )
+            raise with_context(e, message).with_traceback(e.__traceback__) from e
 
     def _run_node(self, node: Node, env, cached) -> list[Any]:
         kind = node.kind

@@ -24,6 +24,7 @@ from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.subclasses import subclassing
 
 __all__ = ["deferred"]
 
@@ -74,7 +75,9 @@ def deferred() -> Iterator[Graph]:
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = _default_device_context()
     try:
-        with library_composites(), graph.rng.deferring(), RecordingMode(graph):
+        # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
+        # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
+        with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing():
             yield graph
     finally:
         # The constructor may change defaults and fail before restoring them.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.viz.picture import Picture, build_picture
 from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
 
@@ -28,7 +29,7 @@ _INSTALL_DOT = (
 _TEXT_FORMATS = (".dot", ".gv")
 
 
-class GraphvizNotFoundError(RuntimeError):
+class GraphvizNotFoundError(TorchdeferError, RuntimeError):
     """Rendering a picture needs Graphviz's ``dot`` program, which was not found."""
 
 

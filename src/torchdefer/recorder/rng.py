@@ -81,7 +81,8 @@ class RngRecorder:
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
         self._markers: dict[bytes, tuple[Epoch, Position]] = {}
-        self._marker_source: torch.Generator | None = None
+        self._marker_base: torch.Tensor | None = None
+        self._marker_count = 0
 
     # ----------------------------------------------------------- placing
 
@@ -150,12 +151,17 @@ class RngRecorder:
     # ----------------------------------------------------------- syncing
 
     def _leave_marker(self, stream: Stream, epoch: Epoch, real, current: torch.Tensor) -> None:
-        if self._marker_source is None:
-            self._marker_source = torch.Generator()
-            self._marker_source.seed()
+        if self._marker_base is None:
+            source = torch.Generator()
+            source.seed()
+            self._marker_base = torch.randint(
+                0, 1 << 32, (624,), dtype=torch.int64, generator=source
+            )
+        self._marker_count += 1
         marker = current.clone()
-        words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=self._marker_source)
-        marker[_ARRAY].view(torch.int64).copy_(words)
+        words = marker[_ARRAY].view(torch.int64)
+        words.copy_(self._marker_base)
+        words[0] = self._marker_count  # random words plus a count: unique per marker
         layout = epoch.layouts[stream.model]  # type: ignore[index]
         self._markers[tensor_bytes(marker[_MARKER_KEY])] = (epoch, layout.end)
         real.set_state(marker)

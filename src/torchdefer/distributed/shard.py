@@ -1,27 +1,80 @@
-"""Replaying the deferred local tensors of shards, one full parameter at a time.
+"""Replaying the deferred local tensors of shards: each rank pays for its shard.
 
 A shard's local tensor is a deferred tensor whose recorded history is: build
 the full parameter (its factory, its init ops), slice it (``chunk``,
-``narrow``), and copy the slice into the shard's own storage. Replaying that
-slice of the graph allocates the full parameter, runs its init, keeps the
-slice and frees the full tensor when the replay ends, so a rank holds its
-shards plus one full parameter at a time: never the whole model.
+``narrow``), and copy the slice into the shard's own storage. When the slice
+is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
+and every op of the parameter allows it, the replay computes only those
+elements (``torchdefer.materialize.rows``): random ops draw just the shard's
+numbers from generator states reached by jump-ahead, elementwise ops run on
+the shard. Otherwise (``Shard(1)``, ``orthogonal_``, ``trunc_normal_``'s
+rejection loop, a CUDA generator) the slice of the graph is replayed as
+recorded: the full parameter is built, sliced and freed when the replay ends.
+Either way the values are bit for bit the eager parameter's slice, and a rank
+holds its shards plus at most one full parameter at a time.
 
 Each call here replays the targets of *one* parameter. Replaying the shards of
 all parameters in one run would be wrong for memory: replay follows recording
 order, in which every full parameter was built (during ``deferred_init``)
 before any was sliced (during ``fully_shard``).
+
+Setting the environment variable ``TORCHDEFER_SHARD_ROWS=0`` replays every
+shard through its full parameter (slower, for comparison or diagnosis).
+:func:`observe` reports which path each parameter took.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from torchdefer.materialize import Replay, ReplayError
 from torchdefer.materialize.errors import with_context
+from torchdefer.materialize.rows import RowReplay
 from torchdefer.recorder import DeferredTensor
 
-__all__ = ["compact", "owns_only_itself", "replay_local"]
+__all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReplay:
+    """How one parameter's local tensors were made (reported by :func:`observe`)."""
+
+    name: str
+    rows: bool  # computed from the shard's own elements, no full parameter
+    drawn: int  # elements its random ops drew on this rank
+    numel: int  # elements of its local tensors (the largest, for FSDP2's padded shard)
+    reason: str | None = None  # why not from its own elements (the op that stopped it)
+
+
+_observers: contextvars.ContextVar[list[ShardReplay] | None] = contextvars.ContextVar(
+    "torchdefer_shard_observers", default=None
+)
+
+
+@contextlib.contextmanager
+def observe() -> Iterator[list[ShardReplay]]:
+    """Collect a :class:`ShardReplay` for each parameter materialized inside the block.
+
+    >>> import torch, torchdefer
+    >>> from torchdefer.distributed.shard import observe, replay_local
+    >>> full = torchdefer.deferred_init(torch.randn, 64, 4)
+    >>> with observe() as seen:
+    ...     _ = replay_local([full[16:32].clone()], "rows 16-31")
+    >>> seen[0].rows, seen[0].drawn
+    (True, 64)
+    """
+    seen: list[ShardReplay] = []
+    token = _observers.set(seen)
+    try:
+        yield seen
+    finally:
+        _observers.reset(token)
 
 
 def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
@@ -39,15 +92,30 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     """
     graph = fakes[0]._graph
     targets = [(f._value, f._value.storage.version) for f in fakes]
+    replay = Replay(graph, None)
+    rows = RowReplay(replay) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
     try:
-        reals = Replay(graph, None).run(targets, [name] * len(fakes))
+        reals = replay.run(targets, [name] * len(fakes), substitute=rows)
     except ReplayError as e:
         message = f"While materializing the local shard of '{name}'{_on_rank()}: {e}"
         raise with_context(e, message) from e
     for fake in fakes:
         # Later recorded writes to this storage would never reach the real one.
         fake._value.storage.materialized = True
+    seen = _observers.get()
+    if seen is not None:
+        seen.append(_report(name, fakes, reals, rows))
     return [real.detach().requires_grad_(f.requires_grad) for f, real in zip(fakes, reals)]
+
+
+def _report(name: str, fakes, reals, rows: RowReplay | None) -> ShardReplay:
+    numel = max(r.numel() for r in reals)
+    if rows is None:
+        return ShardReplay(name, False, 0, numel, "TORCHDEFER_SHARD_ROWS=0")
+    answered = all(rows.answered(f._value) for f in fakes)
+    reasons = [rows.why_not(f._value) for f in fakes]
+    reason = None if answered else next((r for r in reasons if r), "not asked")
+    return ShardReplay(name, answered, rows.drawn, numel, reason)
 
 
 def owns_only_itself(real: torch.Tensor) -> bool:

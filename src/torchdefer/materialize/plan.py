@@ -7,10 +7,15 @@ needs its own inputs at the versions it read them. Values whose storage is
 already real at the version needed come from the cache and stop the walk.
 Replaying the needed nodes in recording order reproduces each value exactly,
 including in-place writes done through views after the value was taken.
+
+A ``substitute`` hook may answer a value itself (a real tensor, or None to
+expand it as usual): the sharded path computes a slice of a parameter from its
+own elements that way (``materialize.rows``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +23,10 @@ import torch
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder.graph import Node, Value
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "Substitute", "make_plan"]
+
+# (value, version) -> its real tensor, or None to replay it as recorded
+Substitute = Callable[[Value, int], torch.Tensor | None]
 
 
 @dataclass(slots=True)
@@ -29,7 +37,11 @@ class Plan:
 
 
 def make_plan(
-    targets: list[tuple[Value, int]], cache: ReplayCache, device_key: str, device: torch.device
+    targets: list[tuple[Value, int]],
+    cache: ReplayCache,
+    device_key: str,
+    device: torch.device,
+    substitute: Substitute | None = None,
 ) -> Plan:
     needed: dict[int, Node] = {}
     cached: dict[tuple[int, int], torch.Tensor] = {}
@@ -41,6 +53,8 @@ def make_plan(
         if key in cached:
             continue
         real = cache.lookup(value, version, device_key, device or value.meta.device)
+        if real is None and substitute is not None:
+            real = substitute(value, version)
         if real is not None:
             cached[key] = real
             continue

@@ -27,7 +27,7 @@ from torchdefer.materialize.errors import (
     ReplayError,
     with_context,
 )
-from torchdefer.materialize.plan import make_plan
+from torchdefer.materialize.plan import Substitute, make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
@@ -60,10 +60,16 @@ class Replay:
         return Replay(self.graph, self.device).run(targets)
 
     def run(
-        self, targets: list[tuple[Value, int]], names: list[str] | None = None
+        self,
+        targets: list[tuple[Value, int]],
+        names: list[str] | None = None,
+        substitute: Substitute | None = None,
     ) -> list[torch.Tensor]:
-        """Real tensors for ``(value, version)`` targets, sharing storage where eager did."""
-        plan = make_plan(targets, self.cache, self.device_key, self.device)
+        """Real tensors for ``(value, version)`` targets, sharing storage where eager did.
+
+        ``substitute`` may answer values itself (see :func:`make_plan`).
+        """
+        plan = make_plan(targets, self.cache, self.device_key, self.device, substitute)
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}

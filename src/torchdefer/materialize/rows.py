@@ -1,0 +1,333 @@
+"""Row replay: a value that is a contiguous part of a storage, computed from just that part.
+
+A local shard's history is the full parameter's factory and init ops, a
+slice of it (``split``/``chunk``/``narrow`` along dim 0: a contiguous range of
+the parameter's elements), and a copy into the shard's own storage. Replaying
+that graph as recorded builds the whole parameter. :class:`RowReplay` is the
+``substitute`` hook of :func:`~torchdefer.materialize.plan.make_plan` that
+computes such a value from its own elements instead: a *span* (elements
+``[lo, hi)`` of one storage at one version) is built by
+
+* its storage's creator on the span only: a constant factory (``empty``,
+  ``zeros``, ``new_zeros``, ``full`` ...), a random factory (``randn``,
+  ``rand``, ``randint``), a constant, or an elementwise op (``_to_copy``,
+  ``clone``, a pointwise op) of spans of the same shape, recursively;
+* then each writer up to the version, on its intersection with the span: a
+  random op whose elements take their own words (``rng.ranges``: ``uniform_``,
+  ``normal_``'s Box-Muller blocks ...) drawn from the state jumped to their
+  first word; ``fill_``/``zero_``/``copy_`` and pointwise in-place ops whose
+  other arguments are scalars, 0-dim tensors or spans of the same shape.
+
+Writers before the last one that overwrites the whole span (``normal_`` after
+``kaiming_uniform_``, as Hugging Face models do) are skipped: with jump-ahead
+their draws cost nothing. Anything else (an op that mixes elements, a
+non-contiguous slice, a CUDA generator, an unmodeled or data-dependent random
+call) makes the hook answer None, and the plan replays the value as recorded.
+
+The hook computes a value only if no later write to its storage was recorded
+(its version is the storage's last), so nothing replayed afterwards can write
+through the substitute. A value covering its whole storage is computed once
+per run and shares that storage with the other values of it (FSDP2's padded
+flat shard and its unpadded view).
+
+Elements drawn are counted in ``drawn``, so tests can see that a rank drew its
+rows and not the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchdefer.materialize._row_calls import (
+    NotSliceable,
+    contiguous_range,
+    creator_step,
+    random_step,
+)
+from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.graph import NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder.mode import suspended
+
+if TYPE_CHECKING:
+    from torchdefer.materialize.replay import Replay
+
+__all__ = ["RowReplay", "Span", "contiguous_range"]
+
+_aten = torch.ops.aten
+# In-place ops that write every element they cover from their arguments alone.
+_FILLS = frozenset({_aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default})
+_COPY = _aten.copy_.default
+# Ops whose outputs are views of their input, recorded by older recorders
+# with storages of their own (a `Tensor(a)[]` return).
+_LIST_VIEWS = frozenset(
+    {_aten.split, _aten.split_with_sizes, _aten.chunk, _aten.unbind, _aten.unsafe_split,
+     _aten.unsafe_split_with_sizes, _aten.tensor_split}
+)  # fmt: skip
+
+Step = Callable[[torch.Tensor], None]
+
+
+@dataclass(slots=True, eq=False)
+class Span:
+    """Elements ``[lo, hi)`` of ``storage`` at ``version``, and how to compute them."""
+
+    storage: Storage
+    version: int
+    lo: int
+    hi: int
+    dtype: torch.dtype
+    device: torch.device
+    # Each step updates the span's buffer (hi - lo elements) in order.
+    steps: list[Step] = field(default_factory=list)
+
+    def compute(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The span's elements, into ``out`` (contiguous, of the span's dtype) if given."""
+        if out is None:
+            out = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
+        for step in self.steps:
+            step(out)
+        return out
+
+
+class RowReplay:
+    """The ``substitute`` hook of one replay: values from their own elements, or None."""
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+        self.drawn = 0  # elements random ops drew (the span's and partial blocks')
+        self._answered: set[int] = set()  # ids of the values computed here
+        self._why: dict[int, str] = {}  # id(value) -> why it was not
+        # (id(storage), version) -> the whole storage, computed once per run
+        self._whole: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, value: Value, version: int) -> torch.Tensor | None:
+        if version != value.storage.version:
+            return None  # a later write could go through the substitute
+        try:
+            with suspended(), torch.no_grad():
+                real = self._substitute(value, version)
+        except NotSliceable as e:
+            self._why[id(value)] = str(e)
+            return None
+        if real is not None:
+            self._answered.add(id(value))
+        return real
+
+    def answered(self, value: Value) -> bool:
+        """Whether this run computed ``value`` here (or its whole storage), not by replay."""
+        storage = value.storage
+        return id(value) in self._answered or (id(storage), storage.version) in self._whole
+
+    def why_not(self, value: Value) -> str | None:
+        """Why ``value`` was not computed here (the op that stopped it), if it was asked."""
+        return self._why.get(id(value))
+
+    def _substitute(self, value: Value, version: int) -> torch.Tensor | None:
+        storage, version, meta = source(value, version)
+        if meta.dtype != _storage_dtype(storage):
+            return None
+        rng = contiguous_range(meta)
+        if rng is None:
+            return None
+        whole = rng == (0, _elements(storage))
+        real = self._whole.get((id(storage), version)) if whole else None
+        if real is None:
+            real = self.span(storage, version, *rng).compute()
+            if not whole:
+                return real.as_strided(meta.size, meta.stride)
+            self._whole[(id(storage), version)] = real
+            if version == storage.version:
+                self.replay.cache.store(value, version, self.replay.device_key, real)
+        out = torch.empty(0, dtype=meta.dtype, device=real.device)
+        return out.set_(real.untyped_storage(), meta.offset, meta.size, meta.stride)
+
+    # ------------------------------------------------------------ analysis
+
+    def span(self, storage: Storage, version: int, lo: int, hi: int) -> Span:
+        """How to compute elements ``[lo, hi)`` of ``storage`` at ``version``; raises
+        :class:`NotSliceable` if some op in its history cannot be computed in part."""
+        created = _created_value(storage)
+        device = self.replay.map_device(created.meta.device)
+        if device.type != "cpu":
+            raise NotSliceable(storage.creator, f"replays on {device}, not the CPU")
+        if not 0 <= lo <= hi <= _elements(storage):
+            raise NotSliceable(storage.creator, f"elements [{lo}, {hi}) are not in its storage")
+        span = Span(storage, version, lo, hi, created.meta.dtype, device)
+        writers = storage.writers[:version]
+        first = next(
+            (i for i in range(len(writers) - 1, -1, -1) if self._overwrites(writers[i], span)),
+            None,
+        )
+        if first is None:
+            span.steps.append(creator_step(self, storage.creator, created, span))
+            first = 0
+        for writer in writers[first:]:
+            step = self._writer_step(writer, span)
+            if step is not None:
+                span.steps.append(step)
+        return span
+
+    def _target(self, writer: Any, span: Span) -> tuple[Value, int, int, bool]:
+        """The value ``writer`` writes ``span``'s storage through, its element range, and
+        whether that range is in element order (else a dense view covering it all)."""
+        written = [s for s, _ in writer.writes]
+        target = writer.leaves[0] if writer.leaves else None
+        if (
+            written != [span.storage]
+            or not isinstance(target, Value)
+            or target.storage is not span.storage
+            or target.meta.dtype != span.dtype
+        ):
+            raise NotSliceable(writer, "writes its storage through another argument or dtype")
+        rng = contiguous_range(target.meta)
+        if rng is not None:
+            return target, rng[0], rng[1], True
+        if _dense(target.meta) and target.meta.offset == 0:
+            return target, 0, _elements(span.storage), False
+        raise NotSliceable(writer, "writes a strided part of its storage")
+
+    def _overwrites(self, writer: Any, span: Span) -> bool:
+        """Whether ``writer`` sets every element of ``span`` regardless of their values."""
+        if writer.kind == NodeKind.RANDOM:
+            overwrites = getattr(writer.op, "_schema", None) is not None and _in_place(writer)
+        else:
+            overwrites = writer.op in _FILLS or writer.op is _COPY
+        if not overwrites:
+            return False
+        try:
+            _, o, end, _ = self._target(writer, span)
+        except NotSliceable:
+            return False
+        return o <= span.lo and span.hi <= end
+
+    def _writer_step(self, writer: Any, span: Span) -> Step | None:
+        target, o, end, ordered = self._target(writer, span)
+        a, b = max(span.lo, o), min(span.hi, end)
+        if a >= b:
+            return None  # writes none of the span's elements
+        if writer.kind == NodeKind.RANDOM:
+            if not ordered or not _in_place(writer):
+                raise NotSliceable(writer, "draws into a strided view")
+            return random_step(self, writer, o, end - o, a - o, b - o, a - span.lo)
+        if writer.op in _FILLS or writer.op is _COPY or _pointwise_in_place(writer):
+            return self._elementwise_step(writer, target, ordered, o, a, b, span.lo)
+        raise NotSliceable(writer, "is not elementwise")
+
+    def _elementwise_step(self, node, target, ordered, o, a, b, lo) -> Step:
+        """An in-place elementwise op on ``[a, b)``: its other tensors as 0-dim values
+        or as spans of the same shape (only where the written range is in order)."""
+        inputs = self.elementwise_inputs(node, skip=target, shape=target.meta.size,
+                                         ordered=ordered, shift=(a - o, b - o))
+        copy_from = inputs.get(1) if node.op is _COPY else None
+
+        def step(buf: torch.Tensor) -> None:
+            part = buf[a - lo : b - lo]
+            if isinstance(copy_from, Span) and copy_from.dtype == part.dtype:
+                copy_from.compute(out=part)  # straight into place
+                return
+            leaves = self.real_leaves(node, inputs, part)
+            args, kwargs = unflatten_call(leaves, node.spec)
+            node.op(*args, **kwargs)
+
+        return step
+
+    def elementwise_inputs(self, node, skip, shape, ordered, shift) -> dict[int, Any]:
+        """For each tensor leaf of ``node`` but ``skip``: a 0-dim value (read whole at
+        run time) or a :class:`Span` of the elements ``shift`` of a same-shape input."""
+        inputs: dict[int, Any] = {}
+        reads = iter(node.reads)
+        for i, leaf in enumerate(node.leaves):
+            if not isinstance(leaf, Value):
+                continue
+            version = next(reads)
+            if leaf is skip:
+                continue
+            if math.prod(leaf.meta.size) == 1 and len(leaf.meta.size) <= len(shape):
+                inputs[i] = (leaf, version)  # broadcast: its one value, read at run time
+                continue
+            storage, version, meta = source(leaf, version)
+            rng = contiguous_range(meta)
+            same = rng is not None and meta.size == shape and meta.dtype == _storage_dtype(storage)
+            if not (ordered and same):
+                raise NotSliceable(node, "reads a tensor that is not its own shape, in order")
+            inputs[i] = self.span(storage, version, rng[0] + shift[0], rng[0] + shift[1])
+        return inputs
+
+    def real_leaves(self, node, inputs: dict[int, Any], self_part: torch.Tensor | None):
+        """``node``'s leaves with real tensors: its own part, spans computed, 0-dim read."""
+        leaves = []
+        for i, leaf in enumerate(node.leaves):
+            if isinstance(leaf, Value):
+                found = inputs.get(i)
+                if found is None:
+                    leaf = self_part
+                elif isinstance(found, Span):
+                    leaf = found.compute()
+                else:  # one value, broadcast; kept dimensioned if it was (type promotion)
+                    real = self.replay.nested([found])[0]
+                    leaf = real if real.dim() == 0 else real.reshape(1)
+            else:
+                leaf = self.replay.map_leaf(leaf)
+            leaves.append(leaf)
+        return leaves
+
+
+def source(value: Value, version: int) -> tuple[Storage, int, TensorMeta]:
+    """The storage ``value`` reads, at which version, and its metadata in that storage.
+
+    Recorders before the aliasing fix gave ``split``'s outputs a storage of their
+    own; their metadata is still that of views of the input's storage.
+    """
+    node = value.node
+    if (
+        node.kind == NodeKind.CALL
+        and value.storage.creator is node
+        and not value.storage.writers
+        and getattr(node.op, "overloadpacket", None) in _LIST_VIEWS
+    ):
+        return node.inputs[0].storage, node.reads[0], value.meta
+    return value.storage, version, value.meta
+
+
+def _dense(meta: TensorMeta) -> bool:
+    """Whether ``meta`` covers a block of consecutive elements once each, in any order."""
+    dims = sorted((st, n) for n, st in zip(meta.size, meta.stride) if n != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _created_value(storage: Storage) -> Value:
+    for value in storage.creator.outputs:
+        if value.storage is storage:
+            return value
+    raise NotSliceable(storage.creator, "does not create the storage it is recorded for")
+
+
+def _storage_dtype(storage: Storage) -> torch.dtype:
+    return _created_value(storage).meta.dtype
+
+
+def _elements(storage: Storage) -> int:
+    return storage.nbytes // _storage_dtype(storage).itemsize
+
+
+def _in_place(node: Any) -> bool:
+    schema = getattr(node.op, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    first = schema.arguments[0].alias_info
+    return first is not None and first.is_write
+
+
+def _pointwise_in_place(node: Any) -> bool:
+    tags = getattr(node.op, "tags", ())
+    return torch.Tag.pointwise in tags and _in_place(node)

@@ -93,7 +93,7 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     graph = fakes[0]._graph
     targets = [(f._value, f._value.storage.version) for f in fakes]
     replay = Replay(graph, None)
-    rows = RowReplay(replay) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
+    rows = RowReplay(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
     try:
         reals = replay.run(targets, [name] * len(fakes), substitute=rows)
     except ReplayError as e:

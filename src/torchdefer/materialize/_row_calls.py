@@ -30,7 +30,7 @@ class NotSliceable(Exception):  # a signal inside row replay, never raised to us
     """Some op in a span's history cannot be computed on part of its elements."""
 
     def __init__(self, node: Node | None, why: str) -> None:
-        where = "" if node is None else f"{node.name} at {node.where()} "
+        where = "" if node is None else f"{node.name} at {node.where()}: "
         super().__init__(f"{where}{why}")
 
 

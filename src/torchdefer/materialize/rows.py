@@ -37,7 +37,7 @@ rows and not the parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,56 +95,75 @@ class Span:
 
 
 class RowReplay:
-    """The ``substitute`` hook of one replay: values from their own elements, or None."""
+    """The ``substitute`` hook of one replay: values from their own elements, or None.
 
-    def __init__(self, replay: Replay) -> None:
+    ``targets`` are the values the replay is run for: the elements of a storage
+    that they cover together are computed once, so targets that shared their
+    storage in eager code share it here (FSDP2's padded flat shard and its
+    unpadded view). Other values get their own elements.
+    """
+
+    def __init__(self, replay: Replay, targets: Sequence[tuple[Value, int]] = ()) -> None:
         self.replay = replay
         self.drawn = 0  # elements random ops drew (the span's and partial blocks')
-        self._answered: set[int] = set()  # ids of the values computed here
-        self._why: dict[int, str] = {}  # id(value) -> why it was not
-        # (id(storage), version) -> the whole storage, computed once per run
-        self._whole: dict[tuple[int, int], torch.Tensor] = {}
+        self._why: dict[int, str] = {}  # id(value) -> why it was not computed here
+        # (id(storage), version) -> (lo, hi): the elements the targets cover
+        self._cover: dict[tuple[int, int], tuple[int, int]] = {}
+        # (id(storage), version) -> (lo, hi, their elements), computed in this run
+        self._computed: dict[tuple[int, int], list[tuple[int, int, torch.Tensor]]] = {}
+        for value, version in targets:
+            found = _range_of(value, version)
+            if found is not None:
+                storage, version, (lo, hi) = found[0], found[1], found[3]
+                old = self._cover.get((id(storage), version), (lo, hi))
+                self._cover[(id(storage), version)] = (min(lo, old[0]), max(hi, old[1]))
 
     def __call__(self, value: Value, version: int) -> torch.Tensor | None:
         if version != value.storage.version:
             return None  # a later write could go through the substitute
         try:
             with suspended(), torch.no_grad():
-                real = self._substitute(value, version)
+                return self._substitute(value, version)
         except NotSliceable as e:
             self._why[id(value)] = str(e)
             return None
-        if real is not None:
-            self._answered.add(id(value))
-        return real
 
     def answered(self, value: Value) -> bool:
-        """Whether this run computed ``value`` here (or its whole storage), not by replay."""
-        storage = value.storage
-        return id(value) in self._answered or (id(storage), storage.version) in self._whole
+        """Whether this run computed ``value``'s elements here rather than by replay."""
+        return self._found(value, value.storage.version) is not None
 
     def why_not(self, value: Value) -> str | None:
         """Why ``value`` was not computed here (the op that stopped it), if it was asked."""
         return self._why.get(id(value))
 
+    def _found(self, value: Value, version: int) -> tuple[Any, int, int, torch.Tensor] | None:
+        found = _range_of(value, version)
+        if found is None:
+            return None
+        storage, version, meta, (lo, hi) = found
+        for a, b, real in self._computed.get((id(storage), version), ()):
+            if a <= lo and hi <= b:
+                return meta, a, b, real
+        return None
+
     def _substitute(self, value: Value, version: int) -> torch.Tensor | None:
-        storage, version, meta = source(value, version)
-        if meta.dtype != _storage_dtype(storage):
+        found = _range_of(value, version)
+        if found is None:
             return None
-        rng = contiguous_range(meta)
-        if rng is None:
-            return None
-        whole = rng == (0, _elements(storage))
-        real = self._whole.get((id(storage), version)) if whole else None
-        if real is None:
-            real = self.span(storage, version, *rng).compute()
-            if not whole:
-                return real.as_strided(meta.size, meta.stride)
-            self._whole[(id(storage), version)] = real
-            if version == storage.version:
+        storage, version, meta, (lo, hi) = found
+        known = self._found(value, value.storage.version)
+        if known is None:
+            cover = self._cover.get((id(storage), version), (lo, hi))
+            if not (cover[0] <= lo and hi <= cover[1]):
+                cover = (lo, hi)
+            real = self.span(storage, version, *cover).compute()
+            self._computed.setdefault((id(storage), version), []).append((*cover, real))
+            if cover == (0, _elements(storage)) and version == storage.version:
                 self.replay.cache.store(value, version, self.replay.device_key, real)
+            known = (meta, *cover, real)
+        meta, a, _, real = known
         out = torch.empty(0, dtype=meta.dtype, device=real.device)
-        return out.set_(real.untyped_storage(), meta.offset, meta.size, meta.stride)
+        return out.set_(real.untyped_storage(), meta.offset - a, meta.size, meta.stride)
 
     # ------------------------------------------------------------ analysis
 
@@ -247,15 +266,14 @@ class RowReplay:
             version = next(reads)
             if leaf is skip:
                 continue
-            if math.prod(leaf.meta.size) == 1 and len(leaf.meta.size) <= len(shape):
-                inputs[i] = (leaf, version)  # broadcast: its one value, read at run time
-                continue
-            storage, version, meta = source(leaf, version)
+            storage, read, meta = source(leaf, version)
             rng = contiguous_range(meta)
-            same = rng is not None and meta.size == shape and meta.dtype == _storage_dtype(storage)
-            if not (ordered and same):
+            if meta.size == shape and ordered and rng and meta.dtype == _storage_dtype(storage):
+                inputs[i] = self.span(storage, read, rng[0] + shift[0], rng[0] + shift[1])
+            elif math.prod(meta.size) == 1 and len(meta.size) <= len(shape):
+                inputs[i] = (leaf, version)  # broadcast: its one value, read at run time
+            else:
                 raise NotSliceable(node, "reads a tensor that is not its own shape, in order")
-            inputs[i] = self.span(storage, version, rng[0] + shift[0], rng[0] + shift[1])
         return inputs
 
     def real_leaves(self, node, inputs: dict[int, Any], self_part: torch.Tensor | None):
@@ -292,6 +310,18 @@ def source(value: Value, version: int) -> tuple[Storage, int, TensorMeta]:
     ):
         return node.inputs[0].storage, node.reads[0], value.meta
     return value.storage, version, value.meta
+
+
+def _range_of(value: Value, version: int):
+    """(storage, version, metadata, element range) that ``value`` reads, if in order."""
+    try:
+        storage, version, meta = source(value, version)
+        if meta.dtype != _storage_dtype(storage):
+            return None
+    except NotSliceable:
+        return None
+    rng = contiguous_range(meta)
+    return None if rng is None else (storage, version, meta, rng)
 
 
 def _dense(meta: TensorMeta) -> bool:

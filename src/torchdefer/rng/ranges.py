@@ -147,18 +147,23 @@ def draw_range(
         return
     # With a remainder, the last 16 elements come from the last 16 uniforms.
     redone = n - BLOCK if n % BLOCK else n
+    tail = total_words - BLOCK * model.words  # the word those uniforms start at
+    state, at = None, 0
     if s < redone:
-        _blocks(model, s, min(e, redone), out[: min(e, redone) - s], state_at, run)
+        state, at = _blocks(model, s, min(e, redone), out[: min(e, redone) - s], state_at, run)
     if e > redone:
+        # Just past the blocks drawn, the tail is a few words on: no second jump.
+        start = mt19937.advance(state, tail - at) if state is not None else state_at(tail)
+        block = torch.empty(BLOCK, dtype=out.dtype, device=out.device)
+        run(block, start)
         first = max(s, redone)
-        tail = torch.empty(BLOCK, dtype=out.dtype, device=out.device)
-        run(tail, state_at(total_words - BLOCK * model.words))
-        out[first - s :].copy_(tail[first - redone : e - redone])
+        out[first - s :].copy_(block[first - redone : e - redone])
 
 
-def _blocks(model: ElementModel, s: int, e: int, out: torch.Tensor, state_at, run) -> None:
+def _blocks(model: ElementModel, s: int, e: int, out: torch.Tensor, state_at, run):
     """Elements ``[s, e)`` of whole blocks: the end blocks through a 16-element buffer
-    when only part of them is wanted, the blocks between straight into ``out``."""
+    when only part of them is wanted, the blocks between straight into ``out``.
+    Returns the state after the last block drawn and its word."""
     first = s // BLOCK
     state = state_at(model.words * BLOCK * first)
     at = s
@@ -170,7 +175,8 @@ def _blocks(model: ElementModel, s: int, e: int, out: torch.Tensor, state_at, ru
         state = run(out[at - s : at - s + whole], state)
         at += whole
     if at < e:
-        _partial(at // BLOCK, s, e, out, state, run)
+        state = _partial(at // BLOCK, s, e, out, state, run)
+    return state, model.words * BLOCK * -(-e // BLOCK)
 
 
 def _partial(k: int, s: int, e: int, out: torch.Tensor, state, run) -> torch.Tensor:

@@ -1,0 +1,309 @@
+"""Sharded materialization that scales: per-rank time and memory, pipeline stages, 70B on 64 ranks.
+
+Cases, each in fresh processes (CPU, gloo, one thread per process):
+
+* ``eager``: the model built eagerly once; a digest of every parameter's
+  FSDP2 shard for each world size and rank (``torch.chunk`` on dim 0), and of
+  every parameter (for the pipeline stage).
+* ``fsdp W`` for W in ``--worlds``: W gloo ranks each build the deferred model
+  from the same seed, ``fully_shard`` each decoder layer and the root, and
+  materialize. The ranks take turns (a barrier between turns), so each has the
+  machine to itself: wall time, CPU time and peak RSS over the baseline
+  (``VmHWM``, reset first) are its own. Every local shard's digest is compared
+  with eager's slice. ``--before`` also runs each world with
+  ``TORCHDEFER_SHARD_ROWS=0`` (every shard through its full parameter: the
+  path before row replay).
+* ``whole``, ``stage``: the deferred model materialized whole with
+  ``materialize_module``, and only the last of ``--stages`` pipeline stages
+  made as torchtitan makes them (``copy.deepcopy`` of the model, the other
+  stages' layers deleted, the embedding dropped).
+
+The report (``results/sharded.md``, ``sharded.json``) gives the ratios of one
+run, and extrapolates to Llama 3.1 70B on 8 and 64 ranks (method in the
+report).
+
+    python bench/bench_sharded.py [--layers 22 --hidden 2048 --intermediate 5632
+        --vocab 32000 --worlds 1 2 4 --stages 4 --before --out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+import torch.multiprocessing as mp
+
+MiB = 1 << 20
+LLAMA70B = dict(
+    hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+    num_key_value_heads=8, vocab_size=128256,
+)  # fmt: skip
+
+
+def _config(shape: dict):
+    import transformers
+
+    return transformers.LlamaConfig(**shape, tie_word_embeddings=False)
+
+
+def _build(shape: dict):
+    import transformers
+
+    return transformers.LlamaForCausalLM(_config(shape))
+
+
+def _digest(t: torch.Tensor) -> str:
+    t = t.detach().contiguous()
+    raw = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return hashlib.blake2b(memoryview(raw.reshape(-1).numpy()), digest_size=16).hexdigest()
+
+
+def _reset_peak() -> int:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return psutil.Process().memory_info().rss
+
+
+def _peak() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+# ---------------------------------------------------------------- cases
+
+
+def _eager(shape: dict, worlds: list[int], out: str) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model = _build(shape)
+    seconds = time.perf_counter() - start
+    shards, whole = {}, {}
+    for name, p in model.named_parameters():
+        whole[name] = _digest(p)
+        for world in worlds:
+            chunks = torch.chunk(p.detach(), world, dim=0)
+            for rank in range(world):
+                part = chunks[rank] if rank < len(chunks) else p[:0]
+                shards[f"{world}/{rank}/{name}"] = _digest(part)
+    Path(out, "eager.json").write_text(json.dumps(dict(seconds=seconds, shards=shards,
+                                                       whole=whole)))
+
+
+def _fsdp_rank(rank: int, world: int, port: int, shape: dict, out: str, rows: bool) -> None:
+    if not rows:
+        os.environ["TORCHDEFER_SHARD_ROWS"] = "0"
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import torchdefer
+    import torchdefer.distributed
+    from torchdefer.distributed.shard import observe
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_build, shape)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    row: dict = {}
+    for turn in range(world):
+        dist.barrier()
+        if turn != rank:
+            continue
+        gc.collect()
+        base = _reset_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        with observe() as seen:
+            torchdefer.distributed.materialize_module(model)
+        row = dict(wall=time.perf_counter() - wall, cpu=time.process_time() - cpu,
+                   peak=_peak() - base, rows=sum(s.rows for s in seen), params=len(seen),
+                   drawn=sum(s.drawn for s in seen), fallbacks=[s.reason for s in seen
+                                                                if not s.rows][:3])
+    dist.barrier()
+    params = dict(model.named_parameters())
+    row.update(
+        rank=rank, world=world, path="rows" if rows else "full", largest=largest,
+        shards=sum(p.to_local().untyped_storage().nbytes() for p in params.values()),
+        digests={n: _digest(p.to_local()) for n, p in params.items()},
+    )
+    Path(out, f"fsdp-{row['path']}-{world}-{rank}.json").write_text(json.dumps(row))
+    dist.destroy_process_group()
+
+
+def last_stage(model, stages: int):
+    """The last pipeline stage as torchtitan builds it: a deep copy, other layers deleted.
+
+    Returns the stage and ``{stage parameter name: model parameter name}``.
+    """
+    layers = len(model.model.layers)
+    first = layers - layers // stages  # the last stage's share of the layers
+    stage = copy.deepcopy(model)
+    for i in reversed(range(first)):
+        del stage.model.layers[i]
+    stage.model.embed_tokens = None
+    names = {}
+    for name, _ in stage.named_parameters():
+        if name.startswith("model.layers."):
+            _, _, index, rest = name.split(".", 3)
+            names[name] = f"model.layers.{int(index) + first}.{rest}"
+        else:
+            names[name] = name
+    return stage, names
+
+
+def _pipeline(shape: dict, stages: int, which: str, out: str) -> None:
+    import torchdefer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_build, shape)
+    target, names = model, {n: n for n, _ in model.named_parameters()}
+    if which == "stage":
+        target, names = last_stage(model, stages)
+    params = sum(p.numel() for p in target.parameters())
+    gc.collect()
+    base = _reset_peak()
+    start = time.perf_counter()
+    torchdefer.materialize_module(target)
+    seconds = time.perf_counter() - start
+    digests = {names[n]: _digest(p) for n, p in target.named_parameters()}
+    Path(out, f"{which}.json").write_text(json.dumps(dict(
+        seconds=seconds, peak=_peak() - base, params=params, digests=digests)))
+
+
+def _jumps(out: str) -> None:
+    """The cost of one jump-ahead: cold (a new distance) and warm (a distance seen)."""
+    from torchdefer.rng import gf2, mt19937
+
+    torch.set_num_threads(1)
+    state = torch.Generator().manual_seed(1).get_state()
+    gf2.reduce(1 << (2 * gf2.DEGREE - 2))
+    result = {}
+    for bits in (24, 28, 32):
+        words = (1 << bits) + 12345
+        start = time.perf_counter()
+        mt19937.advance(state, words)
+        cold = time.perf_counter() - start
+        start = time.perf_counter()
+        mt19937.advance(state, words)
+        result[bits] = dict(cold=cold, warm=time.perf_counter() - start)
+    Path(out, "jumps.json").write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _process(target, *args) -> None:
+    process = mp.get_context("spawn").Process(target=target, args=args)
+    process.start()
+    process.join()
+    if process.exitcode:
+        raise SystemExit(f"{target.__name__}{args[:-1]} failed with exit code {process.exitcode}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=22)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--before", action="store_true", help="also time the full-replay path")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    shape = dict(
+        num_hidden_layers=args.layers, hidden_size=args.hidden,
+        intermediate_size=args.intermediate, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+    )  # fmt: skip
+    # Large blocks by mmap: freed full parameters leave RSS at once (bench/README.md).
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    os.environ["OMP_NUM_THREADS"] = "1"
+    tmp = tempfile.mkdtemp()
+    load = [os.getloadavg()]
+    _process(_eager, shape, args.worlds, tmp)
+    _process(_jumps, tmp)
+    for rows in [True, False] if args.before else [True]:
+        for world in args.worlds:
+            mp.spawn(_fsdp_rank, args=(world, _free_port(), shape, tmp, rows), nprocs=world)
+    for which in ("whole", "stage"):
+        _process(_pipeline, shape, args.stages, which, tmp)
+    load.append(os.getloadavg())
+    results = _collect(Path(tmp), args, shape, load)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sharded.json").write_text(json.dumps(results, indent=1))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.sharded_report import report
+
+    text = report(results)
+    (args.out / "sharded.md").write_text(text)
+    print(text)
+
+
+def _collect(tmp: Path, args, shape: dict, load) -> dict:
+    eager = json.loads((tmp / "eager.json").read_text())
+    fsdp = []
+    for path in sorted(tmp.glob("fsdp-*.json")):
+        row = json.loads(path.read_text())
+        digests = row.pop("digests")
+        prefix = f"{row['world']}/{row['rank']}/"
+        row["bitwise"] = all(eager["shards"][prefix + n] == d for n, d in digests.items())
+        fsdp.append(row)
+    pipeline = {}
+    for which in ("whole", "stage"):
+        row = json.loads((tmp / f"{which}.json").read_text())
+        digests = row.pop("digests")
+        row["bitwise"] = all(eager["whole"][n] == d for n, d in digests.items())
+        pipeline[which] = row
+    return dict(
+        command=" ".join(["python", *sys.argv]), shape=shape, stages=args.stages,
+        eager_seconds=eager["seconds"], fsdp=fsdp, pipeline=pipeline,
+        jumps=json.loads((tmp / "jumps.json").read_text()), load=load,
+        machine=f"{platform.machine()}, {psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / (1 << 30):.0f} GiB, torch {torch.__version__}, "
+        f"python {sys.version.split()[0]}",
+        scale=_counts(shape),
+    )
+
+
+def _counts(shape: dict) -> dict:
+    """Parameters and elements of the benchmarked model and of Llama 3.1 70B (meta device)."""
+    out = {}
+    for name, s in (("model", shape), ("70b", LLAMA70B)):
+        with torch.device("meta"):
+            model = _build(s)
+        params = list(model.parameters())
+        out[name] = dict(params=len(params), elements=sum(p.numel() for p in params))
+    return out
+
+
+if __name__ == "__main__":
+    main()

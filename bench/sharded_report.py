@@ -1,0 +1,148 @@
+"""The report of ``bench/bench_sharded.py``: tables, ratios, and the 70B extrapolation."""
+
+from __future__ import annotations
+
+MiB = 1 << 20
+
+
+def _per_world(rows: list[dict], path: str) -> dict[int, float]:
+    """The slowest rank's materialization time (wall) per world size, for one path."""
+    out: dict[int, float] = {}
+    for row in rows:
+        if row["path"] == path:
+            out[row["world"]] = max(out.get(row["world"], 0.0), row["wall"])
+    return out
+
+
+def fit(times: dict[int, float]) -> tuple[float, float]:
+    """Least squares ``t(W) = A + B / W``: A per rank whatever W, B shared by the ranks."""
+    xs = [1 / w for w in times]
+    ys = list(times.values())
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def report(r: dict) -> str:
+    shape, scale = r["shape"], r["scale"]
+    model = scale["model"]
+    lines = [
+        "# Sharded materialization: each rank pays for its shard",
+        "",
+        f"Llama-shaped model (transformers `LlamaForCausalLM`, {shape['num_hidden_layers']} "
+        f"layers, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, "
+        f"vocabulary {shape['vocab_size']}): {model['elements'] / 1e9:.2f}B fp32 parameters "
+        f"in {model['params']} tensors. {r['machine']}; load average "
+        f"{r['load'][0][0]:.1f} at start, {r['load'][1][0]:.1f} at the end. One thread per "
+        "process; the ranks of a world materialize one after the other (a barrier between "
+        "turns), so each rank's time and peak memory are its own on this 2-core machine.",
+        "",
+        f"Command: `{r['command']}` (method: the module docstring of `bench/bench_sharded.py`).",
+        "",
+        "## FSDP2 (`fully_shard` per decoder layer and the root)",
+        "",
+        "`rows`: this branch (each shard from its own elements); `full`: "
+        "`TORCHDEFER_SHARD_ROWS=0`, every shard through its full parameter (the path before). "
+        "`peak`: RSS high-water mark over the RSS before materializing. `bitwise`: every "
+        "local shard equals the slice of the eagerly built parameter.",
+        "",
+        "| path | world | rank | time (s) | CPU (s) | peak (MiB) | local shards (MiB) "
+        "| largest parameter (MiB) | params from rows | bitwise |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(r["fsdp"], key=lambda x: (x["path"] != "rows", x["world"], x["rank"])):
+        lines.append(
+            f"| {row['path']} | {row['world']} | {row['rank']} | {row['wall']:.2f} | "
+            f"{row['cpu']:.2f} | {row['peak'] / MiB:.0f} | {row['shards'] / MiB:.0f} | "
+            f"{row['largest'] / MiB:.0f} | {row['rows']}/{row['params']} | "
+            f"{'yes' if row['bitwise'] else '**NO**'} |"
+        )
+    rows, full = _per_world(r["fsdp"], "rows"), _per_world(r["fsdp"], "full")
+    one = rows.get(1)
+    lines += ["", "Per-rank time (slowest rank) against one rank, in this run:", ""]
+    lines += ["| world | rows (s) | rows / rows at 1 rank | ideal | full path (s) |",
+              "|---|---|---|---|---|"]
+    for world, seconds in sorted(rows.items()):
+        ratio = f"{seconds / one:.2f}" if one else "-"
+        before = f"{full[world]:.2f}" if world in full else "-"
+        lines.append(f"| {world} | {seconds:.2f} | {ratio} | {1 / world:.2f} | {before} |")
+    lines += _pipeline(r)
+    lines += _extrapolation(r, rows, full)
+    return "\n".join(lines) + "\n"
+
+
+def _pipeline(r: dict) -> list[str]:
+    whole, stage = r["pipeline"]["whole"], r["pipeline"]["stage"]
+    share = stage["params"] / whole["params"]
+    return [
+        "",
+        f"## Pipeline stages ({r['stages']} stages, torchtitan-style split)",
+        "",
+        "`whole`: `materialize_module(model)`; `last stage`: a `copy.deepcopy` of the "
+        "deferred model with the other stages' layers deleted and the embedding dropped "
+        "(as torchtitan's `pipeline_module_split` does), then `materialize_module(stage)`.",
+        "",
+        "| what | parameters | time (s) | peak (MiB) | bitwise |",
+        "|---|---|---|---|---|",
+        f"| whole model | {whole['params'] / 1e6:.0f}M | {whole['seconds']:.2f} | "
+        f"{whole['peak'] / MiB:.0f} | {'yes' if whole['bitwise'] else '**NO**'} |",
+        f"| last stage | {stage['params'] / 1e6:.0f}M ({share:.2f} of the model) | "
+        f"{stage['seconds']:.2f} | {stage['peak'] / MiB:.0f} | "
+        f"{'yes' if stage['bitwise'] else '**NO**'} |",
+        "",
+        f"Last stage / whole model: **{stage['seconds'] / whole['seconds']:.2f}** of the time "
+        f"for {share:.2f} of the parameters (eager construction of the whole model: "
+        f"{r['eager_seconds']:.2f} s).",
+    ]
+
+
+def _extrapolation(r: dict, rows: dict[int, float], full: dict[int, float]) -> list[str]:
+    scale = r["scale"]
+    model, big = scale["model"], scale["70b"]
+    a, b = fit(rows)
+    a70 = a * big["params"] / model["params"]
+    b70 = b * big["elements"] / model["elements"]
+    jumps = r["jumps"]
+    lines = [
+        "",
+        "## Extrapolation to Llama 3.1 70B",
+        "",
+        "Method. On the row path a rank's time is a part every rank pays whatever the world "
+        "size (per parameter: a jump-ahead of the generator to the shard's first word, the "
+        "plan, Python) plus the draws and elementwise work of its shard, which the ranks "
+        f"share. Fitting `t(W) = A + B / W` to the slowest rank at W = "
+        f"{', '.join(str(w) for w in sorted(rows))} gives A = {a:.2f} s for "
+        f"{model['params']} tensors and B = {b:.2f} s for {model['elements'] / 1e9:.2f}B "
+        f"elements. Llama 3.1 70B (hidden 8192, 80 layers, vocabulary 128256; counted on the "
+        f"meta device) has {big['params']} tensors and {big['elements'] / 1e9:.1f}B elements, "
+        f"so A scales by {big['params'] / model['params']:.1f} and B by "
+        f"{big['elements'] / model['elements']:.1f}. A jump costs about the same at 70B's "
+        "distances: the power of the jump polynomial is cached per distance, and the "
+        "distances repeat from one identical layer to the next (measured, one jump of 2^24, "
+        "2^28 and 2^32 words, cold then warm: "
+        + ", ".join(f"{v['cold'] * 1e3:.0f}/{v['warm'] * 1e3:.0f} ms" for v in jumps.values())
+        + "). The full path does the whole model on every rank: its time scales by the "
+        "elements alone.",
+        "",
+        "| world | rows path, per rank | full path, per rank |",
+        "|---|---|---|",
+    ]
+    one_full = full.get(1)
+    for world in (8, 64):
+        t = a70 + b70 / world
+        before = (
+            f"{one_full * big['elements'] / model['elements'] / 60:.1f} min"
+            if one_full else "-"
+        )
+        lines.append(f"| {world} | {t / 60:.1f} min ({t:.0f} s) | {before} |")
+    lines += [
+        "",
+        "Per-rank memory on the row path is the rank's shards plus at most a few 16-element "
+        "blocks (sliceable parameters), or plus one full parameter for a parameter that "
+        "falls back (none in this model).",
+    ]
+    return lines

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchdefer._compat import default_device_context, restore_default_device
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
 
@@ -39,9 +40,7 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     graph = Graph()
     dtype = torch.get_default_dtype()
-    # Not torch.get_default_device(): it builds a tensor, which fails under
-    # `with torch.device("cuda")` on a host without CUDA.
-    device_context = _default_device_context()
+    device_context = default_device_context()
     try:
         with RecordingMode(graph):
             return fn(*args, **kwargs)
@@ -49,9 +48,5 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # The constructor may change defaults and fail before restoring them.
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
-        if _default_device_context() is not device_context:
-            torch.set_default_device(None if device_context is None else device_context.device)
-
-
-def _default_device_context() -> Any:
-    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+        if default_device_context() is not device_context:
+            restore_default_device(device_context)

@@ -38,10 +38,10 @@ def default_device_context() -> Any:
 def restore_default_device(context: Any) -> None:
     """Put back the default device that :func:`default_device_context` returned.
 
-    torch <= 2.8 stores the None that ``set_default_device(None)`` leaves and
-    then crashes in ``get_default_device()`` (and in every eager model that
-    asks it) reading ``None.device``; with no context at all it answers "cpu",
-    so the stored None is dropped, on every version alike.
+    torch 2.8 stores the None that ``set_default_device(None)`` leaves and then
+    crashes in ``get_default_device()`` (and in all later code that asks it)
+    reading ``None.device`` (2.10 reads it safely). With no context at all
+    every version answers "cpu", so the stored None is dropped everywhere.
     """
     torch.set_default_device(None if context is None else context.device)
     if context is None and hasattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context"):
@@ -52,8 +52,9 @@ def serialize_exported_program(ep: torch.export.ExportedProgram) -> Any:
     """``torch._export.serde.serialize(ep)`` without the weights, where torch allows.
 
     The ``serialize_state_dict``/``serialize_constants``/``serialize_example_inputs``
-    keywords arrived in torch 2.12; before, the weights are pickled into the
-    artifact too (callers that store their own weights ignore those fields).
+    keywords arrived in torch 2.12 (2.10 lacks them); before, the weights are
+    pickled into the artifact too, and callers that store their own weights
+    ignore those fields.
     """
     from torch._export.serde import serialize as serde
 
@@ -71,8 +72,8 @@ def serialize_exported_program(ep: torch.export.ExportedProgram) -> Any:
 def hash_tensor(t: torch.Tensor) -> torch.Tensor:
     """``torch.hash_tensor(t)``: the xor of ``t``'s elements widened to 64 bits.
 
-    torch.hash_tensor arrived in torch 2.9; before, the same xor is folded here
-    (a 0-dim int64 tensor with the same bits as torch's uint64 result).
+    torch 2.8 has no torch.hash_tensor (2.10 has it); there the same xor is
+    folded here: a 0-dim int64 tensor with the bits of torch's uint64 result.
     """
     if hasattr(torch, "hash_tensor"):
         return torch.hash_tensor(t)

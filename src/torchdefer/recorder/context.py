@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
+from torchdefer._compat import default_device_context, restore_default_device
 from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
@@ -73,7 +73,7 @@ def deferred() -> Iterator[Graph]:
     dtype = torch.get_default_dtype()
     # Not torch.get_default_device(): it builds a tensor, which fails under
     # `with torch.device("cuda")` on a host without CUDA.
-    device_context = _default_device_context()
+    device_context = default_device_context()
     try:
         # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
         # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
@@ -83,9 +83,5 @@ def deferred() -> Iterator[Graph]:
         # The constructor may change defaults and fail before restoring them.
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
-        if _default_device_context() is not device_context:
-            torch.set_default_device(None if device_context is None else device_context.device)
-
-
-def _default_device_context() -> Any:
-    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+        if default_device_context() is not device_context:
+            restore_default_device(device_context)

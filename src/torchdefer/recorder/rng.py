@@ -30,15 +30,12 @@ from typing import Any
 
 import torch
 
-from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Value
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
-from torchdefer.rng.draws import TensorInfo
 from torchdefer.rng.gf2 import tensor_bytes
 
-__all__ = ["RngRecorder", "default_generator", "meta_call"]
+__all__ = ["RngRecorder", "default_generator"]
 
 _ARRAY = slice(24, 24 + 8 * 624)
 _CACHES = slice(24 + 8 * 624, None)
@@ -56,20 +53,6 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.default_generators[device.index or 0]
     return None
-
-
-def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
-    """``node``'s call with the metadata of its tensors, and of the tensor it draws into."""
-
-    def meta(leaf: Any) -> Any:
-        if isinstance(leaf, Value):
-            m = leaf.meta
-            return TensorInfo(m.size, m.stride, m.dtype)
-        return leaf
-
-    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
-    drawn = meta(node.outputs[0]) if node.outputs else None
-    return args, kwargs, drawn
 
 
 class RngRecorder:

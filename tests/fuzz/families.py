@@ -436,6 +436,34 @@ def _external(ctx: Ctx) -> str | None:
                            f"{t} = ext.sum(0)"])
 
 
+# --- modules: layers, casts, tying, apply(init), deepcopy -------------------------
+
+def _module(ctx: Ctx) -> str | None:
+    m = ctx.new("m")
+    mods = ctx.names("m", lambda mod: isinstance(mod, nn.Module))
+    a, b = ctx.rng.choice([(4, 6), (6, 4), (5, 5), (3, 17)])
+    options = [f"{m} = nn.Linear({a}, {b})", f"{m} = nn.Linear({a}, {b}, bias=False, dtype=torch.float64)",
+               f"{m} = nn.Embedding({a}, {b}, padding_idx=0)", f"{m} = nn.LayerNorm({b})",
+               f"{m} = nn.Conv1d({a}, {b}, 3)", f"{m} = nn.Sequential(nn.Linear({a}, {b}), nn.GELU(), nn.Linear({b}, {a}))",
+               f"{m} = nn.GRU({a}, {b})", f"{m} = nn.MultiheadAttention({b - b % 2 or 2}, 2)"]
+    if mods:
+        x, y = ctx.rng.choice(mods), ctx.rng.choice(mods)
+        t = ctx.pick_float(min_dim=1)
+        options += [
+            f"{x}.half()", f"{x}.to(torch.float64)", f"{x}.bfloat16()", f"{x}.requires_grad_(False)",
+            f"{x}.weight = {y}.weight", f"{m} = copy.deepcopy({x})",
+            f"{x}.apply(lambda mod: nn.init.zeros_(mod.bias) if getattr(mod, 'bias', None) is not None else None)",
+            f"{x}.apply(lambda mod: mod.reset_parameters() if hasattr(mod, 'reset_parameters') else None)",
+            f"with torch.no_grad(): {x}.weight.mul_(0.5)", f"{x}.weight.data.normal_(0, 0.02)",
+            f"{x}.register_buffer('extra', torch.arange(3.0), persistent=False)",
+            f"{x}.weight = nn.Parameter({x}.weight.t().contiguous().t())",
+        ]
+        if t is not None:
+            options += [f"{x}.weight = nn.Parameter({t})", f"{x}.register_buffer('buf', {t})",
+                        f"{ctx.new()} = {x}({t})"]
+    return ctx.rng.choice(options)
+
+
 FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "factory": _factory,
     "int_factory": _int_factory,
@@ -456,4 +484,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "set_": _set,
     "batch_norm": _batch_norm,
     "external": _external,
+    "module": _module,
 }

@@ -9,6 +9,7 @@ valid eager code by construction (the harness still skips one that raises).
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ _BASE = {"factory": 4, "view": 3, "inplace": 3, "compute": 2, "data": 1, "param"
 # change the outside tensors between recording and materialization.
 FOCUS: dict[str, dict] = {
     "core": {"families": _BASE},
+    "modules": {"families": {**_BASE, "module": 6}},
     "multi_output_views": {"families": {**_BASE, "multi_view": 4, "multi_view_init": 3}},
     "set_": {"families": {**_BASE, "set_": 4}},
     "default_dtype": {"families": {**_BASE, "default_dtype": 3, "promote": 5, "int_factory": 2}},
@@ -68,7 +70,8 @@ class Program:
 def fresh_namespace(generators: tuple[torch.Generator, ...], ext: torch.Tensor,
                     arr: np.ndarray) -> dict:
     g0, g1 = generators
-    return {"torch": torch, "nn": nn, "F": F, "g0": g0, "g1": g1, "ext": ext, "arr": arr}
+    return {"torch": torch, "nn": nn, "F": F, "copy": copy, "g0": g0, "g1": g1, "ext": ext,
+            "arr": arr}
 
 
 def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
@@ -126,7 +129,7 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
     """A standalone script that shows the failure with plain torchdefer calls."""
     out = [f"# fuzz failure, materialization order {order!r}:",
            *(f"#   {line}" for line in detail.splitlines()[:6]),
-           "import functools", "import numpy as np, torch, torchdefer",
+           "import copy, functools", "import numpy as np, torch, torchdefer",
            "import torch.nn.functional as F", "from torch import nn", ""]
     for k, segment in enumerate(program.segments):
         out.append(f"def segment{k}(g0, g1, ext, arr):")
@@ -158,6 +161,9 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
             "    return functools.reduce(getattr, rest, results[int(segment)][head])",
             "",
             f"for key in {sequence!r}:  # the order that failed",
+            "    if key.startswith('module '):",
+            "        torchdefer.materialize_module(lookup(lazy, key[7:]))",
+            "        continue",
             "    got = torchdefer.materialize_tensor(lookup(lazy, key))",
             "    want = lookup(eager, key)",
             "    same = (got.dtype == want.dtype and got.shape == want.shape",

@@ -59,4 +59,8 @@ KNOWN_FAILURES: dict[str, str] = {
     f"{_FOUND}[an_explicit_generator_ends_where_eager_leaves_it]": RNG,
     f"{_FOUND}[exponential_geometric_cauchy_log_normal_take_a_generator]": RNG,
     f"{_FOUND}[three_deferred_init_calls_in_a_row_draw_as_eager]": RNG,
+    f"{_SWEEP}::test_hf_architecture_from_config_matches_eager_bitwise[gptj-bfloat16]": DTYPE,
+    f"{_SWEEP}::test_hf_architecture_from_config_matches_eager_bitwise[codegen-bfloat16]": DTYPE,
+    f"{_SWEEP}::test_hf_architecture_from_config_matches_eager_bitwise[jamba-bfloat16]": DTYPE,
+    f"{_SWEEP}::test_hf_architecture_from_config_matches_eager_bitwise[whisper-bfloat16]": DTYPE,
 }

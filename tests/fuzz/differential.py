@@ -290,6 +290,10 @@ _CLASSES = [
 def suspected_classes(program: Program, outcome: Outcome) -> list[str]:
     text = "\n".join(program.lines) + "\n" + (program.mutation or "")
     found = [name for name, pattern in _CLASSES if re.search(pattern, text)]
+    if ": strides " in outcome.detail:
+        found.append("strides of cached storages / fake strides of size-1 dims (recorder-fixes)")
+    if "being the same object" in outcome.detail and "register_buffer" in text:
+        found.append("references when swap_tensors is refused (module-fixes)")
     if outcome.detail.startswith("generator:") or len(program.segments) > 1:
         found.append("RNG: generators end where eager leaves them (lead, issue 14)")
     return sorted(set(found)) or ["unclassified (new?)"]

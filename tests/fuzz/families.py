@@ -436,6 +436,35 @@ def _external(ctx: Ctx) -> str | None:
                            f"{t} = ext.sum(0)"])
 
 
+# --- less common layouts and writes: dtype views, channels_last, scatter, unfold ------
+
+def _exotic(ctx: Ctx) -> str | None:
+    x = ctx.pick_float(min_dim=1)
+    if x is None:
+        return None
+    e, t = ctx.env[x], ctx.new()
+    same = ctx.pick(lambda u, s=e.shape: u.shape == s)
+    options = [
+        f"{t} = {x}.view(torch.int16 if {x}.element_size() == 2 else torch.int32 if {x}.element_size() == 4 else torch.int64)",
+        f"{t} = {x}.view(torch.uint8)", f"{t} = {x}.unfold(0, 1, 1)", f"{t} = {x}.unfold(-1, 2, 1)",
+        f"{t} = torch.empty_strided((3, 4), (1, 3)).fill_(1.5)", f"{t} = {x}.new_empty_strided((2, 2), (1, 2)).fill_(0)",
+        f"{t} = torch.empty((2, 3, 4, 5), memory_format=torch.channels_last).fill_(1)",
+        f"{t} = torch.arange(120.0).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)",
+        f"{t} = torch.arange(120.0).reshape(2, 3, 4, 5).to(memory_format=torch.channels_last) * 2",
+        f"{x}.copy_({same}.double())" if same else f"{x}.copy_(torch.ones(()))",
+        f"{x}.copy_(torch.ones({e.shape[-1]}))", f"{x}.lerp_(torch.ones_like({x}), 0.25)",
+        f"{x}.addcmul_({x}, {x}, value=0.5)", f"{x}.scatter_(0, torch.zeros_like({x}, dtype=torch.long), 2.0)",
+        f"{x}.index_add_(0, torch.tensor([0]), torch.ones_like({x}[:1]))",
+        f"{x}.index_copy_(0, torch.tensor([0]), {x}[-1:].clone())", f"{x}[torch.tensor([0])] = 4.0",
+        f"{x}.put_(torch.tensor([0]), torch.tensor([9.0], dtype={x}.dtype))",
+        f"{x}.clamp_(min=torch.zeros_like({x}))", f"{x}.type(torch.float64)",
+        f"{t} = {x}.type(torch.float16)", f"{t} = torch.view_as_real(torch.complex({x}.float(), {x}.float()))",
+    ]
+    if e.dim() == 2:
+        options += [f"{x}.tril_()", f"{x}.fill_diagonal_(5)", f"{t} = {x}.as_strided((2, 2), (1, 2), 1)"]
+    return _with_no_grad(ctx, ctx.rng.choice(options))
+
+
 # --- modules: layers, casts, tying, apply(init), deepcopy -------------------------
 
 def _module(ctx: Ctx) -> str | None:
@@ -485,4 +514,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "batch_norm": _batch_norm,
     "external": _external,
     "module": _module,
+    "exotic": _exotic,
 }

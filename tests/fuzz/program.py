@@ -30,6 +30,7 @@ _BASE = {"factory": 4, "view": 3, "inplace": 3, "compute": 2, "data": 1, "param"
 FOCUS: dict[str, dict] = {
     "core": {"families": _BASE},
     "modules": {"families": {**_BASE, "module": 6}},
+    "layouts_and_writes": {"families": {**_BASE, "exotic": 6}},
     "multi_output_views": {"families": {**_BASE, "multi_view": 4, "multi_view_init": 3}},
     "set_": {"families": {**_BASE, "set_": 4}},
     "default_dtype": {"families": {**_BASE, "default_dtype": 3, "promote": 5, "int_factory": 2}},

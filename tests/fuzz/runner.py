@@ -36,12 +36,12 @@ class FocusReport:
     repros: list[str] = field(default_factory=list)  # shrunk, printable
 
     def summary(self) -> str:
-        ran = sum(self.outcomes.values())
+        ran = sum(n for status, n in self.outcomes.items() if status != "failed, not shrunk")
         parts = [f"{self.focus}: {ran} programs"] + [
             f"{n} {status}" for status, n in sorted(self.outcomes.items())]
         lines = [", ".join(parts)]
         lines += [f"    refused {n}x: {msg}" for msg, n in self.refusals.most_common(6)]
-        lines += [f"    failed {n}x, suspected class: {c}" for c, n in self.classes.most_common()]
+        lines += [f"    shrunk failures {n}x, suspected class: {c}" for c, n in self.classes.most_common()]
         return "\n".join(lines)
 
 
@@ -71,9 +71,11 @@ def run_focus(focus: str) -> FocusReport:
         elif outcome.status == "skipped":
             report.skips[outcome.detail.split(":")[0]] += 1
         elif outcome.status == "failed":
-            if len(report.repros) < shrink_n:
-                program, outcome = shrink(program, outcome)
-                report.repros.append(render(program, outcome.order, outcome.sequence, outcome.detail))
+            if len(report.repros) >= shrink_n:
+                report.outcomes["failed, not shrunk"] += 1
+                continue
+            program, outcome = shrink(program, outcome)
+            report.repros.append(render(program, outcome.order, outcome.sequence, outcome.detail))
             for c in suspected_classes(program, outcome):
                 report.classes[c] += 1
             if not long:

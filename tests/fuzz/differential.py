@@ -91,6 +91,9 @@ def _entries(namespaces: list[dict]) -> dict[str, object]:
             if isinstance(obj, nn.Module):
                 for sub, t in (*obj.named_parameters(), *obj.named_buffers()):
                     out[f"{k}:{name}.{sub}"] = t
+            elif isinstance(obj, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in obj):
+                for i, t in enumerate(obj):  # e.g. a GRU's (output, hidden)
+                    out[f"{k}:{name}.{i}"] = t
             else:
                 out[f"{k}:{name}"] = obj
     return out

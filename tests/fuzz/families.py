@@ -2,75 +2,26 @@
 
 A program is plain Python over names ``t<k>`` (tensors), ``v<k>`` (Python
 values read from tensors), ``m<k>`` (modules), ``s<k>`` (RNG states) and the
-generators ``g0``/``g1`` the harness passes in. Each family is a list of
-makers; a maker looks at the eager namespace built so far (``Ctx.env``) and
-returns one line (or None when nothing fits). The generator runs each line
+generators ``g0``/``g1`` the harness passes in. Each family is one maker: it
+looks at the eager namespace built so far (``Ctx.env``) and returns one line
+(or None when nothing fits). The generator runs each line
 eagerly and keeps it only if it ran, so the makers may propose lines that fail.
 
-Every issue-9 class has a family here; ``FOCUS`` in ``program.py`` mixes them.
+Every issue-9 class has a family here (random ops and generator state in
+``random_families.py``); ``FOCUS`` in ``program.py`` mixes them.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "Ctx"]
+from context import FLOATS, Ctx, with_no_grad
+from random_families import random_on, random_op, rng_state
 
-# Small (<16) and large (>=16, some not a multiple of 16) element counts: the
-# CPU normal kernel draws differently below and above 16 and for the tail.
-SHAPES = ["(4, 6)", "(3, 5)", "(24,)", "(2, 3, 4)", "(6,)", "(17,)", "(5, 7)", "(37,)",
-          "(4, 4)", "(3,)", "(2, 16)", "(3, 11)", "(1, 5)"]
-FLOATS = ["torch.float32", "torch.float64", "torch.float16", "torch.bfloat16"]
-
-
-class Ctx:
-    """What a maker sees: the eager namespace so far and a seeded ``random.Random``."""
-
-    def __init__(self, rng: random.Random, env: dict) -> None:
-        self.rng = rng
-        self.env = env
-        self.counter = 0
-
-    def new(self, prefix: str = "t") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    def names(self, prefix: str, pred: Callable[[object], bool] | None = None) -> list[str]:
-        return [k for k, v in self.env.items()
-                if k[:1] == prefix and k[1:].isdigit() and (pred is None or pred(v))]
-
-    def pick(self, pred: Callable[[torch.Tensor], bool] | None = None) -> str | None:
-        names = self.names("t", lambda t: isinstance(t, torch.Tensor) and (pred is None or pred(t)))
-        return self.rng.choice(names) if names else None
-
-    def pick_float(self, min_dim: int = 0) -> str | None:
-        return self.pick(lambda t: t.is_floating_point() and t.dim() >= min_dim)
-
-    def shape(self) -> str:
-        return self.rng.choice(SHAPES)
-
-    def gen(self) -> str:
-        """An explicit generator half of the time."""
-        return self.rng.choice(["", "", ", generator=g0", ", generator=g1"])
-
-    def dtype_arg(self) -> str:
-        return self.rng.choice(["", "", f", dtype={self.rng.choice(FLOATS)}"])
-
-    def num(self) -> str:
-        return self.rng.choice(["0.5", "-1.25", "3.0", "2", "0.1"])
-
-    def shape_of(self, name: str) -> tuple[int, ...]:
-        return tuple(self.env[name].shape)
-
-
-def _with_no_grad(ctx: Ctx, line: str) -> str:
-    # In-place writes to leaves that require grad need no_grad, as in init code.
-    return f"with torch.no_grad(): {line}" if ctx.rng.random() < 0.5 else line
-
+__all__ = ["FAMILIES"]
 
 # --- deterministic tensors -------------------------------------------------
 
@@ -155,7 +106,7 @@ def _multi_view_init(ctx: Ctx) -> str | None:
         "p.normal_(0, 0.02)",
     ])
     line = f"for i, p in enumerate({parts}): {body}"
-    return _with_no_grad(ctx, line) if e.requires_grad else line
+    return with_no_grad(ctx, line) if e.requires_grad else line
 
 
 # --- in-place writes through any alias ---------------------------------------------
@@ -177,7 +128,7 @@ def _inplace(ctx: Ctx) -> str | None:
                     f"{x}[:, 0] = {x}[:, -1]"]
     if e.dim() >= 1:
         options += [f"{x}[-1:] = 2"]
-    return _with_no_grad(ctx, ctx.rng.choice(options))
+    return with_no_grad(ctx, ctx.rng.choice(options))
 
 
 def _compute(ctx: Ctx) -> str | None:
@@ -256,84 +207,6 @@ def _promote(ctx: Ctx) -> str | None:
     ])
 
 
-# --- random ops ------------------------------------------------------------------------
-
-def _random(ctx: Ctx) -> str | None:
-    s, t, g, dt = ctx.shape(), ctx.new(), ctx.gen(), ctx.dtype_arg()
-    n = ctx.rng.choice([3, 7, 15, 16, 17, 33, 100])
-    fresh = f"torch.empty({s}{dt})"
-    return ctx.rng.choice([
-        f"{t} = torch.randn({s}{dt}{g})", f"{t} = torch.rand({s}{dt}{g})",
-        f"{t} = torch.randint(0, 9, {s}{g})", f"{t} = torch.randint(-5, 5, {s}, dtype=torch.int32{g})",
-        f"{t} = torch.randint(3, {s}, dtype=torch.float32{g})",
-        f"{t} = torch.randperm({n}{g})", f"{t} = torch.randn({n}{dt}{g})",
-        f"{t} = {fresh}.normal_(0.5, 2.0{g})", f"{t} = {fresh}.uniform_(-1, 1{g})",
-        f"{t} = {fresh}.bernoulli_(0.3{g})",
-        f"{t} = {fresh}.bernoulli_(torch.linspace(0, 1, torch.Size({s}).numel()).reshape({s}){g})",
-        f"{t} = {fresh}.exponential_(1.5{g})", f"{t} = {fresh}.geometric_(0.3{g})",
-        f"{t} = {fresh}.cauchy_({g[2:]})", f"{t} = {fresh}.log_normal_({g[2:]})",
-        f"{t} = {fresh}.random_({g[2:]})", f"{t} = {fresh}.random_(10{g})",
-        f"{t} = {fresh}.random_(-3, 10{g})",
-        f"{t} = torch.empty({s}, dtype=torch.int64).random_({g[2:]})",
-        f"{t} = torch.empty({s}, dtype=torch.int16).random_(100{g})",
-        f"{t} = torch.multinomial(torch.linspace(0.1, 1, {n}), 3{g})",
-        f"{t} = torch.multinomial(torch.linspace(0.1, 1, {n}), {n + 2}, replacement=True{g})",
-        f"{t} = torch.multinomial(torch.ones(3, {n}), 2{g})",
-        f"{t} = torch.normal(0.0, 1.0, {s}{g})",
-        f"{t} = torch.normal(torch.zeros({s}), 2.0{g})",
-        f"{t} = torch.bernoulli(torch.full({s}, 0.4){g})",
-        f"{t} = torch.poisson(torch.full({s}, 3.0){g})",
-    ])
-
-
-def _random_on(ctx: Ctx) -> str | None:
-    """Random ops applied to tensors of the program: in-place inits, *_like, dropout."""
-    x = ctx.pick_float()
-    if x is None:
-        return None
-    e, t, g = ctx.env[x], ctx.new(), ctx.gen()
-    options = [
-        f"{x}.normal_({g[2:]})", f"{x}.uniform_(-0.1, 0.1{g})", f"{x}.bernoulli_(0.5{g})",
-        f"{x}.exponential_({g[2:]})", f"{x}.cauchy_(0, 0.5{g})",
-        f"{t} = torch.randn_like({x})", f"{t} = torch.rand_like({x})",
-        f"{t} = torch.randint_like({x}, 5)", f"{t} = torch.randn_like({x}, dtype=torch.float64)",
-        f"{t} = F.dropout({x}, 0.3, training=True)", f"{t} = F.dropout({x}, 0.5)",
-        f"{t} = torch.dropout({x}, 0.2, True)", f"{t} = nn.Dropout(0.4)({x})",
-        f"{t} = torch.bernoulli({x}.sigmoid(){g})", f"nn.init.normal_({x}, 0, 0.02{g})",
-        f"nn.init.uniform_({x}{g})", f"nn.init.trunc_normal_({x}, std=0.02{g})",
-    ]
-    if e.dim() >= 2:
-        options += [f"{t} = torch.randn_like({x}.t())", f"{t} = torch.rand_like({x}[:, ::2])",
-                    f"{t} = torch.randn_like({x}.t(), memory_format=torch.preserve_format)",
-                    f"nn.init.xavier_uniform_({x}{g})", f"nn.init.kaiming_uniform_({x}, a=5 ** 0.5{g})",
-                    f"nn.init.kaiming_normal_({x}{g})", f"nn.init.orthogonal_({x}{g})",
-                    f"nn.init.sparse_({x}, 0.5{g})" if e.dim() == 2 else f"{x}.normal_()"]
-    return _with_no_grad(ctx, ctx.rng.choice(options))
-
-
-# --- generator state: reseeds, restores, fork_rng ------------------------------------
-
-def _rng_state(ctx: Ctx) -> str | None:
-    states = ctx.names("s")  # ("cpu" | "g0" | "g1", state) pairs taken earlier
-    gstates = [s for s in states if ctx.env[s][0] != "cpu"]
-    cpu_states = [s for s in states if ctx.env[s][0] == "cpu"]
-    s, t = ctx.new("s"), ctx.new()
-    options = [
-        "torch.manual_seed(torch.initial_seed())", f"torch.manual_seed({ctx.rng.randint(0, 99)})",
-        "g0.manual_seed(g0.initial_seed())", f"g1.manual_seed({ctx.rng.randint(0, 99)})",
-        f"{s} = ('cpu', torch.get_rng_state())", f"{s} = ('g0', g0.get_state())",
-        f"{s} = ('g1', g1.get_state())",
-        f"with torch.random.fork_rng(devices=[]): {t} = torch.randn({ctx.shape()})",
-        f"with torch.random.fork_rng(devices=[]): torch.manual_seed(3); {t} = torch.rand(5)",
-    ]
-    if cpu_states:
-        options.append(f"torch.set_rng_state({ctx.rng.choice(cpu_states)}[1])")
-    if gstates:
-        st = ctx.rng.choice(gstates)
-        options.append(f"{ctx.env[st][0]}.set_state({st}[1])")
-    return ctx.rng.choice(options)
-
-
 # --- data read while building --------------------------------------------------------
 
 def _data_read(ctx: Ctx) -> str | None:
@@ -353,7 +226,7 @@ def _data_read(ctx: Ctx) -> str | None:
         options += [f"if bool({x}.sum() > 0): {y}.add_(1)" if e.numel() else f"{y}.add_(2)",
                     f"{y}[{y} > 0.5] = 0.0"]
     if y is not None and values:
-        options.append(_with_no_grad(ctx, f"{y}.add_({ctx.rng.choice(values)})"))
+        options.append(with_no_grad(ctx, f"{y}.add_({ctx.rng.choice(values)})"))
     return ctx.rng.choice(options)
 
 
@@ -462,7 +335,7 @@ def _exotic(ctx: Ctx) -> str | None:
     ]
     if e.dim() == 2:
         options += [f"{x}.tril_()", f"{x}.fill_diagonal_(5)", f"{t} = {x}.as_strided((2, 2), (1, 2), 1)"]
-    return _with_no_grad(ctx, ctx.rng.choice(options))
+    return with_no_grad(ctx, ctx.rng.choice(options))
 
 
 # --- modules: layers, casts, tying, apply(init), deepcopy -------------------------
@@ -505,9 +378,9 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "param": _param,
     "default_dtype": _default_dtype,
     "promote": _promote,
-    "random": _random,
-    "random_on": _random_on,
-    "rng_state": _rng_state,
+    "random": random_op,
+    "random_on": random_on,
+    "rng_state": rng_state,
     "data_read": _data_read,
     "question": _question,
     "set_": _set,

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from families import FAMILIES, Ctx
+from context import Ctx
+from families import FAMILIES
 
 __all__ = ["FOCUS", "Program", "fresh_namespace", "generate", "render"]
 

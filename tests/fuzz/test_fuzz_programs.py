@@ -51,3 +51,17 @@ def test_a_shrunk_failure_prints_a_standalone_reproduction():
     script = render(program, "reverse", ["1:t2", "0:t1"], "tensor 1:t2: values differ")
     compile(script, "<repro>", "exec")
     assert "torch.randn(3)  # an eager draw" in script and "['1:t2', '0:t1']" in script
+
+
+def test_the_comparison_is_bitwise_and_covers_layout_grad_and_parameter_ness():
+    import torch
+    from torch import nn
+
+    from differential import _differs
+
+    x = torch.tensor([0.0, float("nan")])
+    assert _differs(x.clone(), x) is None  # NaN equals NaN bit for bit
+    assert "values" in _differs(torch.tensor([-0.0, float("nan")]), x)
+    assert "strides" in _differs(torch.zeros(2, 3).t().contiguous(), torch.zeros(2, 3).t())
+    assert "requires_grad" in _differs(torch.zeros(2).requires_grad_(), torch.zeros(2))
+    assert "Parameter" in _differs(nn.Parameter(torch.zeros(2)), torch.zeros(2).requires_grad_())

@@ -7,8 +7,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.mode import RecordingMode, recording
 
 __all__ = ["deferred_init"]
 
@@ -24,6 +25,10 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     with :func:`torchdefer.materialize_module` or
     :func:`torchdefer.materialize_tensor`.
 
+    A ``deferred_init`` called while another one runs records into the outer
+    call's graph, so the result materializes as if ``fn`` had been called
+    plainly inside the outer constructor, which is what eager code does.
+
     Args:
         fn: a module class or any callable that builds tensors.
         *args, **kwargs: passed to ``fn``.
@@ -37,13 +42,14 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     Parameter containing:
     tensor(..., size=(8192, 8192), device='cuda:0', requires_grad=True, fake=True)
     """
+    _check_no_other_fake_mode()
     graph = Graph()
     dtype = torch.get_default_dtype()
     # Not torch.get_default_device(): it builds a tensor, which fails under
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = _default_device_context()
     try:
-        with RecordingMode(graph):
+        with recording(graph):
             return fn(*args, **kwargs)
     finally:
         # The constructor may change defaults and fail before restoring them.
@@ -51,6 +57,16 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             torch.set_default_dtype(dtype)
         if _default_device_context() is not device_context:
             torch.set_default_device(None if device_context is None else device_context.device)
+
+
+def _check_no_other_fake_mode() -> None:
+    active = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if active is not None and not isinstance(active, RecordingMode):
+        raise RecordingError(
+            f"deferred_init was called while {type(active).__name__} is active "
+            "(torchdefer.fake_mode(), or torch's FakeTensorMode), which holds the same "
+            "dispatch slot, so nothing could be recorded. Call deferred_init outside it."
+        )
 
 
 def _default_device_context() -> Any:

@@ -19,6 +19,7 @@ BATCHNORM = "batch-norm running stats (recorder-fixes)"
 EXTERNAL = "external tensors changed without a version bump (recorder-fixes)"
 STRIDES = "strides of cached storages (recorder-fixes); fake strides of size-1 dims differ from eager"
 SWAPS = "references when swap_tensors is refused (module-fixes)"
+CUSTOM_RANDOM = "random custom ops without the nondeterministic_seeded tag, class 11 (RNG: lead)"
 RNG = "RNG streams, reseeds, restores, generators advanced as eager (lead)"
 
 KNOWN_FAILURES: dict[str, str] = {
@@ -30,6 +31,7 @@ KNOWN_FAILURES: dict[str, str] = {
     f"{_FUZZ}[external]": EXTERNAL,
     f"{_FUZZ}[modules]": RNG,
     f"{_FUZZ}[random_ops]": RNG,
+    f"{_FUZZ}[random_custom_ops]": CUSTOM_RANDOM,
     f"{_FUZZ}[rng_state]": RNG,
     f"{_FUZZ}[consecutive_deferred_init]": RNG,
     f"{_FUZZ}[everything]": "all of the above",
@@ -51,6 +53,7 @@ KNOWN_FAILURES: dict[str, str] = {
     f"{_FOUND}[like_of_a_transposed_row_keeps_eager_strides_after_caching]": STRIDES,
     f"{_FOUND}[data_of_randn_like_keeps_eager_strides]": STRIDES,
     f"{_FOUND}[buffer_registered_from_a_tensor_with_a_view_stays_that_tensor]": SWAPS,
+    f"{_FOUND}[an_untagged_random_custom_op_is_recorded_as_random_or_refused]": CUSTOM_RANDOM,
     f"{_FOUND}[reseeding_to_the_seed_in_force_repeats_the_draws]": RNG,
     f"{_FOUND}[fork_rng_restores_the_state_around_recorded_draws]": RNG,
     f"{_FOUND}[generator_manual_seed_repeats_the_draws]": RNG,

@@ -287,6 +287,7 @@ _CLASSES = [
     ("default-dtype promotion (recorder-fixes)", r"set_default_dtype"),
     ("question ops (recorder-fixes)", r"is_pinned|is_same_size|can_cast|result_type|promote_types|is_set_to|storage_offset|nbytes"),
     ("external tensor changed (recorder-fixes)", r"\bext\b|\barr\b"),
+    ("random custom op without the seeded tag (class 11; RNG, lead)", r"noise_untagged"),
     ("RNG: random op positions/streams (lead)", r"rand|normal|bernoulli|exponential|geometric|cauchy|random_|multinomial|dropout|Dropout|poisson|init\.(xavier|kaiming|orthogonal|sparse|trunc|uniform)"),
 ]
 

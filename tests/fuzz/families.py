@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from context import FLOATS, Ctx, with_no_grad
-from random_families import random_on, random_op, rng_state
+from random_families import custom_random, random_on, random_op, rng_state
 
 __all__ = ["FAMILIES"]
 
@@ -388,4 +388,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "external": _external,
     "module": _module,
     "exotic": _exotic,
+    "custom_random": custom_random,
 }

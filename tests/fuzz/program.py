@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from context import Ctx
+from custom_ops import noise_tagged, noise_untagged
 from families import FAMILIES
 
 __all__ = ["FOCUS", "Program", "fresh_namespace", "generate", "render"]
@@ -36,6 +37,7 @@ FOCUS: dict[str, dict] = {
     "set_": {"families": {**_BASE, "set_": 4}},
     "default_dtype": {"families": {**_BASE, "default_dtype": 3, "promote": 5, "int_factory": 2}},
     "random_ops": {"families": {**_BASE, "random": 6, "random_on": 4}},
+    "random_custom_ops": {"families": {**_BASE, "custom_random": 3}},
     "rng_state": {"families": {**_BASE, "random": 5, "random_on": 2, "rng_state": 4}},
     "data_reads": {"families": {**_BASE, "data_read": 4, "int_factory": 1}},
     "questions": {"families": {**_BASE, "question": 4}},
@@ -73,7 +75,7 @@ def fresh_namespace(generators: tuple[torch.Generator, ...], ext: torch.Tensor,
                     arr: np.ndarray) -> dict:
     g0, g1 = generators
     return {"torch": torch, "nn": nn, "F": F, "copy": copy, "g0": g0, "g1": g1, "ext": ext,
-            "arr": arr}
+            "arr": arr, "noise_tagged": noise_tagged, "noise_untagged": noise_untagged}
 
 
 def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
@@ -132,7 +134,10 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
     out = [f"# fuzz failure, materialization order {order!r}:",
            *(f"#   {line}" for line in detail.splitlines()[:6]),
            "import copy, functools", "import numpy as np, torch, torchdefer",
-           "import torch.nn.functional as F", "from torch import nn", ""]
+           "import torch.nn.functional as F", "from torch import nn"]
+    if "noise_" in "\n".join(program.lines):
+        out.append("from custom_ops import noise_tagged, noise_untagged  # tests/fuzz on sys.path")
+    out.append("")
     for k, segment in enumerate(program.segments):
         out.append(f"def segment{k}(g0, g1, ext, arr):")
         out += [f"    {line}" for line in segment] or ["    pass"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from context import Ctx, with_no_grad
 
-__all__ = ["random_on", "random_op", "rng_state"]
+__all__ = ["custom_random", "random_on", "random_op", "rng_state"]
 
 
 # --- random ops ------------------------------------------------------------------------
@@ -83,3 +85,13 @@ def rng_state(ctx: Ctx) -> str | None:
         st = ctx.rng.choice(gstates)
         options.append(f"{ctx.env[st][0]}.set_state({st}[1])")
     return ctx.rng.choice(options)
+
+
+# --- random custom ops (custom_ops.py): with and without the seeded tag ----------------
+
+def custom_random(ctx: Ctx) -> str | None:
+    x = ctx.pick(lambda t: t.dtype in (torch.float32, torch.float64))
+    if x is None:
+        return None
+    op = ctx.rng.choice(["noise_tagged", "noise_untagged"])
+    return with_no_grad(ctx, f"{ctx.new()} = {op}({x})")

@@ -98,6 +98,11 @@ CASES: dict[str, Program] = {
         "m1 = nn.LayerNorm(4)",
         "m1.register_buffer('buf', t6)",
     ),)),
+    # random custom ops without the nondeterministic_seeded tag (class 11)
+    "an_untagged_random_custom_op_is_recorded_as_random_or_refused": Program(0, ((
+        "t1 = torch.zeros(5)",
+        "t2 = noise_untagged(t1)",
+    ),)),
     # RNG: reseeds, restores, generators, consecutive deferred_init calls
     "reseeding_to_the_seed_in_force_repeats_the_draws": Program(0, ((
         "t4 = torch.randperm(16)",

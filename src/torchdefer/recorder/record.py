@@ -17,7 +17,7 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
-from torchdefer.rng.draws import known_random_op
+from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
@@ -77,8 +77,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     generator = kwargs.get("generator")
     if generator is None:
         generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
-    if generator is not None and device.type != "meta":
-        # An op that takes a generator draws from it, tagged random or not.
+    if (generator is not None or may_draw_untagged(func)) and device.type != "meta":
+        # An op that takes a generator draws from it, tagged random or not; an
+        # op of another library may draw from a default generator untagged:
+        # placing it in that stream (its end reached by running it) keeps the
+        # stream and the values right either way.
         node.kind = NodeKind.RANDOM
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)

@@ -36,7 +36,15 @@ import torch
 
 from torchdefer.rng import mt19937
 
-__all__ = ["Effect", "TensorInfo", "effect", "known_random_op", "words_between"]
+__all__ = [
+    "TRUSTED_NAMESPACES",
+    "Effect",
+    "TensorInfo",
+    "effect",
+    "known_random_op",
+    "may_draw_untagged",
+    "words_between",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,16 @@ _UNTAGGED_RANDOM = frozenset({_aten.random_, _aten.random})
 def known_random_op(func: Any) -> bool:
     """Whether ``func`` draws from a generator (tagged, or known to be untagged)."""
     return torch.Tag.nondeterministic_seeded in func.tags or func.overloadpacket in _UNTAGGED_RANDOM
+
+
+# PyTorch's own namespaces tag their random ops; other libraries' ops may
+# draw from a default generator without saying so.
+TRUSTED_NAMESPACES = frozenset({"aten", "prims", "prim"})
+
+
+def may_draw_untagged(func: Any) -> bool:
+    """Whether ``func`` comes from a library whose untagged ops may still draw."""
+    return getattr(func, "namespace", "aten") not in TRUSTED_NAMESPACES
 
 
 # Families of ops whose draws follow one shape. The float arguments named in

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Dim", "DimRange", "MetaTensorType"]
+from torchdefer.descriptors.errors import DescriptorMismatch
+
+__all__ = ["Dim", "DimRange", "MetaTensorType", "TensorCheck"]
 
 Dim = int | str | None
 """One shape entry: static length, symbolic name, or any length."""
@@ -118,11 +120,8 @@ requires_grad=False, layout=torch.strided)
             >>> MetaTensorType(["n", "n"]).admits(torch.zeros(2, 3))
             False
         """
-        from torchdefer.descriptors.checker import Checker
-        from torchdefer.descriptors.errors import DescriptorMismatch
-
         try:
-            Checker(self.ranges).check_tensor(self, tensor, "tensor")
+            TensorCheck(self, self.ranges)(tensor, "tensor", {}, {}, None)
         except DescriptorMismatch:
             return False
         return True
@@ -243,6 +242,91 @@ requires_grad=False, layout=torch.strided)
         if self.dim_ranges:
             parts.append(f"dim_ranges={self.ranges!r}")
         return f"MetaTensorType({', '.join(parts)})"
+
+
+class TensorCheck:
+    """One descriptor compiled for the check every call runs (kept lean: ~1 us).
+
+    Args:
+        desc: the descriptor.
+        ranges: ``(min, max)`` per symbolic name, merged over the program.
+        specialize: also bind ``None`` dims (under ``(path, dim)``) and record
+            the properties ``desc`` leaves unknown, for backends that build
+            one program per concrete dtype/rank/... (export).
+
+    Calling it checks ``t`` at ``path``: symbols are bound in ``env`` (name ->
+    length) with ``where`` (name -> (path, dim)) for messages; unknown
+    properties are appended to ``facts`` (dtype, device, layout, rank order).
+    """
+
+    __slots__ = ("device", "dtype", "free", "layout", "named", "rank", "requires_grad", "static",
+                 "unknown")  # fmt: skip
+
+    def __init__(self, desc: MetaTensorType, ranges: Mapping[str, DimRange], specialize: bool = False) -> None:
+        self.rank, self.dtype, self.layout = desc.rank, desc.dtype, desc.layout
+        self.device, self.requires_grad = desc.device, desc.requires_grad
+        shape = desc.shape if desc.shape is not None else (None,) * (desc.rank or 0)
+        self.static = [(i, d) for i, d in enumerate(shape) if isinstance(d, int)]
+        self.named = [(i, d, *ranges.get(d, (0, None))) for i, d in enumerate(shape) if isinstance(d, str)]
+        # None dims are bound too under export: each is a symbol whose coverage
+        # (0/1, guards) is checked per call; with the rank unknown, every dim is.
+        self.free: list[int] | None = [i for i, d in enumerate(shape) if d is None]
+        if not specialize:
+            self.free = []
+        elif desc.rank is None:
+            self.free = None
+        unknown = [desc.dtype is None, desc.device is None, desc.layout is None, desc.rank is None]
+        self.unknown = unknown if specialize and any(unknown) else None
+
+    def __call__(self, t: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise DescriptorMismatch(path, "type", "a Tensor", describe_value(t))
+        shape = t.shape
+        if self.rank is not None and len(shape) != self.rank:
+            raise DescriptorMismatch(path, "ndim", str(self.rank), f"{len(shape)} (shape {list(shape)})")
+        if self.dtype is not None and t.dtype is not self.dtype:
+            raise DescriptorMismatch(path, "dtype", str(self.dtype), str(t.dtype))
+        if self.device is not None and t.device != self.device and (
+            self.device.index is not None or t.device.type != self.device.type
+        ):
+            raise DescriptorMismatch(path, "device", repr(str(self.device)), repr(str(t.device)))
+        if self.layout is not None and t.layout is not self.layout:
+            raise DescriptorMismatch(path, "layout", str(self.layout), str(t.layout))
+        if self.requires_grad is not None and t.requires_grad is not self.requires_grad:
+            raise DescriptorMismatch(path, "requires_grad", str(self.requires_grad), str(t.requires_grad))
+        for i, want in self.static:
+            if shape[i] != want:
+                raise DescriptorMismatch(path, f"shape[{i}]", str(want), str(shape[i]))
+        for i, name, lo, hi in self.named:
+            size = shape[i]
+            bound = env.get(name)
+            if bound is None:
+                if size < lo or (hi is not None and size > hi):
+                    raise DescriptorMismatch(path, f"shape[{i}]", f"{name!r} in [{lo}, {'inf' if hi is None else hi}]",
+                                             str(size), f"{name!r} is outside its range")  # fmt: skip
+                env[name] = size
+                where[name] = (path, i)
+            elif bound != size:
+                first = "{}.shape[{}]".format(*where[name])
+                raise DescriptorMismatch(path, f"shape[{i}]", f"{name!r} = {bound}", str(size),
+                                         f"{name!r} is {bound} from {first}")  # fmt: skip
+        for i in range(len(shape)) if self.free is None else self.free:
+            env[(path, i)] = shape[i]
+        if self.unknown is not None:
+            dtype, device, layout, rank = self.unknown
+            facts.extend(f for f, u in ((t.dtype, dtype), (t.device, device), (t.layout, layout),
+                                        (len(shape), rank)) if u)  # fmt: skip
+
+
+def describe_value(value: Any) -> str:
+    """A short description of a call's value for messages (``float 3.0``)."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of length {len(value)}"
+    if isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+        return f"{type(value).__name__} {value!r}"
+    return f"a {type(value).__name__}"
 
 
 # ------------------------------------------------------------------ helpers

@@ -1,0 +1,138 @@
+"""Every private or version-sensitive torch API this package uses, in one place.
+
+Kept together so that they can move to the project's single compat module
+and be checked against each torch release at once. Each helper says which
+torch internals it leans on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch._export.serde import serialize as _serde
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+__all__ = [
+    "deserialize",
+    "export_tracing",
+    "fake_mode",
+    "jit_function",
+    "reparametrize",
+    "serialize",
+    "symbol_sources",
+]
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class _ShapeEnv(ShapeEnv):
+    """A ShapeEnv whose guard records point at the model's line, not torch's.
+
+    ``ShapeEnv`` stamps each guard with the first frame outside a short list of
+    its own files, which is often a torch decomposition (``infer_size``);
+    we skip every torch frame (and ours) so the record names the user's line.
+    """
+
+    def _get_user_frame(self) -> Any:
+        frame = inspect.currentframe()
+        while frame is not None and (
+            frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR, "<"))
+        ):
+            frame = frame.f_back
+        return frame
+
+
+def fake_mode() -> FakeTensorMode:
+    """A fresh fake mode for example inputs and weights (no storage at all)."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@contextmanager
+def export_tracing() -> Iterator[ShapeEnv]:
+    """Run ``torch.export.export`` inside with a ShapeEnv we keep afterwards.
+
+    Non-strict export makes its own fake mode unless a ``TracingContext`` holds
+    one (the path dynamo uses); giving it ours lets us read the guard records
+    (``shape_env.guards``) and symbol sources also when export fails.
+    """
+    mode = FakeTensorMode(
+        shape_env=_ShapeEnv(tracked_fakes=[], trace_asserts=True),
+        allow_non_fake_inputs=True,
+        export=True,
+    )
+    with tracing(TracingContext(mode)):
+        yield mode.shape_env
+
+
+def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:
+    """Export symbol -> (input name, dim) for sizes, (input name, None) for ints."""
+    from torch._dynamo.source import LocalSource, TensorProperty, TensorPropertySource
+
+    out: dict[Any, tuple[str, int | None]] = {}
+    for symbol, sources in shape_env.var_to_sources.items():
+        for s in sources:
+            if isinstance(s, TensorPropertySource) and s.prop is TensorProperty.SIZE:
+                if isinstance(s.base, LocalSource):
+                    out.setdefault(symbol, (s.base.local_name, s.idx))
+            elif isinstance(s, LocalSource):
+                out.setdefault(symbol, (s.local_name, None))
+    return out
+
+
+def reparametrize(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> Any:
+    """Context manager: ``module`` reads ``state`` instead of its own weights."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, dict(state))
+
+
+def serialize(program: torch.export.ExportedProgram) -> bytes:
+    """The program's graph as torch.export's JSON; weights and constants left out."""
+    artifact = _serde.serialize(
+        program,
+        serialize_state_dict=False,
+        serialize_constants=False,
+        serialize_example_inputs=False,
+    )
+    return artifact.exported_program
+
+
+def deserialize(
+    graph: bytes, state: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
+) -> torch.export.ExportedProgram:
+    """Inverse of :func:`serialize`, given weights already read as tensors.
+
+    Passing dicts (not bytes) keeps torch's deserializer away from its own
+    ``torch.load(weights_only=False)`` fallback.
+    """
+    return _serde.deserialize(_serde.SerializedArtifact(graph, state, constants, b""))
+
+
+def jit_function(graph: torch._C.Graph) -> Callable[..., Any]:
+    """A callable TorchScript function running ``graph`` (first input ``self``)."""
+    return torch._C._create_function_from_graph("forward", graph)
+
+
+def jit_fold(graph: torch._C.Graph) -> None:
+    """Constant-propagate and delete dead code: value-decided branches vanish."""
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)
+
+
+def jit_save(module: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    return buffer.getvalue()
+
+
+def jit_load(data: bytes) -> Any:
+    return torch.jit.load(io.BytesIO(data), map_location="cpu")

@@ -25,6 +25,7 @@ How a variant is built, and why:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import keyword
 import random
@@ -33,7 +34,7 @@ import os
 import re
 import sysconfig
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,7 +280,7 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
     with _torch.fake_mode():
         examples = plan.examples()
         state = _fake_state(metadata)
-    with _torch.export_tracing() as shape_env, _torch.reparametrize(wrapper, state):
+    with _torch.export_tracing() as shape_env, _torch.reparametrize(wrapper, state), _kept(target):
         try:
             program = torch.export.export(wrapper, tuple(examples), dynamic_shapes=tuple(plan.specs),
                                           strict=False)  # fmt: skip
@@ -287,6 +288,21 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
             raise DescriptorConflict(*_conflict(e, shape_env, plan, qualname)) from e
     coverage = _coverage(program, shape_env, leaves)
     return ExportRunner(program, params, concrete, wrapper.recipes()[-1], coverage, weights, qualname)
+
+
+@contextlib.contextmanager
+def _kept(target: Any) -> Iterator[None]:
+    """Restore attributes the model's forward assigns while traced (they would
+    hold fake tensors afterwards); export does this only for its root module."""
+    modules = list(target.modules()) if isinstance(target, torch.nn.Module) else []
+    saved = [(m, dict(m.__dict__)) for m in modules]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            if m.__dict__.keys() != attrs.keys() or any(m.__dict__[k] is not v for k, v in attrs.items()):
+                m.__dict__.clear()
+                m.__dict__.update(attrs)
 
 
 class _Plan:
@@ -496,9 +512,10 @@ def _conflict(error: Exception, shape_env: Any, plan: _Plan, qualname: str) -> t
               and not (f.filename.startswith(_STDLIB) and "-packages" not in f.filename)]  # fmt: skip
     where = _user_line(frames[-1].filename, frames[-1].lineno or 0, frames[-1].name) if frames else "<no user frame>"
     first = (str(error).strip().splitlines() or [""])[0]
+    mentioned = set(re.findall(r"\b[su]\d+\b", first))
     text = re.sub(r"\b[su]\d+\b", lambda m: display.get(m.group(0), m.group(0)), first)
     hints = ", ".join(f"{plan.display[k]}={v}" for k, v in plan.hints.items()) or "none"
     return (f"{qualname}: tracing with the input descriptors failed at {where}\n"
             f"  {type(error).__name__}: {text}\n"
             f"  (example lengths used: {hints}). If the code needs particular lengths, describe "
-            "them statically or narrow dim_ranges."), []  # fmt: skip
+            "them statically or narrow dim_ranges."), sorted({display[n] for n in mentioned & strict.keys()})  # fmt: skip

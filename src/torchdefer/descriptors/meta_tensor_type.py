@@ -14,6 +14,7 @@ admit one more tensor, never dropping a tensor admitted before.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -275,8 +276,9 @@ class TensorCheck:
             self.free = []
         elif desc.rank is None:
             self.free = None
-        unknown = [desc.dtype is None, desc.device is None, desc.layout is None, desc.rank is None]
-        self.unknown = unknown if specialize and any(unknown) else None
+        unknown = [n for n, v in (("dtype", desc.dtype), ("device", desc.device),
+                                  ("layout", desc.layout), ("ndim", desc.rank)) if v is None]  # fmt: skip
+        self.unknown = operator.attrgetter(*unknown, "ndim") if specialize and unknown else None
 
     def __call__(self, t: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
         if not isinstance(t, torch.Tensor):
@@ -313,9 +315,7 @@ class TensorCheck:
         for i in range(len(shape)) if self.free is None else self.free:
             env[(path, i)] = shape[i]
         if self.unknown is not None:
-            dtype, device, layout, rank = self.unknown
-            facts.extend(f for f, u in ((t.dtype, dtype), (t.device, device), (t.layout, layout),
-                                        (len(shape), rank)) if u)  # fmt: skip
+            facts.extend(self.unknown(t)[:-1])  # "ndim" added so that the getter returns a tuple
 
 
 def describe_value(value: Any) -> str:

@@ -78,6 +78,8 @@ class OutputRecipe:
 
     def rebuild(self, flat: Iterator[Any]) -> Any:
         """The output with graph leaves taken in order from ``flat``."""
+        if self.spec.is_leaf() and self.slots[0] is _GRAPH:
+            return next(flat)
         leaves = []
         for slot in self.slots:
             if slot is _GRAPH:

@@ -1,5 +1,6 @@
 """script(): specialization on both backends, compared against eager."""
 
+import dataclasses
 from typing import List, Optional
 
 import pytest
@@ -218,3 +219,48 @@ def test_program_refuses_weights_whose_dtype_changed_after_script():
     model.double()
     with pytest.raises(RuntimeError, match=r"weight 'lin.weight' is now torch.float64 \[3, 10\], but the program was built for torch.float32"):
         p(torch.randn(2, 10), True, 1)
+
+
+@dataclasses.dataclass
+class Registered:
+    value: torch.Tensor
+    scale: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(Registered, serialized_type_name="test_script.Registered")
+
+
+class Unregistered:
+    def __init__(self, value, label):
+        self.value, self.label = value, label
+
+
+def returns_registered(x):
+    return {"out": Registered(x * 2, x.sum()), "n": 3}
+
+
+def returns_unregistered(x):
+    return [Unregistered(x + 1, "plus one"), x]
+
+
+def test_outputs_of_pytree_registered_classes_are_rebuilt_and_saved(tmp_path):
+    p = torchdefer.script(returns_registered, {"x": MetaTensorType(["b"], F32)})
+    x = torch.randn(5)
+    got = p(x)
+    assert type(got["out"]) is Registered and got["n"] == 3
+    torch.testing.assert_close(got["out"].value, x * 2)
+    assert p.output_descriptors["out"].value.shape == ("b",)
+    torchdefer.save(p, tmp_path / "p.tdp")
+    again = torchdefer.load(tmp_path / "p.tdp")(x)
+    assert type(again["out"]) is Registered
+    torch.testing.assert_close(again["out"].scale, x.sum())
+
+
+def test_outputs_of_unregistered_classes_are_rebuilt_in_process_and_refused_by_save(tmp_path):
+    p = torchdefer.script(returns_unregistered, {"x": MetaTensorType(["b"], F32)})
+    x = torch.randn(3)
+    obj, same = p(x)
+    assert type(obj) is Unregistered and obj.label == "plus one"
+    torch.testing.assert_close((obj.value, same), (x + 1, x))
+    with pytest.raises(TypeError, match=r"outputs hold a test_script.Unregistered, which torch.utils._pytree does not know"):
+        torchdefer.save(p, tmp_path / "p.tdp")

@@ -8,7 +8,6 @@ torch internals it leans on.
 from __future__ import annotations
 
 import inspect
-import io
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -22,8 +21,10 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 __all__ = [
     "deserialize",
+    "evaluate",
     "export_tracing",
     "fake_mode",
+    "is_constraint_violation",
     "jit_function",
     "reparametrize",
     "serialize",
@@ -88,6 +89,25 @@ def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:
     return out
 
 
+def evaluate(expr: Any, values: Mapping[Any, int]) -> Any:
+    """``expr`` computed with Python's int semantics for ``values`` (symbol ->
+    int), by torch's own sympy interpreter; ``None`` where it cannot."""
+    from torch.utils._sympy.interp import sympy_interp
+    from torch.utils._sympy.reference import PythonReferenceAnalysis
+
+    try:
+        return sympy_interp(PythonReferenceAnalysis, values, expr)
+    except Exception:
+        return None
+
+
+def is_constraint_violation(error: Exception) -> bool:
+    """Whether export failed because the code contradicts a ``Dim``."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    return isinstance(error, UserError) and error.error_type is UserErrorType.CONSTRAINT_VIOLATION
+
+
 def reparametrize(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> Any:
     """Context manager: ``module`` reads ``state`` instead of its own weights."""
     from torch.nn.utils.stateless import _reparametrize_module
@@ -126,13 +146,3 @@ def jit_fold(graph: torch._C.Graph) -> None:
     """Constant-propagate and delete dead code: value-decided branches vanish."""
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
-
-
-def jit_save(module: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.jit.save(module, buffer)
-    return buffer.getvalue()
-
-
-def jit_load(data: bytes) -> Any:
-    return torch.jit.load(io.BytesIO(data), map_location="cpu")

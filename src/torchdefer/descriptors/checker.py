@@ -35,7 +35,12 @@ from torchdefer.descriptors.meta_tensor_type import (
 )
 from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, TypeOf, Value
 
-__all__ = ["NOT_ACCEPTED", "Checker", "Param", "concretize", "merge_ranges"]
+__all__ = ["NOT_ACCEPTED", "Checker", "Key", "Param", "concrete_trees", "concretize",
+           "merge_ranges", "show_key"]
+
+Key = Any
+"""A size as the checker binds it in ``env``: a symbolic name (``"b"``), a
+``None`` dim (``("x", 1)``) or an ``int`` argument (``("n",)``)."""
 
 NOT_ACCEPTED = object()
 """Stands for a parameter whose default is not a plain value (a tensor): the
@@ -43,7 +48,7 @@ program uses the default and refuses a passed value."""
 
 _KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
                               inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                              inspect.Parameter.KEYWORD_ONLY)}  # fmt: skip
+                              inspect.Parameter.KEYWORD_ONLY)}
 Check = Callable[[Any, str, dict, dict, "list | None"], None]
 
 
@@ -81,20 +86,20 @@ class Checker:
     """
 
     def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
-                 specialize: bool) -> None:  # fmt: skip
+                 specialize: bool) -> None:
         self.qualname = qualname
         self.signature = inspect.Signature([
             inspect.Parameter(p.name, _KINDS[p.kind],
                               default=NOT_ACCEPTED if p.node is None else p.default)
             for p in params
-        ])  # fmt: skip
+        ])
         self.params = params
         self.ranges = dict(ranges)
         self.specialize = specialize
         self.checks = [None if p.node is None else self.compile(p.node) for p in params]
         # All-positional calls with every parameter given skip inspect's binding (~4 us).
         self.fast = len(params) if all(p.kind != "KEYWORD_ONLY" and p.node is not None
-                                       for p in params) else -1  # fmt: skip
+                                       for p in params) else -1
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict, tuple]:
         if kwargs or len(args) != self.fast:
@@ -113,7 +118,7 @@ class Checker:
         except TypeError as e:
             raise TypeError(f"{self.qualname}(): {e}") from None
         passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
-                  and self.signature.parameters[n].default is NOT_ACCEPTED]  # fmt: skip
+                  and self.signature.parameters[n].default is NOT_ACCEPTED]
         if passed:
             raise TypeError(
                 f"{self.qualname}() program does not accept {passed}: their defaults are not "
@@ -136,18 +141,36 @@ class Checker:
             return self._check_list(self.compile(node.element))
         if isinstance(node, OptionalOf):
             return self._check_optional(self.compile(node.inner))
-        with_paths, spec = pytree.tree_flatten_with_path(node)
-        checks = [(pytree.keystr(kp), self.compile(leaf)) for kp, leaf in with_paths]
+        return self._check_container(node)
 
-        def check_tree(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
-            try:
-                items = spec.flatten_up_to(value)
-            except (ValueError, TypeError) as e:
-                raise _structure_error(node, value, path, e) from None
+    def _check_container(self, node: Node) -> Check:
+        """One level of a tuple / list / dict / pytree-registered container."""
+        kind, n = type(node), len(pytree.tree_flatten(node, is_leaf=lambda x: x is not node)[0])
+        level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        keys = [kp[0].key for kp, _ in level] if kind is dict else None
+        checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
+        flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
+        context = flatten(node)[1]
+        want = (f"a dict with keys {keys}" if keys is not None
+                else f"a {kind.__name__} of length {n}")
+
+        def check_container(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+            if not (type(value) is kind or (keys is not None and isinstance(value, dict))):
+                raise DescriptorMismatch(path, "structure", want, describe_value(value))
+            if keys is not None:
+                if value.keys() != set(keys):
+                    missing, extra = [k for k in keys if k not in value], [k for k in value if k not in keys]
+                    raise DescriptorMismatch(path, "structure", want, f"keys {list(value)}",
+                                             f"missing {missing}, unexpected {extra}")
+                items = [value[k] for k in keys]
+            else:
+                items, got = flatten(value)
+                if len(items) != n or got != context:
+                    raise DescriptorMismatch(path, "structure", want, describe_value(value))
             for (suffix, check), item in zip(checks, items):
                 check(item, path + suffix, env, where, facts)
 
-        return check_tree
+        return check_container
 
     def _check_list(self, element: Check) -> Check:
         def check_list(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
@@ -172,14 +195,14 @@ class Checker:
 
 def _check_value(want: Any) -> Check:
     def check_value(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
-        if type(value) is type(want) and (value == want or value != value and want != want):
+        if type(value) is type(want) and (value == want or (value != value and want != want)):
             return
         shown = repr(value) if isinstance(value, SCALARS) else describe_value(value)
         raise DescriptorMismatch(
             path, "value", repr(want), shown,
             "the program was specialized for this value; script another program for "
             f"{shown if isinstance(value, SCALARS) else 'it'} or describe the argument by its type",
-        )  # fmt: skip
+        )
 
     return check_value
 
@@ -198,42 +221,6 @@ def _check_type(kind: type, specialize: bool) -> Check:
             facts.append(value)  # export bakes floats, bools and strings in
 
     return check_type
-
-
-def _structure_error(node: Node, value: Any, path: str, error: Exception) -> DescriptorMismatch:
-    """The first place where ``value``'s structure differs from ``node``'s."""
-    kind = type(node).__name__
-    if isinstance(node, (tuple, list)) and type(node) in (tuple, list):
-        if type(value) is not type(node):
-            return DescriptorMismatch(path, "structure", f"a {kind} of length {len(node)}",
-                                      describe_value(value))  # fmt: skip
-        if len(value) != len(node):
-            return DescriptorMismatch(path, "structure", f"a {kind} of length {len(node)}",
-                                      f"a {kind} of length {len(value)}")  # fmt: skip
-        children = [(f"[{i}]", c, v) for i, (c, v) in enumerate(zip(node, value))]
-    elif type(node) is dict:
-        if not isinstance(value, dict):
-            return DescriptorMismatch(path, "structure", f"a dict with keys {list(node)}",
-                                      describe_value(value))  # fmt: skip
-        if set(value) != set(node):
-            missing = [k for k in node if k not in value]
-            extra = [k for k in value if k not in node]
-            return DescriptorMismatch(path, "structure", f"a dict with keys {list(node)}",
-                                      f"keys {list(value)}", f"missing {missing}, unexpected {extra}")  # fmt: skip
-        children = [(f"[{k!r}]", c, value[k]) for k, c in node.items()]
-    else:
-        return DescriptorMismatch(path, "structure", f"a {kind} shaped like the descriptor",
-                                  describe_value(value), str(error))  # fmt: skip
-    for suffix, child, item in children:
-        if not isinstance(child, tuple(_LEAF_TYPES)):
-            try:
-                pytree.tree_structure(child).flatten_up_to(item)
-            except (ValueError, TypeError) as e:
-                return _structure_error(child, item, path + suffix, e)
-    return DescriptorMismatch(path, "structure", "the described structure", describe_value(value), str(error))
-
-
-_LEAF_TYPES = (MetaTensorType, Value, TypeOf, ListOf, OptionalOf)
 
 
 def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
@@ -287,7 +274,7 @@ def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping
             for i, d in enumerate(node.shape if node.shape is not None else (None,) * rank)
         ]
         return replace(node, shape=shape, rank=rank, dtype=dtype, device=device, layout=layout,
-                       dim_ranges=[r for r in node.dim_ranges if r[0] in shape])  # fmt: skip
+                       dim_ranges=[r for r in node.dim_ranges if r[0] in shape])
     if isinstance(node, TypeOf):
         if node.type is not int:
             return Value(fact("value"))
@@ -302,6 +289,21 @@ def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping
     return pytree.tree_unflatten(
         [concretize(leaf, path + pytree.keystr(kp), fact, fixed) for kp, leaf in with_paths], spec
     )
+
+
+def concrete_trees(params: tuple[Param, ...], facts: tuple, fixed: Mapping[Key, int]) -> dict:
+    """The concrete tree of every accepted parameter for one case (facts as the
+    checker recorded them)."""
+    stream = iter(facts)
+    return {p.name: concretize(p.node, p.name, lambda kind: next(stream), fixed)
+            for p in params if p.node is not None}
+
+
+def show_key(key: Key) -> str:
+    """How messages write a key: ``b``, ``x.shape[1]``, ``n``."""
+    if isinstance(key, str):
+        return key
+    return f"{key[0]}.shape[{key[1]}]" if len(key) == 2 else key[0]
 
 
 def is_dynamic(leaf: Node) -> bool:

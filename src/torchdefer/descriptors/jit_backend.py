@@ -58,19 +58,19 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
     if module is not None and not all(has_data(t) for t in [*module.parameters(), *module.buffers()]):
         raise TypeError(f"backend='jit' cannot script the deferred module {qualname}: TorchScript "
                         "needs real weights; use backend='export' (no allocation) or call "
-                        "torchdefer.materialize_module(model) first")  # fmt: skip
+                        "torchdefer.materialize_module(model) first")
     fn = type(module).forward if module is not None else target
     if module is not None and "forward" in vars(module):
         raise TypeError(f"backend='jit': {qualname} is an instance attribute, which TorchScript "
-                        f"ignores (it compiles {type(module).__name__}.forward); {advice}")  # fmt: skip
+                        f"ignores (it compiles {type(module).__name__}.forward); {advice}")
     if inspect.unwrap(fn) is not fn:
         raise TypeError(f"backend='jit': {qualname} is decorated (functools.wraps); TorchScript "
-                        f"compiles the undecorated source and would drop the decorator; {advice}")  # fmt: skip
+                        f"compiles the undecorated source and would drop the decorator; {advice}")
     try:
         scripted = torch.jit.script(target)
     except Exception as e:
         raise TypeError(f"backend='jit': torch.jit.script cannot compile {qualname}: "
-                        f"{_first_line(e)}; {advice}") from e  # fmt: skip
+                        f"{_first_line(e)}; {advice}") from e
     return JitRunner(scripted, params, qualname, module)
 
 
@@ -88,7 +88,7 @@ class JitRunner:
     coverage = Coverage()  # generic in sizes: every checked call is covered
 
     def __init__(self, scripted: Any, params: tuple[Param, ...], qualname: str,
-                 live: torch.nn.Module | None = None) -> None:  # fmt: skip
+                 live: torch.nn.Module | None = None) -> None:
         self.scripted = scripted
         self.is_module = isinstance(scripted, torch.jit.ScriptModule)
         method = scripted.forward if self.is_module else scripted
@@ -97,7 +97,7 @@ class JitRunner:
         inputs = list(graph.inputs())[first:]
         if len(inputs) != len(params):
             raise TypeError(f"backend='jit': the scripted graph of {qualname} has {len(inputs)} "
-                            f"inputs but its signature has {len(params)} parameters")  # fmt: skip
+                            f"inputs but its signature has {len(params)} parameters")
         schema = method.schema.arguments[first:]
         self.keep: list[int] = []
         self.defaults: dict[int, Any] = {}
@@ -139,11 +139,6 @@ class JitRunner:
             self.sync()
         return self.function(self.scripted._c, *call) if self.is_module else self.function(*call)
 
-    def output_types(self) -> Any:
-        """Output descriptors read from the graph's output types (sizes unnamed)."""
-        described = [_from_type(o.type()) for o in self._graph.outputs()]
-        return described[0] if len(described) == 1 else tuple(described)
-
 
 class _Sync:
     """Copies parameters and buffers reassigned on the live module into the
@@ -164,7 +159,7 @@ class _Sync:
                 m = m._modules[part]
             if m is not owner:
                 raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced after "
-                                   "script(); script the model again")  # fmt: skip
+                                   "script(); script the model again")
             d = m._parameters
             t = d[attr] if attr in d else m._buffers[attr]
             if t is not last:
@@ -225,16 +220,6 @@ def _refined(base: Any, desc: MetaTensorType) -> Any:
         shape = desc.shape or (None,) * desc.rank
         t = t.with_sizes([d if isinstance(d, int) else None for d in shape])
     return t
-
-
-def _from_type(t: Any) -> Node:
-    if isinstance(t, torch.TensorType):
-        sizes = t.sizes()
-        return MetaTensorType(sizes, t.dtype()) if sizes is not None else MetaTensorType(dtype=t.dtype())
-    if isinstance(t, torch.TupleType):
-        return tuple(_from_type(e) for e in t.elements())
-    scalar = {"int": int, "float": float, "bool": bool, "str": str}.get(str(t))
-    return TypeOf(scalar) if scalar is not None else MetaTensorType() if "Tensor" in str(t) else Value(None)
 
 
 def _first_line(error: BaseException) -> str:

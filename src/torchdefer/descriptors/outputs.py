@@ -143,7 +143,7 @@ def describe_output(val: Any, names: Mapping[str, str | None], ranges: Mapping[s
         shape = [_dim(s, names) for s in val.shape]
         named = {d for d in shape if isinstance(d, str)}
         return MetaTensorType(shape, val.dtype, device=val.device, layout=val.layout,
-                              dim_ranges={n: r for n, r in ranges.items() if n in named})  # fmt: skip
+                              dim_ranges={n: r for n, r in ranges.items() if n in named})
     if isinstance(val, torch.SymInt):
         return TypeOf(int)
     return MetaTensorType() if val is None else TypeOf(type(val))

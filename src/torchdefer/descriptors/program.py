@@ -23,7 +23,15 @@ from typing import Any, Literal
 import torch
 
 from torchdefer.descriptors import export_backend, jit_backend
-from torchdefer.descriptors.checker import Checker, Param, Unknown, concretize, merge_ranges
+from torchdefer.descriptors.checker import (
+    Checker,
+    Param,
+    Unknown,
+    concrete_trees,
+    concretize,
+    merge_ranges,
+    show_key,
+)
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, normalize
 from torchdefer.descriptors.tree import leaves_with_paths as _leaves
@@ -51,7 +59,7 @@ class Program:
 
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
-                 builder: Builder | None = None, output_descriptors: Any = None) -> None:  # fmt: skip
+                 builder: Builder | None = None, output_descriptors: Any = None) -> None:
         self.backend = backend
         self.qualname = qualname
         self._params, self._ranges, self._weights = params, dict(ranges), weights
@@ -88,7 +96,7 @@ class Program:
     def _add(self, facts: tuple, fixed: dict, sizes: dict | None = None) -> Any:
         """Build the graph for one case and keep it."""
         if self._builder is None:
-            case = ", ".join(f"{_show(k)}={v}" for k, v in fixed.items()) or "general sizes"
+            case = ", ".join(f"{show_key(k)}={v}" for k, v in fixed.items()) or "general sizes"
             if facts:
                 case += f"; inputs {', '.join(map(str, facts))}"
             raise RuntimeError(
@@ -143,13 +151,13 @@ class Program:
         """
         if self.backend != "export":
             raise TypeError("with_weights() rebinds export programs; a jit program runs with "
-                            "the weights it was scripted (or saved) with")  # fmt: skip
+                            "the weights it was scripted (or saved) with")
         module = source if isinstance(source, torch.nn.Module) else None
         weights = Weights(module=module, tensors=None if module is not None else dict(source))
         return Program(backend=self.backend, qualname=self.qualname, params=self._params,
                        ranges=self._ranges, weights=weights, builder=self._builder,
                        runners={k: r.with_weights(weights) for k, r in self._variants.items()},
-                       output_descriptors=self._outputs)  # fmt: skip
+                       output_descriptors=self._outputs)
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.input_descriptors.items())
@@ -160,12 +168,8 @@ def _frozen(fixed: dict) -> tuple:
     return tuple(sorted(fixed.items(), key=repr))
 
 
-def _show(key: Any) -> str:
-    return key if isinstance(key, str) else (f"{key[0]}.shape[{key[1]}]" if len(key) == 2 else key[0])
-
-
 def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors: Mapping[str, Any],
-           *, backend: Backend = "export") -> Program:  # fmt: skip
+           *, backend: Backend = "export") -> Program:
     """Specialize a module or function to descriptions of its inputs.
 
     Args:
@@ -214,18 +218,16 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
         try:  # export names output lengths after the inputs'; the jit graph cannot
             outputs = script(model_or_fn, input_descriptors).output_descriptors
         except Exception:
-            outputs = runner.output_types()
+            outputs = None
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                       runners={((), ()): runner}, weights=weights, output_descriptors=outputs)  # fmt: skip
+                       runners={((), ()): runner}, weights=weights, output_descriptors=outputs)
 
     def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
-        stream = iter(facts)
-        concrete = {p.name: concretize(p.node, p.name, lambda kind: next(stream), fixed)
-                    for p in params if p.node is not None}  # fmt: skip
+        concrete = concrete_trees(params, facts, fixed)
         return export_backend.build(model_or_fn, params, concrete, ranges, weights, qualname, sizes)
 
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                      runners={}, weights=weights, builder=build)  # fmt: skip
+                      runners={}, weights=weights, builder=build)
     facts = _default_facts(params, _device(module))
     if facts is not None:  # build now, so conflicts surface at script() time
         program._add(facts, {name: ranges[name][0] for name in program._pinned})
@@ -236,7 +238,7 @@ def _parameters(fn: Callable[..., Any], descriptors: Mapping[str, Any]) -> tuple
     """The callable's name and parameters, each with its descriptor tree."""
     if not isinstance(descriptors, Mapping):
         raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
-                        f"{type(descriptors).__name__}")  # fmt: skip
+                        f"{type(descriptors).__name__}")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as e:
@@ -246,7 +248,7 @@ def _parameters(fn: Callable[..., Any], descriptors: Mapping[str, Any]) -> tuple
     unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
     if unknown:
         raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
-                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")  # fmt: skip
+                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
     params = []
     for p in accepted:
         plain = p.default is not p.empty and _is_plain(p.default)
@@ -259,7 +261,7 @@ def _parameters(fn: Callable[..., Any], descriptors: Mapping[str, Any]) -> tuple
             node = None  # a tensor or object default: the program keeps it
         else:
             raise TypeError(f"parameter {p.name!r} of {qualname}() has no default and no input "
-                            f"descriptor; add input_descriptors[{p.name!r}]")  # fmt: skip
+                            f"descriptor; add input_descriptors[{p.name!r}]")
         params.append(Param(p.name, p.kind.name, node, default, p.name in descriptors))
     return qualname, tuple(params)
 

@@ -30,7 +30,8 @@ import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 
-__all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json"]
+__all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json",
+           "value_from_json", "value_to_json"]
 
 # Plain values a Value leaf may hold; collections of them are trees of leaves.
 SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -159,17 +160,36 @@ def _leaf_to_json(leaf: Node) -> dict[str, Any]:
         return {"list": to_json(leaf.element)}
     if isinstance(leaf, OptionalOf):
         return {"optional": to_json(leaf.inner)}
-    value = leaf.value
-    if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
+    return value_to_json(leaf.value)
+
+
+def value_to_json(value: Any) -> dict[str, Any]:
+    """A plain value (scalar, dtype, device, layout) as JSON; raises for others."""
+    for kind in (torch.dtype, torch.layout):
+        if isinstance(value, kind):
+            return {kind.__name__: str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
         return {"device": str(value)}
     json.dumps(value)  # raises for what JSON cannot hold
     return {"value": value}
 
 
+def value_from_json(data: dict[str, Any]) -> Any:
+    """Inverse of :func:`value_to_json`; looks names up on ``torch`` only."""
+    ((kind, payload),) = data.items()
+    if kind in ("dtype", "layout"):
+        found = getattr(torch, payload, None)
+        if isinstance(found, torch.dtype if kind == "dtype" else torch.layout):
+            return found
+    if kind == "device":
+        return torch.device(payload)
+    if kind == "value" and isinstance(payload, SCALARS):
+        return payload
+    raise ValueError(f"unknown value {data!r}")
+
+
 def _leaf_from_json(data: dict[str, Any]) -> Node:
-    (kind, payload), = data.items()  # fmt: skip
+    (kind, payload), = data.items()
     if kind == "tensor":
         return MetaTensorType.from_json(payload)
     if kind == "type" and payload in _TYPES:
@@ -178,10 +198,4 @@ def _leaf_from_json(data: dict[str, Any]) -> Node:
         return ListOf(from_json(payload))
     if kind == "optional":
         return OptionalOf(from_json(payload))
-    if kind == "dtype" and isinstance(getattr(torch, payload, None), torch.dtype):
-        return Value(getattr(torch, payload))
-    if kind == "device":
-        return Value(torch.device(payload))
-    if kind == "value" and isinstance(payload, SCALARS):
-        return Value(payload)
-    raise ValueError(f"unknown descriptor leaf {data!r}")
+    return Value(value_from_json(data))

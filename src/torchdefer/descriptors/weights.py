@@ -34,11 +34,11 @@ class Weights:
     """
 
     def __init__(self, module: torch.nn.Module | None = None,
-                 tensors: Mapping[str, torch.Tensor] | None = None, missing: str = "") -> None:  # fmt: skip
+                 tensors: Mapping[str, torch.Tensor] | None = None, missing: str = "") -> None:
         self.module, self.tensors, self.missing = module, tensors, missing
 
     def resolver(self, names: Sequence[str], metas: Sequence[tuple[torch.dtype, tuple[int, ...]]],
-                 qualname: str) -> Callable[[], list[torch.Tensor]]:  # fmt: skip
+                 qualname: str) -> Callable[[], list[torch.Tensor]]:
         """A function returning the tensors for ``names`` as they are now.
 
         Args:
@@ -56,7 +56,7 @@ class Weights:
 
             return refuse
         slots = [(name, tuple(name.split("."))[:-1], name.rpartition(".")[2], dtype, torch.Size(shape))
-                 for name, (dtype, shape) in zip(names, metas)]  # fmt: skip
+                 for name, (dtype, shape) in zip(names, metas)]
         module, tensors = self.module, self.tensors
 
         def resolve() -> list[torch.Tensor]:

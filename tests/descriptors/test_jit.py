@@ -70,7 +70,7 @@ def test_forward_set_on_the_instance_is_refused_by_jit():
 
 
 class TensorDefault(torch.nn.Module):
-    def forward(self, x: torch.Tensor, bias: torch.Tensor = torch.ones(3)) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor = torch.ones(3)) -> torch.Tensor:  # noqa: B008 (the case under test)
         return x + bias
 
 

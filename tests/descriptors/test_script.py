@@ -1,7 +1,7 @@
 """script(): specialization on both backends, compared against eager."""
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional  # noqa: UP035 (typing objects are descriptors, per the RFC)
 
 import pytest
 import torch
@@ -125,7 +125,7 @@ def test_rank_and_dtype_unknown_descriptor_builds_per_rank_and_dtype(backend):
         assert p.output_descriptors.dtype == F32  # of the first graph built
 
 
-def sum_lengths(x: torch.Tensor, lengths: List[int], scale: Optional[torch.Tensor]) -> torch.Tensor:
+def sum_lengths(x: torch.Tensor, lengths: List[int], scale: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP006, UP045 (TorchScript reads these)
     out = x * len(lengths)
     for n in lengths:
         out = out + n
@@ -135,11 +135,11 @@ def sum_lengths(x: torch.Tensor, lengths: List[int], scale: Optional[torch.Tenso
 
 
 @pytest.mark.parametrize("backend", ["export", "jit"])
-@pytest.mark.parametrize("lengths", [List[int], list[int]])
+@pytest.mark.parametrize("lengths", [List[int], list[int]])  # noqa: UP006 (typing objects as the RFC lists them)
 def test_typing_objects_describe_lists_and_optionals(backend, lengths):
     p = torchdefer.script(
         sum_lengths,
-        {"x": MetaTensorType(["b"], F32), "lengths": lengths, "scale": Optional[MetaTensorType]},
+        {"x": MetaTensorType(["b"], F32), "lengths": lengths, "scale": Optional[MetaTensorType]},  # noqa: UP045
         backend=backend,
     )
     x = torch.randn(4)
@@ -151,7 +151,7 @@ def test_typing_objects_describe_lists_and_optionals(backend, lengths):
         p(x, (1, 2), None)
 
 
-def total(xs: List[torch.Tensor]) -> torch.Tensor:
+def total(xs: List[torch.Tensor]) -> torch.Tensor:  # noqa: UP006 (TorchScript reads it)
     out = xs[0]
     for x in xs[1:]:
         out = out + x
@@ -166,7 +166,7 @@ def test_list_of_metatensortype_checks_each_element_and_shares_symbols(backend):
     torch.testing.assert_close(p(xs[:2]), total(xs[:2]))
     with pytest.raises(DescriptorMismatch, match=r"xs\[2\]\.shape\[0\]: expected 'n' = 3, got 5; 'n' is 3 from xs\[0\]\.shape\[0\]"):
         p([*xs[:2], torch.randn(5)])
-    q = torchdefer.script(total, {"xs": List[MetaTensorType]}, backend=backend)
+    q = torchdefer.script(total, {"xs": List[MetaTensorType]}, backend=backend)  # noqa: UP006
     torch.testing.assert_close(q(xs[:3]), total(xs[:3]))
 
 

@@ -75,7 +75,8 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
 
 
 def _violation(error: Exception, shape_env: Any, display: Mapping[str, str],
-               bounds: Mapping[str, tuple[int, int | None]], qualname: str) -> tuple[str, list[str]]:
+               bounds: Mapping[str, tuple[int, int | None]],
+               qualname: str) -> tuple[str, list[str]]:
     guards = [g for g in shape_env.guards if _restricts(g.expr, display, bounds)]
     dims = sorted({display[s.name] for g in guards for s in g.expr.free_symbols
                    if display.get(s.name) in bounds})

@@ -85,7 +85,8 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         torch.Size([4, 2])
     """
     if not isinstance(program, Program):
-        raise TypeError(f"save() takes a program from torchdefer.script(), got {type(program).__name__}")
+        raise TypeError("save() takes a program from torchdefer.script(), got "
+                        f"{type(program).__name__}")
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
         "qualname": program.qualname, "params": [_param_to_json(p) for p in program._params],
@@ -165,7 +166,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             facts = tuple(value_from_json(f) for f in v["facts"])
             fixed = tuple((k if isinstance(k, str) else tuple(k), int(n)) for k, n in v["fixed"])
             key, concrete = (facts, fixed), concrete_trees(params, facts, dict(fixed))
-            coverage, recipe = Coverage.from_json(v["coverage"]), OutputRecipe.from_json(v["recipe"])
+            coverage = Coverage.from_json(v["coverage"])
+            recipe = OutputRecipe.from_json(v["recipe"])
         program = _read_graph(members, i, state, name)
         runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname)
     first = next(iter(runners.values()), None)
@@ -217,7 +219,8 @@ def _serialize(ep: torch.export.ExportedProgram) -> bytes:
              else _meta(v) for k, v in ep.state_dict.items()}
     old = ep._state_dict, ep._constants, ep._example_inputs
     ep._state_dict, ep._example_inputs = twins, None
-    ep._constants = {k: _meta(v) if isinstance(v, torch.Tensor) else v for k, v in ep.constants.items()}
+    ep._constants = {k: _meta(v) if isinstance(v, torch.Tensor) else v
+                     for k, v in ep.constants.items()}
     try:
         return _torch.serialize(ep)
     finally:
@@ -316,7 +319,8 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
 
 # -------------------------------------------------------------- JSON parts
 def _param_to_json(p: Param) -> dict[str, Any]:
-    default = None if p.default is inspect.Parameter.empty else to_json(normalize(p.default, p.name))
+    empty = p.default is inspect.Parameter.empty
+    default = None if empty else to_json(normalize(p.default, p.name))
     return {"name": p.name, "kind": p.kind, "described": p.described, "default": default,
             "node": None if p.node is None else to_json(p.node)}
 

@@ -154,12 +154,14 @@ class Checker:
         want = (f"a dict with keys {keys}" if keys is not None
                 else f"a {kind.__name__} of length {n}")
 
-        def check_container(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        def check_container(value: Any, path: str, env: dict, where: dict,
+                            facts: list | None) -> None:
             if not (type(value) is kind or (keys is not None and isinstance(value, dict))):
                 raise DescriptorMismatch(path, "structure", want, describe_value(value))
             if keys is not None:
                 if value.keys() != set(keys):
-                    missing, extra = [k for k in keys if k not in value], [k for k in value if k not in keys]
+                    missing = [k for k in keys if k not in value]
+                    extra = [k for k in value if k not in keys]
                     raise DescriptorMismatch(path, "structure", want, f"keys {list(value)}",
                                              f"missing {missing}, unexpected {extra}")
                 items = [value[k] for k in keys]
@@ -184,7 +186,8 @@ class Checker:
         return check_list
 
     def _check_optional(self, inner: Check) -> Check:
-        def check_optional(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        def check_optional(value: Any, path: str, env: dict, where: dict,
+                           facts: list | None) -> None:
             if facts is not None:
                 facts.append(value is None)
             if value is not None:

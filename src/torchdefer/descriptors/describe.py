@@ -65,7 +65,7 @@ def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) ->
         raise TypeError(f"describe(): {path} differs in structure across example calls; "
                         "describe it by hand")
     return pytree.tree_unflatten(
-        [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))], spec)
+        [_leaf(list(col), path, shared) for col in zip(*(leaves for leaves, _ in flat))], spec)
 
 
 def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:

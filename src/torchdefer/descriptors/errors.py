@@ -31,7 +31,8 @@ class DescriptorMismatch(TypeError):
         self.detail = detail
         tensor_attribute = property.startswith("shape[") or property in _TENSOR_ATTRIBUTES
         where = f"{path}.{property}" if tensor_attribute else f"{path} ({property})"
-        super().__init__(f"{where}: expected {expected}, got {got}" + (f"; {detail}" if detail else ""))
+        detail = f"; {detail}" if detail else ""
+        super().__init__(f"{where}: expected {expected}, got {got}{detail}")
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str, str, str]]:
         return (type(self), (self.path, self.property, self.expected, self.got, self.detail))

@@ -103,7 +103,8 @@ class ExportRunner:
                  concrete: Mapping[str, Node], recipe: OutputRecipe, coverage: Coverage,
                  weights: Weights, qualname: str) -> None:
         self.program, self.params, self.concrete = program, params, dict(concrete)
-        self.recipe, self.coverage, self.qualname, self.weights = recipe, coverage, qualname, weights
+        self.recipe, self.coverage, self.qualname = recipe, coverage, qualname
+        self.weights = weights
         self.gm = program.graph_module
         specs, outputs = program.graph_signature.input_specs, program.graph_signature.output_specs
         lifted = [s for s in specs if s.kind is not InputKind.USER_INPUT]
@@ -151,7 +152,8 @@ class ExportRunner:
         return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def _graph_inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> list[tuple[str, Node]]:
+def _graph_inputs(params: tuple[Param, ...],
+                  concrete: Mapping[str, Node]) -> list[tuple[str, Node]]:
     """``(path, leaf)`` of every graph input, in the graph's order."""
     return [(path, leaf) for p in params if p.name in concrete
             for path, leaf in leaves_with_paths(concrete[p.name], p.name) if is_dynamic(leaf)]
@@ -169,7 +171,8 @@ def _sizes(program: ExportedProgram, leaves: list[tuple[str, Node]]) -> list[tup
         sizes = [val] if isinstance(leaf, TypeOf) else [
             s for d, s in zip(leaf.shape, val.shape) if not isinstance(d, int)]
         for key, size in zip(_keys(path, leaf), sizes):
-            out.append((key, size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)))
+            symbolic = isinstance(size, torch.SymInt)
+            out.append((key, size.node.expr if symbolic else sympy.Integer(size)))
     return out
 
 
@@ -379,7 +382,8 @@ def _coverage(sizes: list[tuple[Key, Any]], shape_env: Any) -> Coverage:
             if lo is not None or hi is not None:
                 ranges.append((keys[key], lo, hi))
         else:  # fixed by the code, or tied to another size
-            guards.append(sympy.Eq(sympy.Symbol(f"v{keys[key]}", integer=True), expr.xreplace(renamed)))
+            v = sympy.Symbol(f"v{keys[key]}", integer=True)
+            guards.append(sympy.Eq(v, expr.xreplace(renamed)))
     guards += [g.expr.xreplace(renamed) for g in shape_env.guards
                if g.expr.free_symbols and g.expr.free_symbols <= renamed.keys()]
     return Coverage(tuple(keys), tuple(ranges), tuple(dict.fromkeys(guards)))

@@ -55,7 +55,8 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
     """
     module = target if isinstance(target, torch.nn.Module) else None
     advice = "use backend='export' (the default)"
-    if module is not None and not all(has_data(t) for t in [*module.parameters(), *module.buffers()]):
+    weights = [*module.parameters(), *module.buffers()] if module is not None else []
+    if not all(has_data(t) for t in weights):
         raise TypeError(f"backend='jit' cannot script the deferred module {qualname}: TorchScript "
                         "needs real weights; use backend='export' (no allocation) or call "
                         "torchdefer.materialize_module(model) first")
@@ -146,7 +147,8 @@ class _Sync:
 
     def __init__(self, live: torch.nn.Module, scripted: Any) -> None:
         self.slots = []
-        for name, _ in [*live.named_parameters(remove_duplicate=False), *live.named_buffers(remove_duplicate=False)]:
+        for name, _ in [*live.named_parameters(remove_duplicate=False),
+                        *live.named_buffers(remove_duplicate=False)]:
             owner, _, attr = name.rpartition(".")
             path = owner.split(".") if owner else []
             target = functools.reduce(getattr, path, scripted)._c
@@ -158,8 +160,8 @@ class _Sync:
             for part in path:
                 m = m._modules[part]
             if m is not owner:
-                raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced after "
-                                   "script(); script the model again")
+                raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced "
+                                   "after script(); script the model again")
             d = m._parameters
             t = d[attr] if attr in d else m._buffers[attr]
             if t is not last:
@@ -171,8 +173,9 @@ def _fits(t: Any, node: Node) -> bool:
     """Whether TorchScript type ``t`` accepts what ``node`` describes."""
     kind = t.kind()
     if kind == "OptionalType":
-        return _is_none(node) or _fits(t.getElementType(), node.inner if isinstance(node, OptionalOf) else node)
-    if isinstance(node, (MetaTensorType, TypeOf)) or (isinstance(node, Value) and not _is_none(node)):
+        inner = node.inner if isinstance(node, OptionalOf) else node
+        return _is_none(node) or _fits(t.getElementType(), inner)
+    if isinstance(node, (MetaTensorType, TypeOf, Value)) and not _is_none(node):
         want = "TensorType" if isinstance(node, MetaTensorType) else _value_kind(node)
         return kind == want or (kind == "NumberType" and want in ("IntType", "FloatType"))
     if isinstance(node, ListOf):

@@ -240,12 +240,14 @@ class TensorCheck:
     __slots__ = ("device", "dtype", "free", "layout", "named", "rank", "requires_grad", "static",
                  "unknown")
 
-    def __init__(self, desc: MetaTensorType, ranges: Mapping[str, DimRange], specialize: bool = False) -> None:
+    def __init__(self, desc: MetaTensorType, ranges: Mapping[str, DimRange],
+                 specialize: bool = False) -> None:
         self.rank, self.dtype, self.layout = desc.rank, desc.dtype, desc.layout
         self.device, self.requires_grad = desc.device, desc.requires_grad
         shape = desc.shape if desc.shape is not None else (None,) * (desc.rank or 0)
         self.static = [(i, d) for i, d in enumerate(shape) if isinstance(d, int)]
-        self.named = [(i, d, *ranges.get(d, (0, None))) for i, d in enumerate(shape) if isinstance(d, str)]
+        self.named = [(i, d, *ranges.get(d, (0, None)))
+                      for i, d in enumerate(shape) if isinstance(d, str)]
         # None dims are bound too under export: each is a symbol whose coverage
         # (0/1, guards) is checked per call; with the rank unknown, every dim is.
         self.free: list[int] | None = [i for i, d in enumerate(shape) if d is None]
@@ -262,7 +264,8 @@ class TensorCheck:
             raise DescriptorMismatch(path, "type", "a Tensor", describe_value(t))
         shape = t.shape
         if self.rank is not None and len(shape) != self.rank:
-            raise DescriptorMismatch(path, "ndim", str(self.rank), f"{len(shape)} (shape {list(shape)})")
+            got = f"{len(shape)} (shape {list(shape)})"
+            raise DescriptorMismatch(path, "ndim", str(self.rank), got)
         if self.dtype is not None and t.dtype is not self.dtype:
             raise DescriptorMismatch(path, "dtype", str(self.dtype), str(t.dtype))
         if self.device is not None and t.device != self.device and (
@@ -272,7 +275,8 @@ class TensorCheck:
         if self.layout is not None and t.layout is not self.layout:
             raise DescriptorMismatch(path, "layout", str(self.layout), str(t.layout))
         if self.requires_grad is not None and t.requires_grad is not self.requires_grad:
-            raise DescriptorMismatch(path, "requires_grad", str(self.requires_grad), str(t.requires_grad))
+            raise DescriptorMismatch(path, "requires_grad", str(self.requires_grad),
+                                     str(t.requires_grad))
         for i, want in self.static:
             if shape[i] != want:
                 raise DescriptorMismatch(path, f"shape[{i}]", str(want), str(shape[i]))
@@ -281,8 +285,9 @@ class TensorCheck:
             bound = env.get(name)
             if bound is None:
                 if size < lo or (hi is not None and size > hi):
-                    raise DescriptorMismatch(path, f"shape[{i}]", f"{name!r} in [{lo}, {'inf' if hi is None else hi}]",
-                                             str(size), f"{name!r} is outside its range")
+                    want = f"{name!r} in [{lo}, {'inf' if hi is None else hi}]"
+                    raise DescriptorMismatch(path, f"shape[{i}]", want, str(size),
+                                             f"{name!r} is outside its range")
                 env[name] = size
                 where[name] = (path, i)
             elif bound != size:

@@ -131,7 +131,8 @@ class OutputRecipe:
         return cls(pytree.treespec_loads(data["spec"]), slots)
 
 
-def describe_output(val: Any, names: Mapping[str, str | None], ranges: Mapping[str, DimRange]) -> Any:
+def describe_output(val: Any, names: Mapping[str, str | None],
+                    ranges: Mapping[str, DimRange]) -> Any:
     """The descriptor of one graph output (its fake value), in the inputs' names.
 
     Args:

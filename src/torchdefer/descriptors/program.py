@@ -209,7 +209,8 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):
-        raise TypeError(f"script() takes an nn.Module or a function, got {type(model_or_fn).__name__}")
+        raise TypeError("script() takes an nn.Module or a function, got "
+                        f"{type(model_or_fn).__name__}")
     qualname, params = _parameters(fn, input_descriptors)
     ranges = merge_ranges([leaf for p in params if p.node is not None for leaf in _tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})
@@ -234,7 +235,8 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     return program
 
 
-def _parameters(fn: Callable[..., Any], descriptors: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
+def _parameters(fn: Callable[..., Any],
+                descriptors: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
     """The callable's name and parameters, each with its descriptor tree."""
     if not isinstance(descriptors, Mapping):
         raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
@@ -244,7 +246,8 @@ def _parameters(fn: Callable[..., Any], descriptors: Mapping[str, Any]) -> tuple
     except (TypeError, ValueError) as e:
         raise TypeError(f"cannot read the signature of {fn!r}: {e}") from e
     qualname = getattr(fn, "__qualname__", type(fn).__name__)
-    accepted = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    accepted = [p for p in signature.parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
     if unknown:
         raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "

@@ -55,7 +55,8 @@ class Weights:
                 raise RuntimeError(message)
 
             return refuse
-        slots = [(name, tuple(name.split("."))[:-1], name.rpartition(".")[2], dtype, torch.Size(shape))
+        slots = [(name, tuple(name.split(".")[:-1]), name.rpartition(".")[2], dtype,
+                  torch.Size(shape))
                  for name, (dtype, shape) in zip(names, metas)]
         module, tensors = self.module, self.tensors
 

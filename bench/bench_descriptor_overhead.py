@@ -18,6 +18,7 @@ Writes bench/results/descriptor_overhead.md (and prints it).
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ import torchdefer
 from bench.environment import describe
 from torchdefer.descriptors import MetaTensorType
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "descriptor_overhead.md"
 BASELINE = "ExportedProgram.module() (baseline)"
 
@@ -84,7 +86,11 @@ def measure(funcs: dict[str, object], rounds: int, calls: int) -> dict[str, list
 
 def report(results: dict[int, dict[str, list[float]]], argv: list[str]) -> str:
     lines = ["# Descriptor check overhead", ""]
-    lines += [f"- {k}: {v}" for k, v in describe(argv).items()]
+    facts = describe(argv)
+    python = sys.executable.replace(str(ROOT) + "/", "")
+    facts["Command"] = f"`{shlex.join([python, *argv])}` (from the repository root)"
+    facts["Threads"] = f"torch intra-op threads: {torch.get_num_threads()}"
+    lines += [f"- {k}: {v}" for k, v in facts.items()]
     note = (
         "Median over rounds of the mean µs per call; ratios are taken per round "
         "against the baseline of the same backend, then the median."

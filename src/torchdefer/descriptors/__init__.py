@@ -16,11 +16,12 @@ every call::
 Each module's docstring says how its part works and why, in import order:
 ``errors``; ``meta_tensor_type`` (descriptors, symbolic dims and ranges,
 ``from_examples``/``widen``); ``tree`` (descriptor trees, typing objects);
-``checker`` (the checks run on every call); ``_expr`` (shape expressions
-parsed without ``eval``); ``weights``; ``outputs``; ``export_backend`` and
-``jit_backend``; ``program`` (``Program``, ``script``); ``archive``
-(``save``/``load`` that run no code from the file); ``describe``. Private
-torch APIs are confined to ``_torch``.
+``checker`` (binding, the checks run on every call, concrete cases);
+``_expr`` (shape expressions parsed without ``eval``); ``weights``;
+``outputs``; ``_conflict``, ``export_backend`` and ``jit_backend``;
+``program`` (``Program``, ``script``); ``archive`` (``save``/``load`` that run
+no code from the file); ``describe``. Private and version-sensitive torch
+APIs are confined to ``_torch``; no module imports one later in this list.
 """
 
 from torchdefer.descriptors.archive import load, save

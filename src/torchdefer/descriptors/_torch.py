@@ -115,15 +115,22 @@ def reparametrize(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) ->
     return _reparametrize_module(module, dict(state))
 
 
-def serialize(program: torch.export.ExportedProgram) -> bytes:
-    """The program's graph as torch.export's JSON; weights and constants left out."""
-    artifact = _serde.serialize(
-        program,
-        serialize_state_dict=False,
-        serialize_constants=False,
-        serialize_example_inputs=False,
-    )
-    return artifact.exported_program
+def serialize(program: torch.export.ExportedProgram, twin: Callable[[Any], Any]) -> bytes:
+    """The program's graph as torch.export's JSON, written against ``twin``s
+    (meta tensors) of its weights and constants: the verifier wants each
+    present, and fake ones cannot be written; the real ones are saved apart."""
+    def twins(tensors: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: torch.nn.Parameter(twin(v), v.requires_grad) if isinstance(v, torch.nn.Parameter)
+                else twin(v) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+
+    old = program._state_dict, program._constants, program._example_inputs
+    program._state_dict, program._constants = twins(old[0]), twins(old[1])
+    program._example_inputs = None
+    try:
+        return _serde.serialize(program, serialize_state_dict=False, serialize_constants=False,
+                                serialize_example_inputs=False).exported_program
+    finally:
+        program._state_dict, program._constants, program._example_inputs = old
 
 
 def deserialize(

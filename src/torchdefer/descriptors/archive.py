@@ -1,10 +1,10 @@
-"""``save`` / ``load``: programs on disk, descriptors, checks and every built graph included.
+"""``save`` / ``load``: programs on disk, with descriptors, checks and every graph built.
 
 The file is a zip archive:
 
 * ``torchdefer.json`` -- format version, backend, the parameters with their
   descriptor trees, ranges, and per export graph its case (facts, fixed
-  sizes), concrete descriptors, coverage and output recipe;
+  sizes), coverage and output recipe;
 * export: ``graph<i>.json`` (``torch.export``'s JSON graph format),
   ``graph<i>.constants.pt``, and one ``weights.pt`` shared by the graphs;
 * jit: ``program.ts`` (a ``torch.jit.save`` archive).
@@ -16,11 +16,12 @@ read with ``torch.load(weights_only=True)``; every symbolic expression in the
 graph JSON is checked by the restricted parser of ``_expr`` *before* torch's
 deserializer (which would ``sympify``, i.e. evaluate, it) sees it; the
 ``guards_code`` that ``ExportedProgram.module()`` would ``exec`` must be
-empty; after deserialization each graph node must call an operator, not an
-arbitrary Python function. ``torch.export.load`` is not used: it falls back
-to ``weights_only=False`` for payloads that are not plain tensors. A
-TorchScript archive contains code that runs when it is loaded, so jit
-programs load only with ``allow_torchscript=True``.
+empty; torch's verifier refuses graph nodes that call anything but operators.
+``torch.export.load`` is not used: it falls back to ``weights_only=False``
+for payloads that are not plain tensors. A TorchScript archive contains code
+that runs when it is loaded, so jit programs load only with
+``allow_torchscript=True``. Damaged files raise :class:`ProgramFileError`
+naming the file and the part.
 
 A program of a deferred (or meta) model is saved with meta-tensor weights:
 nothing of the model's size is written or allocated on load; bind real
@@ -188,7 +189,7 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             source = (source if has_data(source) else _meta(t)).detach()
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
-        graph = json.loads(_serialize(ep))
+        graph = json.loads(_torch.serialize(ep, _meta))
         graph["guards_code"] = []  # Python source torch would exec; coverage replaces it
         files[f"graph{i}.json"] = json.dumps(graph).encode()
         constants = {}
@@ -210,21 +211,6 @@ def _live(runner: ExportRunner) -> list[torch.Tensor]:
         return runner.resolve()
     except RuntimeError:  # deferred or unbound: store metadata only
         return []
-
-
-def _serialize(ep: torch.export.ExportedProgram) -> bytes:
-    """The graph JSON, serialized against meta twins of the weights (the
-    verifier wants each present; the weights themselves go to weights.pt)."""
-    twins = {k: torch.nn.Parameter(_meta(v), v.requires_grad) if isinstance(v, torch.nn.Parameter)
-             else _meta(v) for k, v in ep.state_dict.items()}
-    old = ep._state_dict, ep._constants, ep._example_inputs
-    ep._state_dict, ep._example_inputs = twins, None
-    ep._constants = {k: _meta(v) if isinstance(v, torch.Tensor) else v
-                     for k, v in ep.constants.items()}
-    try:
-        return _torch.serialize(ep)
-    finally:
-        ep._state_dict, ep._constants, ep._example_inputs = old
 
 
 def _meta(t: torch.Tensor) -> torch.Tensor:

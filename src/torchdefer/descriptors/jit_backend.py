@@ -105,9 +105,11 @@ class JitRunner:
         anchor = next(iter(graph.nodes()), None)
         for i in reversed(range(len(params))):
             p, value = params[i], inputs[i]
-            if p.node is None:
+            if p.node is None:  # a tensor default: passed as TorchScript recorded it
                 self.defaults[i] = schema[i].default_value
-            elif not _fits(value.type(), p.node):
+                self.keep.insert(0, i)
+                continue
+            if not _fits(value.type(), p.node):
                 raise TypeError(
                     f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
                     f"{value.type()} (unannotated parameters are Tensor), but it is described as "

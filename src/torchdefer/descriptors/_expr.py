@@ -20,9 +20,9 @@ import re
 from typing import Any
 
 import sympy
-import torch.utils._sympy.functions as _fns
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.symbol import prefix_str
+
+from torchdefer.descriptors._torch import int_oo, prefix_str
+from torchdefer.descriptors._torch import sympy_functions as _fns
 
 __all__ = ["TORCH_SYMBOL", "UnsafeExpression", "parse"]
 

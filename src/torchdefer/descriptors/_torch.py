@@ -14,21 +14,28 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils._sympy.functions as sympy_functions
 from torch._export.serde import serialize as _serde
 from torch._guards import TracingContext, tracing
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.symbol import prefix_str
 
 __all__ = [
+    "FakeTensor",
     "deserialize",
     "evaluate",
     "export_tracing",
     "fake_mode",
+    "int_oo",
     "is_constraint_violation",
     "jit_function",
+    "prefix_str",
     "reparametrize",
     "serialize",
     "symbol_sources",
+    "sympy_functions",
 ]
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
+from torchdefer.descriptors._torch import FakeTensor
 from torchdefer.fake import is_fake
 
 __all__ = ["Weights", "has_data"]

@@ -67,3 +67,11 @@ def test_jit_backend_refuses_a_deferred_module_with_advice():
     model = torchdefer.deferred_init(Wide, 8)
     with pytest.raises(TypeError, match="backend='export' \\(no allocation\\)"):
         torchdefer.script(model, {"x": MetaTensorType(["b", 8], torch.float32)}, backend="jit")
+
+
+def test_weights_bound_without_a_name_the_program_needs_are_refused():
+    p = torchdefer.script(Wide(8), {"x": MetaTensorType(["b", 8], torch.float32)})
+    state = Wide(8).state_dict()
+    del state["shift"]
+    with pytest.raises(RuntimeError, match="weight 'shift' is missing from the bound weights"):
+        p.with_weights(state)(torch.randn(2, 8))

@@ -73,9 +73,11 @@ class Weights:
                         d = m._parameters
                         t = d[attr] if attr in d else m._buffers[attr]
                 except KeyError:
+                    source = "the module" if module is not None else "the bound weights"
                     raise RuntimeError(
-                        f"{qualname} program: its weight {name!r} is gone from the module; "
-                        "script the model again after changing its structure"
+                        f"{qualname} program: its weight {name!r} is missing from {source}; "
+                        "bind weights with every name the program needs, or script the model "
+                        "again after changing its structure"
                     ) from None
                 if t is None or (type(t) not in _PLAIN and not has_data(t)) or t.is_meta:
                     raise RuntimeError(

@@ -264,3 +264,27 @@ def test_outputs_of_unregistered_classes_are_rebuilt_in_process_and_refused_by_s
     torch.testing.assert_close((obj.value, same), (x + 1, x))
     with pytest.raises(TypeError, match=r"outputs hold a test_script.Unregistered, which torch.utils._pytree does not know"):
         torchdefer.save(p, tmp_path / "p.tdp")
+
+
+class Dropout(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, self.training)
+
+
+def test_export_program_refuses_a_model_switched_to_another_mode_after_script():
+    model = Dropout().eval()
+    p = torchdefer.script(model, {"x": MetaTensorType(["b"], F32)})
+    x = torch.ones(8)
+    torch.testing.assert_close(p(x), x)
+    model.train()
+    with pytest.raises(RuntimeError, match=r"built with the model in eval mode.*call model.eval\(\)"):
+        p(x)
+
+
+def test_jit_program_follows_the_models_mode():
+    model = Dropout().eval()
+    p = torchdefer.script(model, {"x": MetaTensorType(["b"], F32)}, backend="jit")
+    x = torch.ones(1000)
+    torch.testing.assert_close(p(x), x)
+    model.train()
+    assert (p(x) == 0).any()

@@ -170,7 +170,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             coverage = Coverage.from_json(v["coverage"])
             recipe = OutputRecipe.from_json(v["recipe"])
         program = _read_graph(members, i, state, name)
-        runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname)
+        runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname,
+                                    v.get("training"))
     first = next(iter(runners.values()), None)
     outputs = None if first is None else first.output_descriptors(ranges)
     return Program(backend="export", qualname=qualname, params=params, ranges=ranges,
@@ -201,7 +202,8 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
         files[f"graph{i}.constants.pt"] = _tensor_bytes(constants)
         variants.append({"facts": [value_to_json(f) for f in facts],
                          "fixed": [[k if isinstance(k, str) else list(k), v] for k, v in fixed],
-                         "coverage": runner.coverage.to_json(), "recipe": runner.recipe.to_json()})
+                         "coverage": runner.coverage.to_json(), "recipe": runner.recipe.to_json(),
+                         "training": runner.training})
     files["weights.pt"] = _tensor_bytes(weights)
     return variants, all(not t.is_meta for t in weights.values())
 

@@ -97,11 +97,15 @@ class ExportRunner:
         coverage: the calls it is sound for.
         weights: where to read the weights on each call.
         qualname: the program's name, for messages.
+        training: the module's ``training`` flag when traced (dropout, batch
+            norm statistics are baked in), checked on every call; ``None``
+            when unknown.
     """
 
     def __init__(self, program: ExportedProgram, params: tuple[Param, ...],
                  concrete: Mapping[str, Node], recipe: OutputRecipe, coverage: Coverage,
-                 weights: Weights, qualname: str) -> None:
+                 weights: Weights, qualname: str, training: bool | None = None) -> None:
+        self.training = training
         self.program, self.params, self.concrete = program, params, dict(concrete)
         self.recipe, self.coverage, self.qualname = recipe, coverage, qualname
         self.weights = weights
@@ -124,6 +128,12 @@ class ExportRunner:
         self.symbols = _symbols(_sizes(program, _graph_inputs(params, self.concrete)))
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
+        module, traced = self.weights.module, self.training
+        if traced is not None and module is not None and module.training is not traced:
+            mode = "train" if traced else "eval"
+            raise RuntimeError(f"{self.qualname} program was built with the model in {mode} mode, "
+                               f"and the model is not any more; call model.{mode}(), or script "
+                               "it again in the mode you run it in")
         flat: list[Any] = []
         for i, spec, positions in self.picks:
             if spec is None:
@@ -135,7 +145,7 @@ class ExportRunner:
 
     def with_weights(self, weights: Weights) -> ExportRunner:
         return ExportRunner(self.program, self.params, self.concrete, self.recipe,
-                            self.coverage, weights, self.qualname)
+                            self.coverage, weights, self.qualname, self.training)
 
     @property
     def graph(self) -> str:
@@ -232,7 +242,9 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
         except Exception as e:
             raise DescriptorConflict(*conflict(e, shape_env, plan, qualname)) from e
     coverage = _coverage(_sizes(program, leaves), shape_env)
-    return ExportRunner(program, params, concrete, recipes[-1], coverage, weights, qualname)
+    training = target.training if isinstance(target, torch.nn.Module) else None
+    return ExportRunner(program, params, concrete, recipes[-1], coverage, weights, qualname,
+                        training)
 
 
 class _Bound(torch.nn.Module):

@@ -144,10 +144,11 @@ class JitRunner:
 
 
 class _Sync:
-    """Copies parameters and buffers reassigned on the live module into the
-    scripted one (same names), so both run with the same weights."""
+    """Copies parameters and buffers reassigned on the live module, and its
+    train/eval mode, into the scripted one, so both run alike."""
 
     def __init__(self, live: torch.nn.Module, scripted: Any) -> None:
+        self.live, self.scripted, self.training = live, scripted, live.training
         self.slots = []
         for name, _ in [*live.named_parameters(remove_duplicate=False),
                         *live.named_buffers(remove_duplicate=False)]:
@@ -157,6 +158,9 @@ class _Sync:
             self.slots.append([live, path, attr, live.get_submodule(owner), target, None])
 
     def __call__(self) -> None:
+        if self.live.training is not self.training:
+            self.training = self.live.training
+            self.scripted.train(self.training)
         for slot in self.slots:
             m, path, attr, owner, target, last = slot
             for part in path:

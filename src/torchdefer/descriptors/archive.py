@@ -153,10 +153,20 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             )
         with _reading(name, "program.ts"):
             data = io.BytesIO(_need(members, "program.ts", name))
-            runner = JitRunner(torch.jit.load(data, map_location="cpu"), params, qualname)
+            runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
+                                           qualname)}
             outputs = header.get("outputs") and from_json(header["outputs"])
-        return Program(backend="jit", qualname=qualname, params=params, ranges=ranges,
-                       runners={((), ()): runner}, weights=Weights(), output_descriptors=outputs)
+            weights = Weights()
+    else:
+        weights, runners = _export_runners(header, members, params, qualname, name)
+        first = next(iter(runners.values()), None)
+        outputs = None if first is None else first.output_descriptors(ranges)
+    return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
+                   runners=runners, weights=weights, output_descriptors=outputs)
+
+
+def _export_runners(header: dict[str, Any], members: dict[str, bytes], params: tuple[Param, ...],
+                    qualname: str, name: str) -> tuple[Weights, dict[tuple, ExportRunner]]:
     state = _tensors(members, "weights.pt", name)
     weights = Weights(tensors=state) if header.get("weights") else Weights(
         missing=f"{qualname} program was saved from a deferred model, without weights; bind them "
@@ -172,10 +182,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         program = _read_graph(members, i, state, name)
         runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname,
                                     v.get("training"))
-    first = next(iter(runners.values()), None)
-    outputs = None if first is None else first.output_descriptors(ranges)
-    return Program(backend="export", qualname=qualname, params=params, ranges=ranges,
-                   runners=runners, weights=weights, output_descriptors=outputs)
+    return weights, runners
 
 
 # ------------------------------------------------------------------ export

@@ -214,22 +214,23 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     qualname, params = _parameters(fn, input_descriptors)
     ranges = merge_ranges([leaf for p in params if p.node is not None for leaf in _tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})
+    runners, outputs, build = {}, None, None
     if backend == "jit":
-        runner = jit_backend.build(model_or_fn, params, qualname)
+        runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
         try:  # export names output lengths after the inputs'; the jit graph cannot
             outputs = script(model_or_fn, input_descriptors).output_descriptors
         except Exception:
             outputs = None
-        return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                       runners={((), ()): runner}, weights=weights, output_descriptors=outputs)
+    else:
 
-    def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
-        concrete = concrete_trees(params, facts, fixed)
-        return export_backend.build(model_or_fn, params, concrete, ranges, weights, qualname, sizes)
+        def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
+            concrete = concrete_trees(params, facts, fixed)
+            return export_backend.build(model_or_fn, params, concrete, ranges, weights, qualname,
+                                        sizes)
 
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                      runners={}, weights=weights, builder=build)
-    facts = _default_facts(params, _device(module))
+                      runners=runners, weights=weights, builder=build, output_descriptors=outputs)
+    facts = _default_facts(params, _device(module)) if backend == "export" else None
     if facts is not None:  # build now, so conflicts surface at script() time
         program._add(facts, {name: ranges[name][0] for name in program._pinned})
     return program

@@ -29,6 +29,7 @@ from torchdefer.materialize.errors import (
 from torchdefer.materialize.plan import make_plan
 from torchdefer.materialize.rng import RngReplay
 from torchdefer.recorder._args import flatten_out, unflatten_call
+from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
 from torchdefer.recorder.mode import suspended
 
@@ -68,8 +69,9 @@ class Replay:
         env: dict[int, torch.Tensor] = {}
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
-        with suspended(), torch.no_grad():
+        with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
             for i, node in enumerate(plan.nodes):
+                ambient.use(node.ambient)  # default dtype, deterministic mode
                 outs = self._run_checked(node, env, plan.cached)
                 for value in node.outputs:
                     env[id(value)] = outs[value.index]

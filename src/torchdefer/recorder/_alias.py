@@ -1,4 +1,9 @@
-"""Which arguments an op writes and which inputs its outputs alias, from its schema."""
+"""Which arguments an op writes, from its schema.
+
+Which inputs its outputs alias is not read from the schema: ``recorder.record``
+compares storages after the meta kernel ran, which also covers ops whose
+annotations say less than they do (``Tensor(a)[]`` returns, ``unsafe_split``).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,6 @@ __all__ = ["AliasPlan", "alias_plan", "schema_values"]
 class AliasPlan:
     names: tuple[str, ...]  # schema argument names, in order
     writes: tuple[int, ...]  # indices of arguments the op writes (`Tensor(a!)`)
-    returns: tuple[int | None, ...]  # per return: index of the argument it aliases
 
 
 _plans: dict[Any, AliasPlan] = {}
@@ -32,17 +36,7 @@ def _build(schema: Any) -> AliasPlan:
         for i, a in enumerate(schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
-    returns: list[int | None] = []
-    for r in schema.returns:
-        target = None
-        if r.alias_info is not None:
-            sets = set(r.alias_info.before_set)
-            for i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and sets & set(a.alias_info.before_set):
-                    target = i
-                    break
-        returns.append(target)
-    return AliasPlan(names, writes, tuple(returns))
+    return AliasPlan(names, writes)
 
 
 def schema_values(plan: AliasPlan, args: tuple, kwargs: dict) -> list[Any]:

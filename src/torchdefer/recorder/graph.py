@@ -102,6 +102,9 @@ class Node:
     source: tuple[str, int, str] | None = None  # (file, line, function)
     payload: Any = None  # constant / external tensor, or the observed value
     graph: Graph | None = None
+    # Settings the op read when recorded (default dtype, deterministic mode);
+    # replay re-applies them (recorder/ambient.py). None: the op runs no kernel.
+    ambient: Any = None
 
     def arguments(self) -> tuple[tuple, dict]:
         """The call's ``(args, kwargs)``, each input tensor shown as its :class:`Value`."""

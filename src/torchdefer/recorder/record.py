@@ -12,8 +12,9 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
+from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
@@ -49,6 +50,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     _check_arguments(func, kwargs)
     if _needs_data(func, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
+    plan = alias_plan(func)
+    written = schema_values(plan, args, kwargs) if plan.writes else []
+    before = {id(t): _storage_id(t) for t in _written_tensors(written, plan.writes)}
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
     except (NotImplementedError, DynamicOutputShapeException) as e:
@@ -67,10 +71,10 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
     node.graph = graph
-    plan = alias_plan(func)
+    node.ambient = current_ambient()
     if plan.writes:
-        node.writes = _record_writes(node, schema_values(plan, args, kwargs), plan.writes)
-    out, aliased = _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat)
+        node.writes = _record_writes(node, written, plan.writes)
+    out, aliased = _wrap_outputs(graph, node, out, device, flat, before)
     node.kind = _kind(func, node, aliased, device)
     if node.kind == NodeKind.RANDOM:
         generator = kwargs.get("generator")
@@ -241,63 +245,87 @@ def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
     return fake
 
 
-def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
-    writes = []
+def _written_tensors(values: list[Any], written: tuple[int, ...]):
     for i in written:
         targets = values[i] if isinstance(values[i], (list, tuple)) else [values[i]]
         for t in targets:
-            if not isinstance(t, DeferredTensor):
-                continue
-            storage = t._value.storage
-            if storage.creator.kind == NodeKind.EXTERNAL:
-                raise RecordingError(
-                    f"{node.op} at {node.where()} writes in place to a real tensor created "
-                    "outside deferred_init; the write cannot be deferred. Clone it first "
-                    "(`t = t.clone()`) or do the update outside deferred_init."
-                )
-            if storage.materialized:
-                raise RecordingError(
-                    f"{node.op} at {node.where()} writes to a tensor whose storage was "
-                    "already materialized; the real tensor would not see the write. Do all "
-                    "in-place updates before materializing."
-                )
-            storage.version += 1
-            storage.writers.append(node)
-            writes.append((storage, storage.version))
+            if isinstance(t, DeferredTensor):
+                yield t
+
+
+def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
+    writes = []
+    for t in _written_tensors(values, written):
+        storage = t._value.storage
+        if storage.creator.kind == NodeKind.EXTERNAL:
+            raise RecordingError(
+                f"{node.op} at {node.where()} writes in place to a real tensor created "
+                "outside deferred_init; the write cannot be deferred. Clone it first "
+                "(`t = t.clone()`) or do the update outside deferred_init."
+            )
+        if storage.materialized:
+            raise RecordingError(
+                f"{node.op} at {node.where()} writes to a tensor whose storage was "
+                "already materialized; the real tensor would not see the write. Do all "
+                "in-place updates before materializing."
+            )
+        storage.version += 1
+        storage.writers.append(node)
+        writes.append((storage, storage.version))
     return tuple(writes)
 
 
-def _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat_in):
-    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input)."""
+def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
+    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
+
+    An output aliases an input exactly when it shares that input's (meta)
+    storage: meta kernels alias as the real ones do, whatever the schema says
+    (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
+    carry no annotation, ``set_`` moves its target onto another storage).
+    ``before`` maps each tensor the op writes to its storage before the call.
+    """
     outs = flatten_out(out)
+    out_ids = {id(o) for o in outs}
+    # storage id -> record, for the inputs not returned in place (their storage
+    # may have changed under them) and for new storages as they are made.
+    storages: dict[int, Storage] = {}
+    for x in flat_in:
+        if isinstance(x, DeferredTensor) and id(x) not in out_ids:
+            storages[_storage_id(x)] = x._value.storage
     in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
-    values = None
     aliased = False
     for k, o in enumerate(outs):
         if not isinstance(o, torch.Tensor):
             continue
+        key = _storage_id(o)
+        storage = storages.get(key)
         if id(o) in in_ids and isinstance(o, DeferredTensor):
             # In place: the same object, now a new value (its metadata may have
-            # changed, as with t_()).
-            o._value = Value(node, k, o._value.storage, TensorMeta.of(o, o.fake_device))
+            # changed, as with t_(); its storage too, as with set_()).
+            if storage is None and key == before.get(id(o), key):
+                storage = o._value.storage
+            elif storage is None:
+                storage = storages[key] = graph.new_storage(node, _nbytes(o))
+            o._value = Value(node, k, storage, TensorMeta.of(o, o.fake_device))
             node.outputs.append(o._value)
             aliased = True
             continue
-        source = plan.returns[0 if len(plan.returns) == 1 else k]
-        storage = None
-        if source is not None:
-            if values is None:
-                values = schema_values(plan, args, kwargs)
-            base = values[source]
-            if isinstance(base, (list, tuple)):
-                base = next((b for b in base if isinstance(b, DeferredTensor)), None)
-            if isinstance(base, DeferredTensor):
-                storage = base._value.storage
-                aliased = True
+        aliased = aliased or storage is not None
         outs[k] = _new_output(graph, node, k, o, device, storage)
+        storages.setdefault(key, outs[k]._value.storage)
     if isinstance(out, torch.Tensor) or out is None:
         return outs[0], aliased
     return type(out)(outs), aliased
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.untyped_storage().nbytes()
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    # The storage's address; a fake tensor's storage is its meta storage.
+    return torch._C._storage_id(t)
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import _meta_registrations
 from torch.utils._pytree import tree_map
 
 from torchdefer.fake._state import STATE
@@ -88,9 +89,13 @@ class FakeTensor(torch.Tensor):
             )
         from torchdefer.fake._calls import call_grad_safe
         from torchdefer.fake.mode import faking
+        from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 
         with faking(), torch._C.DisableTorchFunctionSubclass():
-            return call_grad_safe(func, args, kwargs)
+            out = call_grad_safe(func, args, kwargs)
+        if func in STORAGE_GETTERS:
+            return adopt(out, args[0], args[0].fake_device)
+        return out
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
@@ -139,15 +144,32 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
         kwargs = {**kwargs, "device": torch.device("meta")}
     device = normalize(device)
     previous = torch._C._meta_in_tls_dispatch_include()
+    hint = _meta_registrations.device_hint
     STATE.in_kernel = True
     torch._C._set_meta_in_tls_dispatch_include(True)
+    # Meta kernels whose output layout differs by device (svd, eig, conv with
+    # channels_last, fft) ask device_hint(), which knows only PyTorch's own
+    # FakeTensor and says "cuda" for anything else on meta.
+    _meta_registrations.device_hint = _device_hint
     try:
         with torch._C._DisableTorchDispatch():
             out = func(*args, **kwargs)
     finally:
+        _meta_registrations.device_hint = hint
         STATE.in_kernel = False
         torch._C._set_meta_in_tls_dispatch_include(previous)
     return out, device
+
+
+_original_device_hint = _meta_registrations.device_hint
+
+
+def _device_hint(tensor: Any) -> str:
+    """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
+    device = getattr(tensor, "fake_device", None)
+    if device is not None:
+        return device.type
+    return _original_device_hint(tensor)
 
 
 def wrap_outputs(out: Any, device: torch.device, cls: type[FakeTensor]) -> Any:

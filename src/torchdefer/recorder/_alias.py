@@ -17,6 +17,7 @@ __all__ = ["AliasPlan", "alias_plan", "schema_values"]
 class AliasPlan:
     names: tuple[str, ...]  # schema argument names, in order
     writes: tuple[int, ...]  # indices of arguments the op writes (`Tensor(a!)`)
+    takes_storage: bool  # an argument is a Storage (set_.source_Storage)
 
 
 _plans: dict[Any, AliasPlan] = {}
@@ -36,7 +37,8 @@ def _build(schema: Any) -> AliasPlan:
         for i, a in enumerate(schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
-    return AliasPlan(names, writes)
+    takes_storage = any("Storage" in str(a.type) for a in schema.arguments)
+    return AliasPlan(names, writes, takes_storage)
 
 
 def schema_values(plan: AliasPlan, args: tuple, kwargs: dict) -> list[Any]:

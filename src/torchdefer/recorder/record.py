@@ -12,6 +12,7 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
+from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
@@ -40,17 +41,23 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     leaves = list(flat)
     inputs: list[Value] = []
     reads: list[int] = []
+    plan = alias_plan(func)
+    owners: list[DeferredTensor] = []  # of storage arguments
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
             x = flat[i] = _as_deferred(graph, x, func)
-            inputs.append(x._value)
-            reads.append(x._value.storage.version)
-            leaves[i] = x._value
+        elif plan.takes_storage and is_storage(x):
+            x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
+            owners.append(x)
+        else:
+            continue
+        inputs.append(x._value)
+        reads.append(x._value.storage.version)
+        leaves[i] = x._value
     args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
     if _needs_data(func, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
-    plan = alias_plan(func)
     written = schema_values(plan, args, kwargs) if plan.writes else []
     before = {id(t): _storage_id(t) for t in _written_tensors(written, plan.writes)}
     try:
@@ -68,13 +75,14 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # default at replay time (HF sets it while building, then restores it).
         args_v, kwargs_v = unflatten_call(leaves, spec)
         leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
-    node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
+    op = StorageArgs(func) if owners else func
+    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
     node.graph = graph
     node.ambient = current_ambient()
     if plan.writes:
         node.writes = _record_writes(node, written, plan.writes)
-    out, aliased = _wrap_outputs(graph, node, out, device, flat, before)
+    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
     if node.kind == NodeKind.RANDOM:
         generator = kwargs.get("generator")
@@ -306,7 +314,9 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
                 storage = o._value.storage
             elif storage is None:
                 storage = storages[key] = graph.new_storage(node, _nbytes(o))
-            o._value = Value(node, k, storage, TensorMeta.of(o, o.fake_device))
+            with torch._C.DisableTorchFunctionSubclass():  # plain metadata reads
+                meta = TensorMeta.of(o, o.fake_device)
+            o._value = Value(node, k, storage, meta)
             node.outputs.append(o._value)
             aliased = True
             continue
@@ -343,8 +353,8 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
         )
 
 
-def _where() -> str:
-    frame = user_frame(3)
+def _where(skip: int = 0) -> str:
+    frame = user_frame(3 + skip)
     return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
 
 

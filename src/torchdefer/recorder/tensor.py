@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake._calls import call_grad_safe
+from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
@@ -51,6 +52,8 @@ class DeferredTensor(FakeTensor):
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
             out._value.node.kind = NodeKind.DATA_GET
+        elif func in STORAGE_GETTERS:
+            return adopt(out, args[0], args[0].fake_device)
         return out
 
     @classmethod

@@ -75,6 +75,7 @@ class Replay:
                 outs = self._run_checked(node, env, plan.cached)
                 for value in node.outputs:
                     env[id(value)] = outs[value.index]
+                    self.cache.check_layout(value, outs[value.index], self.device_key)
                 for value in node.inputs:
                     if last_use.get(id(value)) == i:
                         env.pop(id(value), None)

@@ -16,6 +16,7 @@ and refuse what needs data or would write, saying what to do instead.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any
 
@@ -84,6 +85,7 @@ def _storage_class(base: type, name: str) -> type:
     }
     if base is torch.UntypedStorage:  # TypedStorage asks its untyped storage
         namespace["device"] = property(_device)
+        namespace["data_ptr"] = address
     for method in _READS:
         if hasattr(base, method):
             namespace[method] = _refuse(method, writes=False)
@@ -91,6 +93,32 @@ def _storage_class(base: type, name: str) -> type:
         if hasattr(base, method):
             namespace[method] = _refuse(method, writes=True)
     return type(name, (base,), namespace)
+
+
+# Fake storages get addresses from one sequence, each a 2**40-byte range, so
+# that data_ptr() answers "same storage?", "same element?" and "how far apart?"
+# as eager pointers do (0 for an empty storage, as eager). Only relations mean
+# anything; nothing is ever read at these addresses.
+_addresses = itertools.count(1)
+
+
+def address(storage: Any) -> int:
+    """``storage.data_ptr()`` of a fake storage: a stable, unique fake address."""
+    if storage.nbytes() == 0:
+        return 0
+    found = storage.__dict__.get("_torchdefer_address")
+    if found is None:
+        found = storage.__dict__["_torchdefer_address"] = next(_addresses) << 40
+    return found
+
+
+def data_ptr(tensor: torch.Tensor) -> int:
+    """``tensor.data_ptr()`` of a fake tensor: its storage's address plus its offset."""
+    with torch._C.DisableTorchFunctionSubclass():
+        storage = tensor.untyped_storage()
+        offset = tensor.storage_offset() * tensor.element_size()
+    base = address(adopt(storage, tensor, tensor.fake_device))  # type: ignore[attr-defined]
+    return base + offset if base else 0
 
 
 FakeUntypedStorage = _storage_class(torch.UntypedStorage, "FakeUntypedStorage")

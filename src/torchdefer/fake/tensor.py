@@ -18,6 +18,7 @@ import torch
 from torch import _meta_registrations
 from torch.utils._pytree import tree_map
 
+from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
 
@@ -81,6 +82,10 @@ class FakeTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
+        if func is torch.Tensor.data_ptr:
+            from torchdefer.fake.storage import data_ptr
+
+            return data_ptr(args[0])
         if func in DATA_READS:
             raise FakeTensorError(
                 f"{_name(func)} needs the data of a fake tensor, and fake tensors have "
@@ -138,6 +143,9 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     """
     from torchdefer.fake.device import normalize, output_device
 
+    answer = ANSWERS.get(func)
+    if answer is not None:
+        return answer(*args, **kwargs), _CPU
     tensors = list(flat_tensors(args, kwargs))
     device = output_device(kwargs, tensors)
     if "device" in kwargs:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
+from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values
@@ -25,6 +26,7 @@ __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 _SEEDED = torch.Tag.nondeterministic_seeded
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _ITEM = torch.ops.aten._local_scalar_dense.default
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -58,6 +60,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     _check_arguments(func, kwargs)
     if _needs_data(func, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
+    if is_question(func):  # a bool/int about metadata: nothing to replay
+        return run_on_meta(func, args, kwargs)[0]
     written = schema_values(plan, args, kwargs) if plan.writes else []
     before = {id(t): _storage_id(t) for t in _written_tensors(written, plan.writes)}
     try:
@@ -346,9 +350,9 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
             f"only (called at {_where()}). Create the tensor dense and convert it after "
             "materialization."
         )
-    if kwargs.get("pin_memory"):
+    if kwargs.get("pin_memory") or func is _PIN_MEMORY:
         raise RecordingError(
-            f"{func} asks for pin_memory=True, which needs real memory (called at "
+            f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real memory (called at "
             f"{_where()}). Pin the tensor after materialization."
         )
 

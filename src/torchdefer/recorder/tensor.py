@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
+from torchdefer.fake.storage import data_ptr as fake_data_ptr
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
 from torchdefer.recorder.graph import Graph, NodeKind, Value
 
@@ -42,6 +43,8 @@ class DeferredTensor(FakeTensor):
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
+        if func is torch.Tensor.data_ptr:
+            return fake_data_ptr(args[0])
         if func in DATA_READS:
             return data_read(func, args, kwargs)
         if func == _DATA_SET:

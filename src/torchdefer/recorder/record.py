@@ -352,8 +352,8 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
         )
     if kwargs.get("pin_memory") or func is _PIN_MEMORY:
         raise RecordingError(
-            f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real memory (called at "
-            f"{_where()}). Pin the tensor after materialization."
+            f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real "
+            f"memory (called at {_where()}). Pin the tensor after materialization."
         )
 
 

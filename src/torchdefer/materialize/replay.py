@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from torchdefer.fake.device import device_available
+from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.errors import (
     DeviceUnavailableError,
@@ -123,7 +124,7 @@ class Replay:
         if kind == NodeKind.RANDOM:
             out = self.rng.run(node, args, kwargs)
         else:
-            out = node.op(*args, **kwargs)
+            out = call_watching_writes(node, leaves, args, kwargs)
         return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
-from torchdefer.recorder._alias import alias_plan, schema_values
+from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
@@ -62,8 +62,12 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
     if is_question(func):  # a bool/int about metadata: nothing to replay
         return run_on_meta(func, args, kwargs)[0]
-    written = schema_values(plan, args, kwargs) if plan.writes else []
-    before = {id(t): _storage_id(t) for t in _written_tensors(written, plan.writes)}
+    writes: tuple[int, ...] = ()
+    written: list[Any] = []
+    if plan.writes or plan.hidden:
+        written = schema_values(plan, args, kwargs)
+        writes = writes_of(plan, written)
+    before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
     except (NotImplementedError, DynamicOutputShapeException) as e:
@@ -84,8 +88,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     node.source = user_frame(2)
     node.graph = graph
     node.ambient = current_ambient()
-    if plan.writes:
-        node.writes = _record_writes(node, written, plan.writes)
+    if writes:
+        node.writes = _record_writes(node, written, writes)
     out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
     if node.kind == NodeKind.RANDOM:

@@ -128,14 +128,15 @@ class Replay:
         return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:
-        real, version = node.payload
-        if real._version != version:
+        ref = node.payload
+        real = ref.tensor
+        change = ref.changed()
+        if change is not None:
             raise ExternalTensorModifiedError(
                 f"The real tensor of shape {tuple(real.shape)} and dtype {real.dtype} used "
-                f"at {node.where()} was modified in place after it was recorded (version "
-                f"{version} then, {real._version} now), so replaying would give a value "
-                "eager code never saw. Materialize before modifying it, or pass a clone "
-                "(`t.clone()`) to the constructor."
+                f"at {node.where()} was {change} after it was recorded, so replaying would "
+                "give a value eager code never saw. Materialize before modifying it, or "
+                "pass a clone (`t.clone()`) to the constructor."
             )
         return real.to(self.map_device(real.device))
 

@@ -16,6 +16,7 @@ from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.external import ExternalRef
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
@@ -223,7 +224,8 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
         return known[1]
     node = Node(graph.next_seq(), NodeKind.EXTERNAL, None, [], None, (), ())
     node.source = user_frame(3)
-    node.payload = (real, real._version)
+    with suspended():  # the digest reads the real tensor's bytes
+        node.payload = ExternalRef.of(real)
     node.graph = graph
     fake = _new_output(graph, node, 0, _meta_like(real), real.device, None)
     graph.externals[id(real)] = (real, fake)

@@ -18,8 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
+from torchdefer.fake._grad import (
+    NOT_HANDLED,
+    call_without_autograd,
+    leafness,
+    touches_missing_device,
+)
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
 from torchdefer.fake.tensor import flat_tensors
@@ -29,8 +34,16 @@ __all__ = ["GUARDED", "call_grad_safe"]
 # Python bindings that take a device guard for their tensor argument before
 # dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
 # CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
+# Found by running every OpInfo sample on fake CUDA tensors (nonzero's binding
+# is handwritten, python_torch_functions_manual.cpp).
 GUARDED: frozenset[Callable[..., Any]] = frozenset(
-    {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.contiguous}
+    {
+        torch.Tensor.__getitem__,
+        torch.Tensor.__setitem__,
+        torch.Tensor.contiguous,
+        torch.nonzero,
+        torch.Tensor.nonzero,
+    }
 )
 
 
@@ -41,6 +54,9 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     and a CPU-only build has no CUDA guard (the process aborts). Such calls run
     under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
     """
+    answer = leafness(func, args, kwargs)
+    if answer is not NOT_HANDLED:
+        return answer
     # The Python bindings of copy_ and to() take a device guard before they
     # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
     # FakeTensorMode fails the same way); the ops themselves take none on the
@@ -52,32 +68,19 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if rerouted is not None:
             func, args, kwargs = rerouted
     elif func is torch.Tensor.new_tensor and not device_available(args[0].fake_device):
-        func, args, kwargs = _new_tensor, args, kwargs
+        return _new_tensor(*args, **kwargs)  # a new leaf: no autograd involved
     elif func in GUARDED and not STATE.guarded:
         STATE.guarded = True
         try:
             return call_grad_safe(func, args, kwargs)
         finally:
             STATE.guarded = False
-    if torch.is_grad_enabled():
-        needs_grad = False
-        missing_device = False
-        for t in flat_tensors(args, kwargs):
-            if t.requires_grad:
-                needs_grad = True
-            if hasattr(t, "fake_device") and not device_available(t.fake_device):
-                missing_device = True
-        if needs_grad and missing_device:
-            with torch.no_grad():
-                out = func(*args, **kwargs)
-
-            def mark(o: Any) -> Any:
-                if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()):
-                    if not o.requires_grad and o._base is None:
-                        o.requires_grad_(True)
-                return o
-
-            return tree_map(mark, out)
+    if (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in flat_tensors(args, kwargs))
+        and touches_missing_device(args, kwargs)
+    ):
+        return call_without_autograd(func, args, kwargs)
     return func(*args, **kwargs)
 
 

@@ -33,7 +33,7 @@ QUESTIONS = {
     "is_set_to_self": lambda x, y: x.is_set_to(x),
     "is_set_to_full_view": lambda x, y: x.is_set_to(x[:]),
     "is_set_to_transpose": lambda x, y: x.is_set_to(x.t()),
-    "is_set_to_after_set_": lambda x, y: torch.empty(0).set_(y).is_set_to(y),
+    "is_set_to_after_set_": lambda x, y: torch.empty(0, device=y.device).set_(y).is_set_to(y),
     "is_nonzero": lambda x, y: x[1, 1].is_nonzero(),
     "has_same_storage_numel": lambda x, y: aten._has_same_storage_numel.default(x, x[1:]),
     "is_contiguous": lambda x, y: x.t().is_contiguous(),
@@ -59,7 +59,7 @@ QUESTIONS = {
     "storage_ptr_of_views": lambda x, y: x[2].untyped_storage().data_ptr() == x.untyped_storage().data_ptr(),
     "storage_ptr_other": lambda x, y: x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr(),
     "typed_storage_ptr": lambda x, y: x.storage().data_ptr() == x[1:].storage().data_ptr(),
-    "storage_ptr_after_set_": lambda x, y: torch.zeros(1).set_(y).data_ptr() == y.data_ptr(),
+    "storage_ptr_after_set_": lambda x, y: torch.zeros(1, device=y.device).set_(y).data_ptr() == y.data_ptr(),
 }
 
 

@@ -1,4 +1,4 @@
-"""Where in the user's code an op was called."""
+"""Where in the user's code an op was called: the innermost frame outside torch and torchdefer."""
 
 from __future__ import annotations
 

@@ -147,6 +147,10 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     if answer is not None:
         return answer(*args, **kwargs), _CPU
     tensors = list(flat_tensors(args, kwargs))
+    if len(tensors) > 1 and _mixes_devices(tensors):
+        from torchdefer.fake._devices import check_devices
+
+        check_devices(func, args, kwargs, _device_of)
     device = output_device(kwargs, tensors)
     if "device" in kwargs:
         kwargs = {**kwargs, "device": torch.device("meta")}
@@ -167,6 +171,25 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
         STATE.in_kernel = False
         torch._C._set_meta_in_tls_dispatch_include(previous)
     return out, device
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    # fake_device, not .device: inside a kernel or a guarded binding a fake
+    # tensor reports meta or cpu.
+    return getattr(t, "fake_device", None) or t.device
+
+
+def _mixes_devices(tensors: list[torch.Tensor]) -> bool:
+    first = None
+    for t in tensors:
+        device = _device_of(t)
+        if device.type == "meta":
+            continue
+        if first is None:
+            first = device
+        elif device != first:
+            return True
+    return False
 
 
 _original_device_hint = _meta_registrations.device_hint

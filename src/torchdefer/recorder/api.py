@@ -7,8 +7,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.source import user_frame
 
 __all__ = ["deferred_init"]
 
@@ -37,6 +39,18 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     Parameter containing:
     tensor(..., size=(8192, 8192), device='cuda:0', requires_grad=True, fake=True)
     """
+    active = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if isinstance(active, RecordingMode):
+        # Nested (a constructor that calls deferred_init itself): the inner
+        # call records into the outer graph, so its tensors are the outer
+        # recording's, exactly as eager code would build them.
+        return fn(*args, **kwargs)
+    if active is not None:
+        raise RecordingError(
+            f"deferred_init({_name(fn)}) was called while {type(active).__name__} is active "
+            f"(at {_caller()}); both need PyTorch's single fake-mode slot. Call it outside "
+            "torchdefer.fake_mode() / FakeTensorMode."
+        )
     graph = Graph()
     dtype = torch.get_default_dtype()
     # Not torch.get_default_device(): it builds a tensor, which fails under
@@ -51,6 +65,15 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             torch.set_default_dtype(dtype)
         if _default_device_context() is not device_context:
             torch.set_default_device(None if device_context is None else device_context.device)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _caller() -> str:
+    frame = user_frame(3)
+    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
 
 
 def _default_device_context() -> Any:

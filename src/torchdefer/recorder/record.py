@@ -277,15 +277,18 @@ def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
         storage = t._value.storage
         if storage.creator.kind == NodeKind.EXTERNAL:
             raise RecordingError(
-                f"{node.op} at {node.where()} writes in place to a real tensor created "
-                "outside deferred_init; the write cannot be deferred. Clone it first "
-                "(`t = t.clone()`) or do the update outside deferred_init."
+                f"{node.op} at {node.where()} writes in place to a real tensor (one created "
+                "outside deferred_init, or one materialize_tensor/materialize_module returned "
+                "inside it); the write cannot be deferred. Clone it first (`t = t.clone()`), "
+                "or do the update outside deferred_init."
             )
         if storage.materialized:
             raise RecordingError(
                 f"{node.op} at {node.where()} writes to a tensor whose storage was "
                 "already materialized; the real tensor would not see the write. Do all "
-                "in-place updates before materializing."
+                "in-place updates before materializing (if materialize_tensor or "
+                "materialize_module ran inside deferred_init, call it after deferred_init "
+                "returns; to read values while building, use .tolist() or .item())."
             )
         storage.version += 1
         storage.writers.append(node)

@@ -141,3 +141,14 @@ def test_calls_that_aborted_the_process_on_a_cpu_build_give_eagers_answer():
         assert device.startswith("cuda"), call
         assert requires_grad == str(eager.requires_grad), call
         assert dtype == str(eager.dtype) and shape == str(tuple(eager.shape)), call
+
+
+@pytest.mark.parametrize("name", ["FloatTensor", "HalfTensor", "DoubleTensor"])
+def test_legacy_type_names_move_fake_tensors_as_eager_moves_real_ones(name):
+    eager = torch.ones(3, requires_grad=True).type(getattr(torch, name))
+    fake = torchdefer.deferred_init(
+        lambda: torch.ones(3, requires_grad=True).type(getattr(torch.cuda, name))
+    )
+    assert fake.is_cuda and fake.dtype == eager.dtype and fake.requires_grad == eager.requires_grad
+    back = torchdefer.deferred_init(lambda: torch.ones(3, device="cuda").type(f"torch.{name}"))
+    assert back.device.type == "cpu" and back.dtype == eager.dtype

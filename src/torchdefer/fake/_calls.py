@@ -63,6 +63,14 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     # way to our dispatch, so call them directly.
     if func is torch.Tensor.copy_:
         func = _copy_
+    elif func is torch.Tensor.type:
+        # .to() in disguise (a legacy type name such as torch.cuda.FloatTensor),
+        # whose binding initializes CUDA first.
+        as_to = _as_to(args, kwargs)
+        if as_to is not None:
+            rerouted = _to_missing_device(torch.Tensor.to, *as_to)
+            if rerouted is not None:
+                func, args, kwargs = rerouted
     elif func is torch.Tensor.to or func is torch.Tensor.cuda:
         rerouted = _to_missing_device(func, args, kwargs)
         if rerouted is not None:
@@ -97,6 +105,23 @@ def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires
 
 def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+
+def _as_to(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """``t.type(T)`` as ``t.to(...)`` arguments, or None (``t.type()`` asks a name)."""
+    self, rest = args[0], args[1:]
+    name = rest[0] if rest else kwargs.get("dtype")
+    if name is None:
+        return None  # t.type(): the type name, answered without a device
+    if isinstance(name, torch.dtype):
+        return (self, name), {}
+    name = name if isinstance(name, str) else f"{name.__module__}.{name.__name__}"
+    cuda = name.startswith("torch.cuda.")
+    legacy = getattr(torch.cuda if cuda else torch, name.rsplit(".", 1)[-1], None)
+    dtype = getattr(legacy, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    return (self,), {"device": torch.device("cuda" if cuda else "cpu"), "dtype": dtype}
 
 
 def _to_missing_device(func, args: tuple, kwargs: dict):

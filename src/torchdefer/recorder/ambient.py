@@ -68,8 +68,15 @@ def _apply(ambient: Ambient) -> None:
 class AmbientSwitch:
     """Applies each node's :class:`Ambient` in turn; restores the caller's on exit.
 
+    >>> import torch
+    >>> _ = torch.set_default_dtype(torch.float64); recorded = current_ambient()
+    >>> _ = torch.set_default_dtype(torch.float32)
     >>> with AmbientSwitch() as switch:
-    ...     switch.use(node.ambient)  # before running the node
+    ...     switch.use(recorded)  # before running a node recorded under float64
+    ...     torch.get_default_dtype()
+    torch.float64
+    >>> torch.get_default_dtype()
+    torch.float32
     """
 
     def __init__(self) -> None:

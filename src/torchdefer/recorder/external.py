@@ -36,7 +36,7 @@ class ExternalRef:
     @staticmethod
     def of(tensor: torch.Tensor) -> ExternalRef:
         return ExternalRef(
-            tensor, tensor._version, torch._C._storage_id(tensor), _layout(tensor), _digest(tensor)
+            tensor, tensor._version, _storage(tensor), _layout(tensor), _digest(tensor)
         )
 
     def changed(self) -> str | None:
@@ -44,7 +44,7 @@ class ExternalRef:
         t = self.tensor
         if t._version != self.version:
             return f"modified in place (version {self.version} then, {t._version} now)"
-        if torch._C._storage_id(t) != self.storage or _layout(t) != self.layout:
+        if _storage(t) != self.storage or _layout(t) != self.layout:
             return "given other contents (torch.utils.swap_tensors, set_, or .data = ...)"
         if _digest(t) != self.digest:
             return (
@@ -54,19 +54,29 @@ class ExternalRef:
         return None
 
 
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return torch._C._storage_id(t)
+    except RuntimeError:  # a wrapper subclass without storage (DTensor)
+        return -1
+
+
 def _layout(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
 
 
 def _digest(t: torch.Tensor) -> bytes:
     """A hash of the bytes ``t`` covers in its storage (from its first to its last element)."""
-    if t.device.type == "meta" or t.numel() == 0:
+    if t.device.type == "meta" or t.numel() == 0 or _storage(t) == -1:
         return b""
     extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
     start, nbytes = t.storage_offset() * t.element_size(), extent * t.element_size()
     with torch.no_grad():
         raw = torch.empty(0, dtype=torch.uint8, device=t.device)
-        raw.set_(t.untyped_storage(), start, (nbytes,), (1,))
+        try:
+            raw.set_(t.untyped_storage(), start, (nbytes,), (1,))
+        except (RuntimeError, NotImplementedError):  # no data of its own (a subclass)
+            return b""
         h = hashlib.blake2b(digest_size=16)
         if raw.device.type == "cpu":
             h.update(raw.numpy().data)

@@ -146,6 +146,8 @@ def test_storage_of_a_deferred_tensor_reports_its_device_and_size():
     assert untyped.nbytes() == eager.untyped_storage().nbytes()
     assert typed.size() == eager.storage().size() and typed.dtype == torch.float16
     assert t.untyped_storage() is untyped
+    assert untyped.is_pinned() == typed.is_pinned() == eager.untyped_storage().is_pinned()
+    assert typed.is_shared() == eager.storage().is_shared()
 
 
 @pytest.mark.parametrize(

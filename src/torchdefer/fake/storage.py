@@ -86,6 +86,8 @@ def _storage_class(base: type, name: str) -> type:
     if base is torch.UntypedStorage:  # TypedStorage asks its untyped storage
         namespace["device"] = property(_device)
         namespace["data_ptr"] = address
+        # Pinning is refused while recording, so a fake storage never is.
+        namespace["is_pinned"] = lambda self, device=None: False
     for method in _READS:
         if hasattr(base, method):
             namespace[method] = _refuse(method, writes=False)

@@ -22,7 +22,8 @@ def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     Nothing is allocated for parameters, buffers or intermediates, whatever
     device the code asks for (``cuda`` works on a host without a GPU). Ops done
-    on the returned tensors later are recorded too. Materialize the result
+    on the returned tensors later are recorded too; called inside another
+    ``deferred_init``, it records into that one. Materialize the result
     with :func:`torchdefer.materialize_module` or
     :func:`torchdefer.materialize_tensor`.
 

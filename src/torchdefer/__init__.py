@@ -23,14 +23,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
-from torchdefer.materialize import materialize_module, materialize_tensor
+from torchdefer.materialize import load_state_dict, materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
-from torchdefer.recorder import deferred_init, is_deferred
+from torchdefer.materialize.checkpoint import set_distributed_loader
+from torchdefer.recorder import composite, deferred, deferred_init, is_deferred
 
 __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
+    "TorchdeferError",
+    "composite",
+    "deferred",
     "deferred_init",
     "describe",
     "explain",
@@ -38,6 +43,7 @@ __all__ = [
     "is_deferred",
     "is_fake",
     "load",
+    "load_state_dict",
     "materialize_module",
     "materialize_tensor",
     "save",
@@ -63,7 +69,15 @@ def _materialize_sharded(module: Any) -> Any:
     return importlib.import_module("torchdefer.distributed").materialize_module(module)
 
 
+def _load_distributed(module: Any, source: Any, **options: Any) -> Any:
+    # DCP checkpoints and sharded modules: the distributed extension, imported
+    # only when one is actually loaded.
+    loader = importlib.import_module("torchdefer.distributed.checkpoint").load_state_dict
+    return loader(module, source, **options)
+
+
 set_sharded_materializer(_materialize_sharded)
+set_distributed_loader(_load_distributed)
 
 
 def __getattr__(name: str) -> Any:

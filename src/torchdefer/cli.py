@@ -1,15 +1,9 @@
 """``python -m torchdefer inspect``: build a model deferred and look at it.
 
-Builds ``PACKAGE.MODULE:CALLABLE`` with :func:`torchdefer.deferred_init`
-(nothing is allocated), prints its module tree with parameter counts and the
-bytes it would need per device and dtype, writes the recorded graph
-(``--dot FILE``: ``.dot``, ``.svg``, ``.png`` by extension) and explains
-parameters by name (``--explain NAME``)::
-
-    python -m torchdefer inspect transformers:LlamaForCausalLM \\
-        --config-class transformers:LlamaConfig \\
-        --config '{"hidden_size": 8192, "num_hidden_layers": 80}' \\
-        --dot llama.svg --explain model.layers.3.mlp.down_proj.weight
+Builds ``PACKAGE.MODULE:CALLABLE`` with :func:`torchdefer.deferred_init`,
+prints what it would need, draws its recorded graph and explains parameters;
+``--materialize`` then creates its weights. The help text (``DESCRIPTION``,
+``EXAMPLES``) is plain text, as a terminal shows it.
 """
 
 from __future__ import annotations
@@ -29,6 +23,22 @@ import torch
 from torch import nn
 
 __all__ = ["main"]
+
+DESCRIPTION = """\
+Build PACKAGE.MODULE:CALLABLE with torchdefer.deferred_init (nothing is
+allocated), print its module tree with parameter counts and the bytes it would
+need per device and dtype, write the recorded graph (--dot FILE: .dot, .svg,
+.png by extension), explain parameters by name (--explain NAME), and
+optionally materialize it (--materialize DEVICE, with a progress bar)."""
+
+EXAMPLES = """\
+examples:
+  python -m torchdefer inspect torch.nn:Linear --kwargs '{"in_features": 4, "out_features": 2}'
+
+  python -m torchdefer inspect transformers:LlamaForCausalLM \\
+      --config-class transformers:LlamaConfig \\
+      --config '{"hidden_size": 8192, "num_hidden_layers": 80}' \\
+      --dot llama.svg --explain model.layers.3.mlp.down_proj.weight"""
 
 
 class CliError(Exception):
@@ -62,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "inspect",
         help="build a model with deferred_init; print its tree, memory and provenance",
-        description=__doc__.split("\n\n")[1],
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("target", metavar="PACKAGE.MODULE:CALLABLE",
@@ -84,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, metavar="N", help="draw at most N nodes")
     p.add_argument("--explain", action="append", default=[], metavar="NAME",
                    help="explain a parameter or buffer by name (repeatable)")
+    p.add_argument("--materialize", metavar="DEVICE",
+                   help="then materialize the model on DEVICE (e.g. cpu) and report the time")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar while materializing (default: when stderr is a terminal)")
     return parser
 
 
@@ -135,7 +150,25 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     for name, tensor in explained:
         print(f"\nProvenance of {name}:", file=out)
         print(torchdefer.explain(tensor, model), file=out)
+    if args.materialize:
+        _materialize(model, args.materialize, args.progress, out)
     return status
+
+
+def _materialize(model: nn.Module, device: str, progress: bool | None, out: TextIO) -> None:
+    import torchdefer
+
+    try:
+        target = torch.device(device)
+    except RuntimeError as e:
+        raise CliError(f"--materialize {device!r} is not a torch device: {e}") from e
+    start = time.perf_counter()
+    torchdefer.materialize_module(model, target, progress=progress)
+    took = time.perf_counter() - start
+    unique = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+    nbytes = sum(t.numel() * t.element_size() for t in unique)
+    print(f"\nMaterialized on {target} in {took:.2f} s: {nbytes / 2**20:,.1f} MiB of "
+          "parameters and buffers.", file=out)
 
 
 def _write_graph(model: nn.Module, args: argparse.Namespace, out: TextIO) -> int:
@@ -162,6 +195,9 @@ def _write_graph(model: nn.Module, args: argparse.Namespace, out: TextIO) -> int
                      f"cluster{'s' if runs > 1 else ''}")
     if picture.elided:
         notes.append(f"{picture.elided} left out by --max-nodes")
+    unused = _op_count(model) - drawn - picture.folded - picture.elided
+    if unused > 0:
+        notes.append(f"{unused} recorded ops no parameter or buffer needs are not drawn")
     print(f"\nGraph written to {path.resolve()} ({', '.join(notes)})", file=out)
     return 0
 

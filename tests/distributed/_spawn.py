@@ -16,37 +16,51 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+# A pseudo-scenario each spawn reports: not [] when this torch's gloo
+# reduce_scatter returns the sum for ReduceOp.AVG (torch 2.8 does). FSDP2
+# averages gradients with it, so a multi-rank step then moves parameters by
+# world_size times eager's step, with or without torchdefer.
+GLOO_AVG_SUMS = "gloo_reduce_scatter_avg_returns_the_sum"
 
-def run_scenarios(world_size: int, names: list[str], out_dir: Path) -> dict[str, list[str]]:
-    """{scenario: [error traceback per failing rank]} (an empty list means it passed)."""
+
+def run_scenarios(
+    world_size: int, names: list[str], out_dir: Path, module: str = "scenarios"
+) -> dict[str, list[str]]:
+    """{scenario: [error traceback per failing rank]} (an empty list means it passed).
+
+    ``module`` is the file (next to this one) that defines the scenarios.
+    """
     port = _free_port()
     saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     # Large blocks come from mmap and go back to the OS when freed, so the
     # peak RSS a scenario measures is its own (read by glibc at process start).
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
-        mp.spawn(_worker, args=(world_size, port, names, str(out_dir)), nprocs=world_size)
+        mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module), nprocs=world_size)
     finally:
         if saved is None:
             del os.environ["MALLOC_MMAP_THRESHOLD_"]
         else:
             os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
-    results: dict[str, list[str]] = {name: [] for name in names}
+    results: dict[str, list[str]] = {name: [] for name in [*names, GLOO_AVG_SUMS]}
     for rank in range(world_size):
         outcome = json.loads((out_dir / f"rank{rank}.json").read_text())
-        for name in names:
+        for name in [*names, GLOO_AVG_SUMS]:
             error = outcome.get(name, "scenario did not report (the rank died?)")
             if error:
                 results[name].append(f"rank {rank}/{world_size}:\n{error}")
     return results
 
 
-def _worker(rank: int, world_size: int, port: int, names: list[str], out_dir: str) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, names: list[str], out_dir: str, module: str
+) -> None:
+    import importlib
     from datetime import timedelta
 
-    import scenarios
     import torch.distributed as dist
 
+    scenarios = importlib.import_module(module)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # A rank stuck in a collective its peer never reached fails instead of hanging.
     dist.init_process_group(
@@ -54,6 +68,7 @@ def _worker(rank: int, world_size: int, port: int, names: list[str], out_dir: st
     )
     outcome: dict[str, str] = {}
     try:
+        outcome[GLOO_AVG_SUMS] = _gloo_avg_sums(world_size)
         for name in names:
             try:
                 getattr(scenarios, name)(rank, world_size)
@@ -64,6 +79,17 @@ def _worker(rank: int, world_size: int, port: int, names: list[str], out_dir: st
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
         dist.destroy_process_group()
+
+
+def _gloo_avg_sums(world_size: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, torch.ones(world_size), op=dist.ReduceOp.AVG)
+    if out.item() == 1.0:
+        return ""
+    return f"reduce_scatter_tensor(op=AVG) of ones gave {out.item()} on gloo (torch {torch.__version__})"
 
 
 def _free_port() -> int:

@@ -228,6 +228,18 @@ def tensor_parallel_module_matches_eager(rank: int, world: int) -> None:
     torch.testing.assert_close(model(x), reference(x))
 
 
+def tensor_parallel_default_src_data_rank_raises_with_the_fix(rank: int, world: int) -> None:
+    """src_data_rank=0 (the default) would scatter data no rank has: every rank raises."""
+    model = torchdefer.deferred_init(lambda: nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4)))
+    mesh = init_device_mesh("cpu", (world,))
+    try:
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    except RuntimeError as e:
+        assert "src_data_rank=None" in str(e) and "scatter" in str(e), str(e)
+    else:
+        raise AssertionError("parallelize_module with src_data_rank=0 did not raise")
+
+
 def _fsdp1_parity(build, policy, rank: int, world: int, init_fn) -> None:
     eager, model = _build_both(build)
     cpu = torch.device("cpu")
@@ -264,6 +276,7 @@ ALL = [
     "fsdp2_training_step_matches_eager",
     "dtensor_placements_match_eager",
     "tensor_parallel_module_matches_eager",
+    "tensor_parallel_default_src_data_rank_raises_with_the_fix",
     "fsdp1_param_init_fn_matches_eager",
     "fsdp1_without_param_init_fn_matches_eager",
 ]

@@ -7,10 +7,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import _init_utils, fully_shard
-from torch.distributed.tensor import Partial, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 import torchdefer
 import torchdefer.distributed as tdd
+from torchdefer.recorder import RecordingError
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="needs torch.distributed"
@@ -138,3 +140,62 @@ def test_core_materialize_module_refuses_device_for_sharded_modules(one_rank_gro
     fully_shard(model)
     with pytest.raises(TypeError, match=r"'weight'.*sharded.*without device="):
         torchdefer.materialize_module(model, device="cpu")
+
+
+def test_explain_and_is_deferred_agree_on_fsdp2_parameters(one_rank_group):
+    model = torchdefer.deferred_init(nn.Linear, 8, 4)
+    fully_shard(model)
+    assert torchdefer.is_deferred(model.weight)
+    text = torchdefer.explain(model.weight, model)
+    assert "local shard of a DTensor" in text and "deferred Parameter" in text
+    assert "normal_" in text or "uniform_" in text
+    tdd.materialize_module(model)
+    assert not torchdefer.is_deferred(model.weight)
+    assert "not deferred" in torchdefer.explain(model.weight, model)
+
+
+def test_load_state_dict_into_an_fsdp2_model_on_one_rank(one_rank_group):
+    device = one_rank_group
+
+    def build():
+        return nn.Sequential(nn.Linear(8, 16, device=device), nn.Linear(16, 4, device=device))
+
+    torch.manual_seed(1)
+    state = {k: v for k, v in build().state_dict().items() if k.startswith("0.")}
+    torch.manual_seed(0)
+    eager = build()
+    eager.load_state_dict(state, strict=False)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(build)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    result = torchdefer.load_state_dict(model, state)
+    assert result.missing_keys == ("1.weight", "1.bias")
+    assert not torchdefer.is_deferred(model)
+    for (name, param), ref in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert torch.equal(param.full_tensor(), ref), name
+    x = torch.randn(2, 8, device=device)
+    torch.testing.assert_close(model(x), eager(x))
+
+
+def test_load_state_dict_refuses_dtype_for_sharded_models(one_rank_group):
+    model = torchdefer.deferred_init(nn.Linear, 8, 4)
+    fully_shard(model)
+    with pytest.raises(TypeError, match="sharded"):
+        torchdefer.load_state_dict(model, {}, dtype=torch.bfloat16)
+
+
+def test_collective_on_a_deferred_tensor_says_to_use_src_data_rank_none(one_rank_group):
+    t = torchdefer.deferred_init(torch.randn, 4, device=one_rank_group)
+    with pytest.raises(RecordingError, match=r"broadcast.*deferred tensor.*src_data_rank=None"):
+        torch.distributed.broadcast(t, src=0)
+
+
+def test_default_src_data_rank_on_a_deferred_model_raises_with_the_fix(one_rank_group):
+    model = torchdefer.deferred_init(nn.Linear, 4, 4, device=one_rank_group)
+    mesh = init_device_mesh(one_rank_group, (1,))
+    with pytest.raises(RecordingError, match=r"scatter.*src_data_rank=None"):
+        parallelize_module(model, mesh, {"": ColwiseParallel()})
+    with pytest.raises(RecordingError, match=r"broadcast.*src_data_rank=None"):
+        distribute_tensor(model.bias, mesh, [Replicate()])

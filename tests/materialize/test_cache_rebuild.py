@@ -115,7 +115,9 @@ VIEWS = {
     "conj": lambda x: x.conj(),
     "imag": lambda x: x.conj().imag if x.is_complex() else x,
     "as_strided": lambda x: x.as_strided((2,), (2,), 1) if x.numel() >= 4 else x,
-    "view_dtype": lambda x: x.view(torch.int32) if x.dtype == torch.float32 and x.dim() else x,
+    "view_dtype": lambda x: (
+        x.view(torch.int32) if x.dtype == torch.float32 and x.dim() and not x.is_neg() else x
+    ),
 }
 ROOTS = {
     "randn": lambda: torch.randn(4, 4),

@@ -165,3 +165,58 @@ def test_max_nodes_below_one_is_a_usage_error(tmp_path, capsys):
                     "--max-nodes", "0")
     assert status == 2
     assert "max_nodes must be at least 1" in capsys.readouterr().err
+
+
+def test_inspect_help_is_plain_text_with_its_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    text = capsys.readouterr().out
+    for markup in ("``", ":func:", "::"):
+        assert markup not in text, markup
+    assert "examples:\n  python -m torchdefer inspect torch.nn:Linear" in text
+    assert "--config-class transformers:LlamaConfig \\\n" in text
+
+
+def _graph_counts(line: str) -> dict[str, int]:
+    import re
+
+    found = dict((what, int(n)) for n, what in re.findall(
+        r"(\d+) (?:more )?(ops drawn|folded|left out|recorded ops no)", line))
+    return found
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-collapse"], ["--max-nodes", "20"]])
+def test_graph_counts_add_up_to_the_recorded_ops_of_the_build_line(tmp_path, extra):
+    config = json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "vocab_size": 256})
+    status, out = run("inspect", "transformers:LlamaForCausalLM", "--config-class",
+                      "transformers:LlamaConfig", "--config", config,
+                      "--dot", str(tmp_path / "g.dot"), *extra)
+    assert status == 0
+    recorded = int(out.split(" ops recorded")[0].rsplit(" ", 1)[1])
+    counts = _graph_counts(next(ln for ln in out.splitlines() if ln.startswith("Graph written")))
+    assert sum(counts.values()) == recorded, (counts, recorded)
+
+
+def test_clusters_are_drawn_in_definition_order(tmp_path):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.zeta = torch.nn.Linear(2, 2)
+            self.alpha = torch.nn.Linear(2, 2)
+
+    import torchdefer
+    from torchdefer.viz import to_dot
+
+    source = to_dot(torchdefer.deferred_init(Model)).source
+    assert source.index("zeta (Linear)") < source.index("alpha (Linear)")
+
+
+def test_inspect_materialize_shows_progress_and_the_time(capsys):
+    status, out = run("inspect", "torch.nn:Linear", "--kwargs",
+                      '{"in_features": 64, "out_features": 32}', "--materialize", "cpu",
+                      "--progress")
+    assert status == 0
+    assert "Materialized on cpu in" in out
+    assert "materialize" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torchdefer.errors import TorchdeferError
+
 __all__ = ["DescriptorConflict", "DescriptorMismatch"]
 
 # Properties that are real tensor attributes read as ``x.dtype``; others
@@ -9,7 +11,7 @@ __all__ = ["DescriptorConflict", "DescriptorMismatch"]
 _TENSOR_ATTRIBUTES = frozenset({"ndim", "dtype", "device", "layout", "requires_grad"})
 
 
-class DescriptorMismatch(TypeError):
+class DescriptorMismatch(TorchdeferError, TypeError):
     """An argument does not satisfy the input descriptor a program was scripted for.
 
     The message names the argument path (``inp['b'][1]``), the property
@@ -41,7 +43,7 @@ class DescriptorMismatch(TypeError):
         return (type(self), (self.path, self.property, self.expected, self.got, self.detail))
 
 
-class DescriptorConflict(ValueError):
+class DescriptorConflict(TorchdeferError, ValueError):
     """The model's code contradicts its input descriptors (found at ``script()`` time).
 
     Raised, for example, when a dimension described as symbolic (``"b"``) is

@@ -36,12 +36,14 @@ if not torch.distributed.is_available():  # pragma: no cover - builds without di
         "(the default wheels from pytorch.org on Linux)."
     )
 
+from torchdefer.distributed.checkpoint import load_state_dict
 from torchdefer.distributed.dtensor import materialize_dtensor
 from torchdefer.distributed.fsdp1 import fsdp1_deferred_init, param_init_fn
 from torchdefer.distributed.module import materialize_module
 
 __all__ = [
     "fsdp1_deferred_init",
+    "load_state_dict",
     "materialize_dtensor",
     "materialize_module",
     "param_init_fn",

@@ -26,8 +26,13 @@ def materialize_module(module: nn.Module) -> nn.Module:
        have made from the eager parameter, bit for bit);
     2. other DTensor parameters and buffers whose local tensor is deferred
        (``distribute_tensor``, ``parallelize_module(..., src_data_rank=None)``);
-    3. everything still deferred (buffers, unsharded parameters), through
-       :func:`torchdefer.materialize_module`.
+    3. everything still deferred (buffers, unsharded parameters, tensors kept
+       as plain attributes), through :func:`torchdefer.materialize_module`.
+
+    The layouts must come from local slicing: ``fully_shard``,
+    ``distribute_tensor(..., src_data_rank=None)``, ``parallelize_module(...,
+    src_data_rank=None)``. With the default ``src_data_rank=0`` those raise at
+    once (they would scatter rank 0's data, which no rank has yet).
 
     Peak memory per rank is its shards plus the largest single parameter (and
     the unsharded tensors). Every rank must have built the model with the same

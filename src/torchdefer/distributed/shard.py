@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from torchdefer.materialize import Replay, ReplayError
+from torchdefer.materialize.errors import with_context
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["compact", "owns_only_itself", "replay_local"]
@@ -41,7 +42,8 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     try:
         reals = Replay(graph, None).run(targets, [name] * len(fakes))
     except ReplayError as e:
-        raise type(e)(f"While materializing the local shard of '{name}'{_on_rank()}: {e}") from e
+        message = f"While materializing the local shard of '{name}'{_on_rank()}: {e}"
+        raise with_context(e, message) from e
     for fake in fakes:
         # Later recorded writes to this storage would never reach the real one.
         fake._value.storage.materialized = True

@@ -113,7 +113,9 @@ def fake_mode(*, fake_cuda: bool = True) -> Iterator[FakeMode]:
     """Create fake tensors (real device reported, no storage), recording nothing.
 
     Args:
-        fake_cuda: allow ``cuda`` devices on a host without CUDA.
+        fake_cuda: allow ``cuda`` devices on a host without CUDA. The default
+            is ``True``, where torchdistX's ``fake_mode(*, fake_cuda=False)``
+            refused them; pass ``fake_cuda=False`` for torchdistX's behaviour.
 
     >>> import torch, torchdefer
     >>> with torchdefer.fake_mode():

@@ -18,6 +18,7 @@ import torch
 from torch import _meta_registrations
 from torch.utils._pytree import tree_map
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
@@ -25,7 +26,7 @@ from torchdefer.fake.device import device_available
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
 
 
-class FakeTensorError(RuntimeError):
+class FakeTensorError(TorchdeferError, RuntimeError):
     """A fake tensor was asked for something it does not have (its data)."""
 
 

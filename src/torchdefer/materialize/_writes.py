@@ -10,6 +10,7 @@ compares versions around the call and refuses such a write.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchdefer.materialize.errors import ReplayError
@@ -18,15 +19,15 @@ from torchdefer.recorder.graph import Node, Value
 __all__ = ["call_watching_writes"]
 
 
-def call_watching_writes(node: Node, leaves: list[Any], args: tuple, kwargs: dict) -> Any:
-    """``node.op(*args, **kwargs)``; raise if it bumped an input it does not write."""
+def call_watching_writes(node: Node, leaves: list[Any], call: Callable[[], Any]) -> Any:
+    """Run ``call()`` (``node`` on ``leaves``); raise if it bumped an input it does not write."""
     written = {id(storage) for storage, _ in node.writes}
     watched = [
         (i, real, real._version)
         for i, (leaf, real) in enumerate(zip(node.leaves, leaves))
         if isinstance(leaf, Value) and id(leaf.storage) not in written
     ]
-    out = node.op(*args, **kwargs)
+    out = call()
     for i, real, version in watched:
         if real._version != version:
             name = _argument_name(node, i)

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from torchdefer.fake.device import device_available
+from torchdefer.materialize.convert import cast, check_dtype
+from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import swap_in
+from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.mode import suspended
+from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
 
+M = TypeVar("M", bound=nn.Module)
+
 
 def materialize_tensor(
-    tensor: torch.Tensor, device: torch.device | str | None = None
+    tensor: torch.Tensor,
+    device: torch.device | str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The real tensor a deferred tensor stands for.
 
@@ -28,10 +39,13 @@ def materialize_tensor(
     Args:
         tensor: a deferred (or real) tensor.
         device: where to create it; ``None`` means the device it was recorded on.
+        dtype: convert a floating point (or complex) result to this dtype, as
+            ``t.to(dtype)`` would; other tensors keep theirs.
 
     Returns:
-        The real tensor: a ``Parameter`` if ``tensor`` is one, with the same
-        values eager construction would have given.
+        The real tensor, with the values eager construction would have given:
+        of ``tensor``'s class (``nn.Parameter`` or a subclass of it, with the
+        attributes set on it) and ``requires_grad``.
 
     >>> import torch, torchdefer
     >>> _ = torch.manual_seed(0); eager = torch.randn(3)
@@ -39,70 +53,141 @@ def materialize_tensor(
     >>> torch.equal(torchdefer.materialize_tensor(lazy), eager)
     True
     """
+    check_dtype(dtype)
     if not isinstance(tensor, DeferredTensor):
-        return tensor
+        return cast(tensor, dtype)
     device = None if device is None else torch.device(device)
     memo = tensor.__dict__.setdefault("_materialized", {})
-    key = str(device)
+    key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        memo[key] = _materialize([tensor], device, None)[0]
+        raw = _materialize([tensor], device, None)[0]
+        memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
 
 
 def materialize_module(
-    module: nn.Module,
+    module: M,
     device: torch.device | str | None = None,
     *,
+    dtype: torch.dtype | None = None,
     buffers_only: bool = False,
     check_fn: Callable[[nn.Module], bool] | None = None,
-) -> nn.Module:
-    """Materialize the deferred parameters and buffers of ``module`` and its descendants.
+    progress: ProgressSpec = None,
+) -> M:
+    """Materialize the deferred tensors of ``module`` and its descendants, in place.
 
-    Tensors are replaced in place: tied parameters stay tied (the same object),
-    and references taken before (an optimizer, ``nn.LSTM``'s flat weights) see
-    the real tensors. A module sharded with FSDP2 ``fully_shard`` or DTensor
-    parameters is handed to :func:`torchdefer.distributed.materialize_module`
-    (each rank replays one full parameter at a time and keeps its shard).
+    That is their parameters, buffers, and tensors kept as plain attributes
+    (``self.inv_freq = ...``, also in lists, tuples, dicts and sets).
+    Each deferred tensor object *becomes* its real tensor: tied parameters
+    stay tied (the same object), and references taken before (an optimizer's
+    ``param_groups``, ``nn.LSTM``'s flat weights, a ``weakref``, a hook's
+    closure) see the real tensors. Parameters keep their class (a subclass of
+    ``nn.Parameter`` included) and the attributes set on them. A module
+    sharded with FSDP2 ``fully_shard`` or DTensor parameters is handed to
+    :func:`torchdefer.distributed.materialize_module` (each rank replays one
+    full parameter at a time and keeps its shard).
 
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
         device: where to create the tensors; ``None`` means each tensor's
-            recorded device.
-        buffers_only: materialize buffers and leave parameters deferred.
+            recorded device. Unlike torchdistX, whose second positional
+            argument was ``buffers_only``; pass that by keyword.
+        dtype: convert floating point tensors to this dtype, as
+            ``module.to(dtype)`` would after materializing, but one tensor at
+            a time: peak memory is the module in ``dtype`` plus one tensor in
+            its recorded dtype. Recorded conversions (``model.half()`` after
+            ``deferred_init``) are honoured the same way, tensor by tensor.
+        buffers_only: materialize buffers (and tensor attributes) and leave
+            parameters deferred.
         check_fn: if given, only modules for which it returns True have their
             own tensors materialized (descendants are still visited).
+        progress: ``None`` shows a progress bar on stderr when it is a terminal
+            and the work takes over two seconds; ``True``/``False`` always/never;
+            a callable gets a :class:`~torchdefer.materialize.progress.ProgressEvent`
+            per tensor instead.
 
     Returns:
-        ``module`` itself.
+        ``module`` itself (typed as the module you passed).
+
+    Each tensor is replayed, converted and swapped in before the next one is
+    replayed, so the module never holds more than one tensor's replay at once.
+
+    Raises:
+        SwapError: PyTorch refused to make a tensor real in place (C++ code
+            holds a weak reference to it); the message says which and what to do.
 
     >>> import torch, torchdefer
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
     >>> torchdefer.materialize_module(m, device="cpu").weight.is_meta
     False
     """
+    if isinstance(device, bool):
+        raise TypeError(
+            f"materialize_module(module, {device}): the second argument is the device. "
+            "torchdistX took buffers_only there; pass it by keyword: "
+            f"materialize_module(module, buffers_only={device})."
+        )
+    check_dtype(dtype)
     device = None if device is None else torch.device(device)
     sharded = _sharded_paths(module)
     if sharded:
+        if dtype is not None:
+            raise TypeError(
+                f"{_shown(sharded)} are sharded; dtype= is not supported for sharded modules. "
+                "Convert the deferred module before sharding it (model.to(dtype) is "
+                "recorded), or use FSDP2's MixedPrecisionPolicy."
+            )
         return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
-    owners: dict[int, tuple[torch.Tensor, str, list[tuple[nn.Module, str, str]]]] = {}
-    for prefix, sub in module.named_modules():
-        if check_fn is not None and not check_fn(sub):
-            continue
-        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
-        for kind in kinds:
-            for name, t in getattr(sub, kind).items():
-                path = f"{prefix}.{name}" if prefix else name
-                if isinstance(t, DeferredTensor):
-                    entry = owners.setdefault(id(t), (t, path, []))
-                    entry[2].append((sub, kind, name))
-    if not owners:
+    found, grads = _deferred_reached(module, buffers_only, check_fn)
+    if not found:
         return module
-    fakes = [entry[0] for entry in owners.values()]
-    names = [entry[1] for entry in owners.values()]
-    reals = _materialize(fakes, device, names)
-    for (fake, _, slots), real in zip(owners.values(), reals):
-        swap_in(fake, real, slots)
+    nbytes = sum(_nbytes(fake, dtype) for fake in found.values())
+    with Progress("materialize", len(found), nbytes, progress) as bar:
+        # One tensor per replay, swapped in at once: a later replay finds the
+        # storages it shares in the cache (kept alive by the module), and no
+        # replay holds more than one tensor's intermediates.
+        for name, fake in found.items():
+            done = _nbytes(fake, dtype)
+            real = cast(_materialize([fake], device, [name])[0], dtype)
+            swap_in(fake, real, name)
+            bar.advance(name, done)
+    with suspended():
+        for parameter, grad in grads:
+            # A parameter's .grad lives on its TensorImpl, which the swap replaced.
+            parameter.grad = grad
     return module
+
+
+def _nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
+    # From the recorded metadata: an UninitializedParameter refuses numel().
+    meta = t._value.meta
+    numel = math.prod(meta.size)
+    if dtype is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex):
+        return numel * dtype.itemsize
+    return numel * meta.dtype.itemsize
+
+
+def _deferred_reached(
+    module: nn.Module, buffers_only: bool, check_fn: Callable[[nn.Module], bool] | None
+) -> tuple[dict[str, DeferredTensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """What ``materialize_module`` makes real, each object once, and the grads to put back.
+
+    Returns ``{first path: deferred tensor}`` for parameters (unless
+    ``buffers_only``), their ``.grad``, buffers, and tensors kept as plain
+    attributes (state like buffers; a parameter also held as an attribute
+    stays a parameter), and the ``(parameter, grad)`` pairs.
+    """
+    reached = [r for r in reached_tensors(module, check_fn) if isinstance(r.tensor, DeferredTensor)]
+    parameters = {id(r.tensor) for r in reached if r.kind == PARAMETER}
+    found: dict[int, tuple[str, DeferredTensor]] = {}
+    grads = []
+    for r in reached:
+        if buffers_only and (id(r.tensor) in parameters or r.kind == GRAD):
+            continue
+        found.setdefault(id(r.tensor), (r.path, r.tensor))  # type: ignore[arg-type]
+        if r.kind == GRAD:
+            grads.append((r.parameter, r.tensor))
+    return dict(found.values()), grads
 
 
 # How to materialize modules whose parameters are sharded wrappers (DTensor,
@@ -119,14 +204,18 @@ def set_sharded_materializer(fn: Callable[[nn.Module], nn.Module]) -> None:
 
 def _sharded_paths(module: nn.Module) -> list[str]:
     return [
-        name
-        for name, t in (*module.named_parameters(), *module.named_buffers())
-        if not isinstance(t, DeferredTensor) and holds_deferred(t)
+        r.path
+        for r in reached_tensors(module)
+        if not isinstance(r.tensor, DeferredTensor) and holds_deferred(r.tensor)
     ]
 
 
+def _shown(paths: list[str]) -> str:
+    return ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+
+
 def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Module:
-    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    shown = _shown(paths)
     if getattr(_in_sharded, "active", False):
         raise TypeError(
             f"{shown} still wrap deferred tensors after the sharded materializer ran: a "
@@ -165,18 +254,10 @@ def _materialize(
         targets = [(fakes[i]._value, fakes[i]._value.storage.version) for i in indices]
         part_names = None if names is None else [names[i] for i in indices]
         for i, real in zip(indices, Replay(graph, device).run(targets, part_names)):
-            reals[i] = _finish(fakes[i], real)
+            reals[i] = real
     for fake in fakes:
         fake._value.storage.materialized = True
     return reals  # type: ignore[return-value]
-
-
-def _finish(fake: DeferredTensor, real: torch.Tensor) -> torch.Tensor:
-    if isinstance(fake, nn.Parameter):
-        return nn.Parameter(real, requires_grad=fake.requires_grad)
-    if fake.requires_grad != real.requires_grad and real.grad_fn is None:
-        real.requires_grad_(fake.requires_grad)
-    return real
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""What materialization keeps between calls, per graph: real storages and RNG states."""
+"""What materialization keeps between calls, per graph: real storages."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class _Entry:
 
 
 class ReplayCache:
-    """Real storages already produced (held weakly) and generator states reached.
+    """Real storages already produced, held weakly.
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
@@ -43,8 +43,6 @@ class ReplayCache:
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (storage, device key) -> storage record: a replayed layout differed
         self._diverged: dict[tuple[int, str], Storage] = {}
-        # (stream, epoch, device) -> {position: generator state before that op}
-        self.rng_states: dict[tuple[int, int, str], dict[int, Any]] = {}
 
     def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
         key = (id(value.storage), device_key)

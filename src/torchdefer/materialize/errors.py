@@ -1,12 +1,26 @@
-"""Errors raised while materializing."""
+"""Errors raised while materializing, and how replay adds context to other errors."""
 
 from __future__ import annotations
 
-__all__ = ["DeviceUnavailableError", "ExternalTensorModifiedError", "ReplayError"]
+from torchdefer.errors import TorchdeferError
+
+__all__ = [
+    "DeviceUnavailableError",
+    "ExternalTensorModifiedError",
+    "ReplayError",
+    "SwapError",
+    "with_context",
+]
 
 
-class ReplayError(RuntimeError):
-    """Replaying a recorded op failed; the message names the op and where it was recorded."""
+class ReplayError(TorchdeferError, RuntimeError):
+    """Replaying a recorded op failed; the message names the op and where it was recorded.
+
+    An error raised by the op itself keeps its type: it is re-raised as an
+    instance of both :class:`ReplayError` and the original class (see
+    :func:`with_context`), so ``except torch.OutOfMemoryError`` or
+    ``except ValueError`` still catch it.
+    """
 
 
 class DeviceUnavailableError(ReplayError):
@@ -15,3 +29,75 @@ class DeviceUnavailableError(ReplayError):
 
 class ExternalTensorModifiedError(ReplayError):
     """A real tensor used during recording was changed before materialization."""
+
+
+class SwapError(TorchdeferError, RuntimeError):
+    """A real tensor could not take the place of a deferred one in a module."""
+
+
+# One combined class per original exception class, so that the same failure
+# twice gives the same type (and `except` clauses, pickling, repr are stable).
+_combined: dict[type[BaseException], type[ReplayError]] = {}
+
+
+def with_context(error: Exception, message: str) -> Exception:
+    """An exception carrying ``message`` that is both a ReplayError and of ``type(error)``.
+
+    The original's attributes are copied; chain it with ``raise ... from error``.
+    Falls back to a plain :class:`ReplayError` for a class that cannot be
+    combined (an instance layout that clashes with ``RuntimeError``'s).
+    """
+    kind = _original_kind(type(error))
+    combined = _combined_type(kind)
+    if combined is None:
+        return ReplayError(message)
+    out = combined(message)
+    for key, value in getattr(error, "__dict__", {}).items():
+        out.__dict__.setdefault(key, value)
+    return out
+
+
+def _original_kind(kind: type[BaseException]) -> type[BaseException]:
+    for original, combined in _combined.items():
+        if combined is kind:
+            return original
+    return kind
+
+
+def _combined_type(kind: type[BaseException]) -> type[ReplayError] | None:
+    if issubclass(kind, ReplayError):  # ours, or combined already
+        return kind
+    if issubclass(ReplayError, kind):  # RuntimeError, Exception: a ReplayError already is one
+        return ReplayError
+    combined = _combined.get(kind)
+    if combined is None:
+        try:
+            combined = type(
+                f"ReplayError[{kind.__qualname__}]",
+                (ReplayError, kind),
+                {"__init__": _init, "__str__": _str, "__reduce__": _reduce, "__module__": __name__},
+            )
+        except TypeError:
+            return None
+        _combined[kind] = combined
+    return combined
+
+
+def _init(self: BaseException, message: str) -> None:
+    # The original class's __init__ may want other arguments; the message is all.
+    BaseException.__init__(self, message)
+
+
+def _str(self: BaseException) -> str:
+    # KeyError and friends would print the repr of the message.
+    return str(self.args[0]) if self.args else ""
+
+
+def _reduce(self: BaseException):
+    return (_rebuild, (_original_kind(type(self)), str(self)), self.__dict__ or None)
+
+
+def _rebuild(original: type[BaseException], message: str) -> Exception:
+    """Unpickle a combined error (its class is made at run time, so not importable)."""
+    combined = _combined_type(original)
+    return (combined or ReplayError)(message)

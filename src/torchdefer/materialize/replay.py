@@ -26,9 +26,10 @@ from torchdefer.materialize.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
     ReplayError,
+    with_context,
 )
 from torchdefer.materialize.plan import make_plan
-from torchdefer.materialize.rng import RngReplay
+from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
@@ -45,7 +46,7 @@ class Replay:
         self.device = device
         self.device_key = "recorded" if device is None else str(device)
         self.cache = cache_for(graph)
-        self.rng = RngReplay(self, self.cache)
+        self.rng = RngReplay(self)
 
     def map_device(self, device: torch.device) -> torch.device:
         if self.device is None or device.type == "meta":
@@ -71,15 +72,18 @@ class Replay:
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
         with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
-            for i, node in enumerate(plan.nodes):
-                ambient.use(node.ambient)  # default dtype, deterministic mode
-                outs = self._run_checked(node, env, plan.cached)
-                for value in node.outputs:
-                    env[id(value)] = outs[value.index]
-                    self.cache.check_layout(value, outs[value.index], self.device_key)
-                for value in node.inputs:
-                    if last_use.get(id(value)) == i:
-                        env.pop(id(value), None)
+            try:
+                for i, node in enumerate(plan.nodes):
+                    ambient.use(node.ambient)  # default dtype, deterministic mode
+                    outs = self._run_checked(node, env, plan.cached)
+                    for value in node.outputs:
+                        env[id(value)] = outs[value.index]
+                        self.cache.check_layout(value, outs[value.index], self.device_key)
+                    for value in node.inputs:
+                        if last_use.get(id(value)) == i:
+                            env.pop(id(value), None)
+            finally:
+                self.rng.release()
         results = []
         for value, version in targets:
             real = plan.cached.get((id(value), version))
@@ -91,15 +95,21 @@ class Replay:
         return results
 
     def _run_checked(self, node: Node, env, cached) -> list[Any]:
+        """Run ``node``; a failure is re-raised naming the node, keeping its type.
+
+        The new exception is both a :class:`ReplayError` and an instance of the
+        original class (``torch.OutOfMemoryError`` stays catchable as such).
+        """
         try:
             return self._run_node(node, env, cached)
         except ReplayError:
             raise
         except Exception as e:
-            raise ReplayError(
+            message = (
                 f"While replaying {node.name} ({node.kind}) recorded at {node.where()}: "
                 f"{type(e).__name__}: {e}"
-            ).with_traceback(e.__traceback__) from e
+            )
+            raise with_context(e, message).with_traceback(e.__traceback__) from e
 
     def _run_node(self, node: Node, env, cached) -> list[Any]:
         kind = node.kind
@@ -124,7 +134,9 @@ class Replay:
         if kind == NodeKind.RANDOM:
             out = self.rng.run(node, args, kwargs)
         else:
-            out = call_watching_writes(node, leaves, args, kwargs)
+            out = call_watching_writes(
+                node, leaves, lambda: call_checking_draws(node, args, kwargs)
+            )
         return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:

@@ -1,11 +1,15 @@
-"""Replaying random ops from private generator states; the global RNG is untouched.
+"""Replaying random ops from exact private generator states; the global RNG is untouched.
 
-Each stream epoch starts from the state recorded with it. The state before
-each replayed op is kept, so reaching position ``k`` restores the nearest known
-earlier state and runs the skipped random ops into scratch memory (freed at
-once). Materializing tensors in any order thus draws exactly what eager code
-drew. A default generator is *borrowed*: its state is saved, set, used and
-restored in ``finally``.
+Each random node starts from the state ``recorder.states`` computes for its
+position (jumping over the draws of everything not materialized), and the
+state it ends in is remembered as the start of the next call of its stream,
+so materializing in recording order draws each number once and jumps never.
+A random call whose draws the model cannot count is run into scratch memory
+when a later position needs its end (``run_call``).
+
+A default generator is *borrowed* for the overloads that take no generator
+argument (``randn.default``, ``bernoulli.p``): its state is saved, set, used
+and restored in ``finally``. User generators are replaced by private copies.
 """
 
 from __future__ import annotations
@@ -14,71 +18,56 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, TensorMeta, Value
-from torchdefer.recorder.rng import Stream, default_generator
+from torchdefer.recorder.mode import suspended
+from torchdefer.recorder.rng import default_generator
+from torchdefer.recorder.states import set_call_runner
+from torchdefer.recorder.stream import Stream
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RngReplay"]
+__all__ = ["RngReplay", "call_checking_draws", "model_of"]
+
+
+def model_of(device: torch.device) -> str:
+    """The generator model a replay on ``device`` uses."""
+    return "cpu" if device.type == "cpu" else device.type
 
 
 class RngReplay:
     """Runs the random nodes of one replay."""
 
-    def __init__(self, replay: Replay, cache: ReplayCache) -> None:
+    def __init__(self, replay: Replay) -> None:
         self.replay = replay
-        self.cache = cache
-        # One scratch buffer per device, grown to the largest skipped draw.
+        # One scratch buffer per device, grown to the largest scratch draw.
         # Fresh tensors per draw would be freed at once, but glibc keeps
-        # freed memory below its mmap threshold: reverse-order materialization
-        # of a 350M model held 1.5 GiB more than needed (bench/README.md).
+        # freed memory below its mmap threshold (bench/README.md).
         self._scratch: dict[torch.device, torch.UntypedStorage] = {}
 
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
-        stream, epoch, position = node.rng  # type: ignore[misc]
+        stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        states = self._states(stream, epoch, device)
-        state = self._state_at(stream, epoch, position, device, states)
-        out, after = _draw(node, stream, device, state, args, kwargs)
-        states[position + 1] = after
+        model = model_of(device)
+        states = node.graph.rng.states  # type: ignore[union-attr]
+        start = states.start_of(node, model)
+        out, after = draw(node, stream, device, start, args, kwargs)
+        epoch = stream.epochs[e]
+        states.remember(stream, epoch, model, states.after_call(node, model), after)
         return out
 
-    def _states(self, stream: Stream, epoch: int, device: torch.device) -> dict[int, Any]:
-        key = (id(stream), epoch, str(device))
-        states = self.cache.rng_states.get(key)
-        if states is None:
-            states = self.cache.rng_states[key] = {0: self._initial(stream, epoch, device)}
-        return states
+    def run_into_scratch(self, node: Node, state: torch.Tensor) -> torch.Tensor:
+        """The state after ``node`` drawn from ``state``, its output thrown away."""
+        stream = node.rng[0]  # type: ignore[index]
+        device = self.replay.map_device(stream.device)
+        args, kwargs = self._scratch_args(node, device)
+        _, after = draw(node, stream, device, state, args, kwargs)
+        return after
 
-    def _initial(self, stream: Stream, epoch: int, device: torch.device) -> Any:
-        recorded = stream.epochs[epoch].state
-        if isinstance(recorded, tuple):  # ("seed", s): default CUDA generator, no CUDA then
-            generator = torch.Generator(device=device)
-            generator.manual_seed(recorded[1])
-            return generator.get_state()
-        if stream.device.type == device.type:
-            return recorded
-        # Replayed on another kind of device than recorded: start where that
-        # device's default generator stood when recording began.
-        graph = stream.epochs[epoch].calls[0].graph
-        if device.type == "cpu":
-            return graph.rng.cpu_start
-        generator = torch.Generator(device=device)
-        generator.manual_seed(torch.initial_seed())
-        return generator.get_state()
-
-    def _state_at(self, stream, epoch, position, device, states) -> Any:
-        if position in states:
-            return states[position]
-        start = max(p for p in states if p <= position)
-        calls = stream.epochs[epoch].calls
-        for j in range(start, position):
-            args, kwargs = self._scratch_args(calls[j], device)
-            _, states[j + 1] = _draw(calls[j], stream, device, states[j], args, kwargs)
-        return states[position]
+    def release(self) -> None:
+        """Give the scratch memory back now (a replay and its RngReplay form a cycle)."""
+        self._scratch.clear()
 
     def _scratch_tensor(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
         """A tensor with ``meta``'s sizes and strides over the reused scratch buffer."""
@@ -108,9 +97,9 @@ class RngReplay:
         return unflatten_call(leaves, node.spec)
 
 
-def _draw(node, stream, device, state, args, kwargs) -> tuple[Any, Any]:
+def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
     """Run random ``node`` from generator ``state``; returns (output, state after)."""
-    if stream.generator is None:
+    if stream.generator is None and not _takes_generator(node, args, kwargs):
         generator = default_generator(device)
         if generator is None:
             raise RuntimeError(f"no default generator for {device}")
@@ -123,8 +112,77 @@ def _draw(node, stream, device, state, args, kwargs) -> tuple[Any, Any]:
             generator.set_state(saved)
     private = torch.Generator(device=device)
     private.set_state(state)
-
-    args = tuple(private if isinstance(x, torch.Generator) else x for x in args)
-    kwargs = {k: private if isinstance(x, torch.Generator) else x for k, x in kwargs.items()}
+    if stream.generator is None:
+        kwargs = {**kwargs, "generator": private}
+    else:
+        args = tuple(private if isinstance(x, torch.Generator) else x for x in args)
+        kwargs = {k: private if isinstance(x, torch.Generator) else x for k, x in kwargs.items()}
     out = node.op(*args, **kwargs)
     return out, private.get_state()
+
+
+_TRUSTED_NAMESPACES = frozenset({"aten", "prims", "prim"})
+
+
+def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
+    """Run a node recorded as deterministic; refuse if it drew from a default generator.
+
+    Ops of other libraries may draw without the ``nondeterministic_seeded``
+    tag; recorded as deterministic, replay would feed them whatever state the
+    global generator has now, a value eager code never saw (and move the
+    user's generator).
+    """
+    namespace = getattr(node.op, "namespace", None)
+    if namespace in _TRUSTED_NAMESPACES:
+        return node.op(*args, **kwargs)
+    generators = _default_generators()
+    before = [g.get_state() for g in generators]
+    out = node.op(*args, **kwargs)
+    moved = [g for g, s in zip(generators, before) if not torch.equal(g.get_state(), s)]
+    for g, s in zip(generators, before):
+        g.set_state(s)
+    if moved:
+        raise RuntimeError(
+            f"{node.name}, recorded at {node.where()}, drew random numbers from the default "
+            f"{moved[0].device} generator, but it is not tagged as random "
+            "(torch.Tag.nondeterministic_seeded), so it was recorded as deterministic and "
+            "its draws cannot be placed where eager code made them. Tag the op "
+            "(torch.library.custom_op(..., tags=torch.Tag.nondeterministic_seeded) or "
+            "define(..., tags=...)), or mark a Python init function with "
+            "torchdefer.composite(fn, random=True)."
+        )
+    return out
+
+
+def _default_generators() -> list[torch.Generator]:
+    generators = [torch.default_generator]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        generators.extend(torch.cuda.default_generators)
+    return generators
+
+
+def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
+    """Whether the recorded overload accepts ``generator=`` as a keyword we can fill."""
+    schema = getattr(node.op, "_schema", None)
+    if schema is None:
+        return False
+    for i, argument in enumerate(schema.arguments):
+        if argument.name == "generator":
+            return argument.kwarg_only and i >= len(args)
+    return False
+
+
+def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
+    from torchdefer.materialize.replay import Replay
+
+    stream = node.rng[0]  # type: ignore[index]
+    device = torch.device("cpu") if model == "cpu" else stream.device
+    replay = Replay(node.graph, device)  # type: ignore[arg-type]
+    try:
+        with suspended(), torch.no_grad():
+            return replay.rng.run_into_scratch(node, state)
+    finally:
+        replay.rng.release()
+
+
+set_call_runner(_run_call)

@@ -1,36 +1,120 @@
-"""Putting real tensors into modules so that every existing reference sees them."""
+"""Turning a deferred tensor object into the real tensor, so that every reference sees it.
+
+Materialization does not reassign module slots: it changes the deferred
+object *itself* into the real tensor (its class, ``__dict__`` and
+``TensorImpl`` are exchanged with a fresh real tensor's, as
+``torch.utils.swap_tensors`` does). Whatever held the object before holds the
+real tensor now: tied attributes, ``nn.LSTM._flat_weights``, an optimizer's
+``param_groups``, a list of parameters, a hook's closure, a ``weakref``.
+
+``torch.utils.swap_tensors`` itself refuses more than it must for this use:
+
+* a tensor with any Python ``weakref`` (``nn.LSTM`` keeps one to each
+  parameter): a weak reference is a reference, and should see the real tensor
+  as strong ones do;
+* a tensor whose ``TensorImpl`` other tensors hold (a view of it is alive:
+  ``w[0]``, ``b = flat[4:]``): the view keeps the deferred impl, which stays
+  a valid deferred tensor of the same storage (``materialize_tensor(view)``
+  then shares the real storage).
+
+So the exchange is done here, with the one check PyTorch's C++ makes (no C++
+weak references to the impl, ``torch._C._WeakTensorRef``); when that
+refuses, :class:`SwapError` names the tensor and what to do.
+Tensor hooks registered on the deferred tensor (``register_hook``,
+``register_post_accumulate_grad_hook``) live on its impl and are installed
+again on the real one.
+"""
 
 from __future__ import annotations
 
+import copyreg
+
 import torch
-from torch import nn
 
-__all__ = ["swap_in"]
+from torchdefer.materialize.errors import SwapError
+from torchdefer.recorder._copy import user_attributes
+from torchdefer.recorder.mode import suspended
+from torchdefer.recorder.subclasses import user_class
+
+__all__ = ["real_tensor", "swap_in"]
 
 
-def swap_in(
-    fake: torch.Tensor, real: torch.Tensor, slots: list[tuple[nn.Module, str, str]]
-) -> None:
-    """Make ``fake`` real everywhere it is referenced.
+def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """What eager construction would have: ``real``'s data, ``fake``'s class and attributes.
 
-    ``torch.utils.swap_tensors`` turns the fake object itself into the real
-    tensor, so tied attributes, ``nn.LSTM._flat_weights`` and an optimizer
-    built earlier all see it. When PyTorch refuses the swap (a view or weakref
-    still holds the fake tensor), every module slot in ``slots`` is reassigned
-    instead; modules that mirror their parameters (LSTM) do so in
-    ``__setattr__``.
+    The class is the user's (``nn.Parameter``, a subclass of it, or a plain
+    tensor), made with ``torch.Tensor._make_subclass`` rather than the class's
+    own ``__new__`` (which may want other arguments); attributes a library
+    set on the deferred tensor (``p.has_fp16_weights``, ``p._no_weight_decay``)
+    are copied.
     """
-    if isinstance(fake, nn.Parameter):
-        shell: torch.Tensor = nn.Parameter(real, requires_grad=fake.requires_grad)
-    else:
-        shell = real.detach().requires_grad_(fake.requires_grad)
+    cls = user_class(fake)  # type: ignore[arg-type]
+    # suspended(): materialize_module may run inside deferred_init, whose
+    # recording mode would otherwise record these ops on the real tensor.
+    with suspended():
+        if cls is torch.Tensor:
+            out = real.detach().requires_grad_(fake.requires_grad)
+        else:
+            out = torch._C.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
+    out.__dict__.update(user_attributes(fake))
+    return out
+
+
+def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
+    """Make the object ``fake`` the real tensor ``real`` stands for, in place.
+
+    Args:
+        fake: the deferred tensor object the model holds.
+        real: its real tensor (from replay); consumed.
+        path: where ``fake`` sits in the module (``layers.3.mlp.weight``), for errors.
+
+    Raises:
+        SwapError: PyTorch refused the exchange; nothing was changed.
+    """
+    shell = real_tensor(fake, real)
+    if set(copyreg._slotnames(type(fake))) != set(copyreg._slotnames(type(shell))):  # type: ignore[attr-defined]
+        raise SwapError(
+            f"Cannot make '{path}' real in place: its class {type(fake).__qualname__} has "
+            f"__slots__ that {type(shell).__qualname__} lacks. Define the tensor class "
+            "without __slots__, or materialize with torchdefer.materialize_tensor and "
+            "assign the result."
+        )
     try:
-        torch.utils.swap_tensors(fake, shell)
-    except (RuntimeError, TypeError):
-        for module, kind, name in slots:
-            if kind == "_parameters":
-                module._parameters[name] = shell  # type: ignore[assignment]
-            else:
-                module._buffers[name] = shell
-            if isinstance(module, nn.RNNBase) and name in module._flat_weights_names:
-                module._flat_weights[module._flat_weights_names.index(name)] = shell
+        # First, so that nothing has changed if PyTorch refuses.
+        torch._C._swap_tensor_impl(fake, shell)
+    except RuntimeError as e:
+        raise SwapError(
+            f"Cannot make '{path}' real in place: PyTorch refuses to swap a tensor whose "
+            f"TensorImpl C++ code holds a weak reference to ({e}; torch._C._WeakTensorRef, "
+            "or an extension's cache keyed by the tensor). Drop that reference and call "
+            "materialize_module again (tensors already done are kept), or take the real "
+            "tensor with torchdefer.materialize_tensor and assign it yourself."
+        ) from e
+    fake.__class__, shell.__class__ = shell.__class__, fake.__class__
+    fake.__dict__, shell.__dict__ = shell.__dict__, fake.__dict__
+    for slot in copyreg._slotnames(type(fake)):  # type: ignore[attr-defined]
+        _swap_slot(fake, shell, slot)
+    with suspended():
+        _reinstall_hooks(fake)
+
+
+def _swap_slot(a: object, b: object, slot: str) -> None:
+    missing = object()
+    va, vb = getattr(a, slot, missing), getattr(b, slot, missing)
+    for target, value in ((a, vb), (b, va)):
+        if value is missing:
+            if hasattr(target, slot):
+                delattr(target, slot)
+        else:
+            setattr(target, slot, value)
+
+
+def _reinstall_hooks(tensor: torch.Tensor) -> None:
+    # The hook dicts stay with the Python object, but PyTorch runs them
+    # through the TensorImpl they were registered on: register them again.
+    hooks = tensor._backward_hooks
+    if hooks:
+        tensor._backward_hooks = hooks
+    post = tensor._post_accumulate_grad_hooks
+    if post:
+        tensor._post_accumulate_grad_hooks = post

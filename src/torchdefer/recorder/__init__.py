@@ -1,6 +1,8 @@
 """The recorder: every op on fake tensors, with storages, versions and RNG positions."""
 
 from torchdefer.recorder.api import deferred_init
+from torchdefer.recorder.composite import composite
+from torchdefer.recorder.context import deferred
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import RecordingMode
@@ -16,6 +18,8 @@ __all__ = [
     "Storage",
     "TensorMeta",
     "Value",
+    "composite",
+    "deferred",
     "deferred_init",
     "is_deferred",
 ]

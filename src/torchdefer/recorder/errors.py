@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from torchdefer.errors import TorchdeferError
+
 __all__ = ["RecordingError"]
 
 
-class RecordingError(RuntimeError):
+class RecordingError(TorchdeferError, RuntimeError):
     """An op could not be recorded faithfully; the message says why and what to do."""

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from torchdefer.fake.mode import FakeSlotMode
 from torchdefer.fake.tensor import reported_device
+from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
 __all__ = ["RecordingMode", "recording", "suspended"]
@@ -33,6 +34,8 @@ class RecordingMode(FakeSlotMode):
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
         from torchdefer.recorder.record import record_call
+
+        refuse_collective(func)
 
         return record_call(self.graph, func, args, kwargs or {})
 

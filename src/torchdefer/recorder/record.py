@@ -21,10 +21,10 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.rng.draws import known_random_op
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
-_SEEDED = torch.Tag.nondeterministic_seeded
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _ITEM = torch.ops.aten._local_scalar_dense.default
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
@@ -70,7 +70,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         writes = writes_of(plan, written)
     before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
-        out, device = _fill_in_place(func, args, kwargs) or run_on_meta(func, args, kwargs)
+        out, device = _fill_in_place(func, args, kwargs) or run_on_meta(
+            func, args, _without_generator(kwargs)
+        )
     except (NotImplementedError, DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
@@ -93,12 +95,23 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes = _record_writes(node, written, writes)
     out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
+    generator = kwargs.get("generator")
+    if generator is None:
+        generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+    if generator is not None and device.type != "meta":
+        # An op that takes a generator draws from it, tagged random or not.
+        node.kind = NodeKind.RANDOM
     if node.kind == NodeKind.RANDOM:
-        generator = kwargs.get("generator")
-        if generator is None:
-            generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
         graph.rng.place(node, generator, device)
     return out
+
+
+def _without_generator(kwargs: dict) -> dict:
+    """Meta kernels draw nothing; some (the Python refs of ``exponential_``,
+    ``geometric_``, ``cauchy_``, ``log_normal_``) refuse a generator outright."""
+    if kwargs.get("generator") is None:
+        return kwargs
+    return {**kwargs, "generator": None}
 
 
 _NO_META_SIGNS = ("Meta", "meta", "fake impl", "fake kernel", "data-dependent")
@@ -190,7 +203,7 @@ def _takes_dtype(func: Any) -> bool:
 
 
 def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:
-    if _SEEDED in func.tags and device.type != "meta":
+    if known_random_op(func) and device.type != "meta":
         return NodeKind.RANDOM
     if node.writes:
         return NodeKind.INPLACE

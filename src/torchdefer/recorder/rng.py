@@ -1,45 +1,49 @@
-"""Where each recorded random op stands in its generator's stream.
+"""Random ops in their generator's stream, and generators left where eager code leaves them.
 
-Recording never draws from a generator (kernels run on meta). Each random op is
-given a position in a *stream* (one per generator), and each stream is cut into
-*epochs*: an epoch starts with a snapshot of the generator's real state and
-continues while that state is unchanged. If user code moves the generator
-between recorded ops (``torch.manual_seed``, an eager ``torch.randn``), the
-next op starts a new epoch from the new state, which is what eager code sees.
+Recording never draws (kernels run on meta), yet eager code would have moved
+the generator by every draw. So each random op is given its logical position
+(``recorder.stream``), and the generator itself is moved to where eager
+construction would have left it (``recorder.states`` computes the state by
+jump-ahead, without drawing):
+
+* after each recorded random op, when recording outside ``deferred_init``
+  (``model.apply(init_fn)`` on a deferred model): at once;
+* inside ``deferred_init``: when it returns, and whenever the state is read
+  through ``torch.get_rng_state()`` (``fork_rng`` uses it). In between, the CPU
+  generator holds a *marker*: a unique state standing for "the logical
+  position after op k". A marker read with ``Generator.get_state()`` and
+  restored later is recognised and resolved to its position, and any other
+  change of the state (``manual_seed``, ``set_rng_state``) starts a new epoch
+  from it. A jump per op would cost ~10-50 ms; a marker ~20 us.
+
+CUDA generators (Philox) are moved at once (an addition). A default CUDA
+generator on a host without CUDA does not exist: its stream starts from its
+seed and is replayed on the CPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["Epoch", "RngRecorder", "Stream", "default_generator"]
+from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.states import RngStates
+from torchdefer.recorder.stream import Epoch, Position, Stream
+from torchdefer.rng.gf2 import tensor_bytes
+
+__all__ = ["RngRecorder", "default_generator"]
+
+_ARRAY = slice(24, 24 + 8 * 624)
+_CACHES = slice(24 + 8 * 624, None)
 
 
-@dataclass(slots=True, eq=False)
-class Epoch:
-    """A run of random ops that start from one generator state."""
-
-    # A ByteTensor from ``Generator.get_state()``, or ``("seed", s)`` for a
-    # default CUDA generator on a host without CUDA (seeded by manual_seed).
-    state: Any
-    calls: list[Any] = field(default_factory=list)  # the random Nodes, in order
-
-
-@dataclass(slots=True, eq=False)
-class Stream:
-    """The random ops of one generator (a default one, or a user's)."""
-
-    device: torch.device
-    generator: torch.Generator | None  # None: the default generator of `device`
-    epochs: list[Epoch] = field(default_factory=list)
-    last_state: Any = None
-
-    def __repr__(self) -> str:
-        who = "default" if self.generator is None else f"Generator@{id(self.generator):x}"
-        return f"Stream({who} on {self.device})"
+def _marker_key(state: torch.Tensor) -> bytes:
+    """What tells markers apart: the first two words of the array (a count, a random word)."""
+    return tensor_bytes(state[24:40])
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -51,67 +55,174 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     return None
 
 
-def _current_state(generator: torch.Generator | None) -> Any:
-    if generator is None:
-        return ("seed", torch.initial_seed())
-    return generator.get_state()
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
-
-
-def _freshly_seeded(generator: torch.Generator | None, state: Any) -> bool:
-    """Whether ``state`` is what ``manual_seed(initial_seed())`` leaves behind."""
-    if generator is None:  # ("seed", s): it only changes by reseeding
-        return True
-    fresh = torch.Generator(device=generator.device)
-    fresh.manual_seed(generator.initial_seed())
-    return _same(fresh.get_state(), state)
-
-
-def _moved_error(node: Any, stream: Stream) -> RuntimeError:
-    from torchdefer.recorder.errors import RecordingError
-
-    return RecordingError(
-        f"{node.op} at {node.where()} draws from {stream}, which moved since the "
-        "last recorded random op in a way other than reseeding (an eager random draw, "
-        "or set_rng_state). Eager code would have drawn from a generator advanced by "
-        "the recorded draws too; deferred draws do not advance it, so this op's values "
-        "would differ from eager. Call torch.manual_seed(...) before this op, or draw "
-        "the eager numbers from a separate torch.Generator."
-    )
-
-
 class RngRecorder:
-    """Assigns stream positions to random ops as they are recorded."""
+    """Assigns stream positions to random ops and keeps the real generators in step."""
 
     def __init__(self) -> None:
+        from torchdefer.recorder.mode import suspended
+
         self.streams: dict[Any, Stream] = {}
-        # CPU state when recording began: the start for streams replayed on the
-        # CPU that were recorded for a device of another type.
-        self.cpu_start = torch.default_generator.get_state()
+        with suspended():
+            # CPU state when recording began: where streams recorded for a
+            # device of another type start when replayed on the CPU.
+            self.cpu_start = torch.default_generator.get_state()
+        self.states = RngStates(self.cpu_start)
+        self._deferring = 0  # nesting depth of deferred_init blocks
+        self._thread: int | None = None
+        self._markers: dict[bytes, tuple[Epoch, Position]] = {}
+        self._marker_count = 0
+
+    # ----------------------------------------------------------- placing
 
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
-        """Give ``node`` its ``(stream, epoch, position)``."""
+        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
+        # The generator states and the tensors below are real: no mode may see them.
+        with torch._C._DisableTorchDispatch():
+            stream = self._stream(generator, device)
+            real = self._real(stream)
+            current = None if real is None else real.get_state()
+            epoch = self._epoch(stream, current)
+            if stream.model is not None:
+                self.states.layout(stream, epoch, stream.model)
+            node.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
+            epoch.calls.append(node)
+            if stream.model is not None:
+                self.states.append(stream, epoch, stream.model, node)
+            if real is None:
+                return
+            if self._lazy() and stream.model == "cpu":
+                self._leave_marker(stream, epoch, real, current)
+            else:
+                self._sync(stream, epoch, real)
+
+    def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
         if generator is not None:
             key: Any = ("explicit", id(generator))
-            real = generator
             device = generator.device
         else:
             key = ("default", device.type, device.index or 0)
-            real = default_generator(device)
         stream = self.streams.get(key)
         if stream is None:
-            stream = self.streams[key] = Stream(device, generator)
-        state = _current_state(real)
-        if not stream.epochs or not _same(state, stream.last_state):
-            if stream.epochs and stream.epochs[-1].calls and not _freshly_seeded(real, state):
-                raise _moved_error(node, stream)
-            stream.epochs.append(Epoch(state))
-            stream.last_state = state
-        epoch = stream.epochs[-1]
-        node.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
-        epoch.calls.append(node)
+            real = generator if generator is not None else default_generator(device)
+            model = {"cpu": "cpu", "cuda": "cuda"}.get(device.type) if real is not None else None
+            if real is not None and model is None:
+                raise RecordingError(
+                    f"A random op draws from the {device.type} generator, which torchdefer "
+                    "cannot position (it knows the CPU and CUDA generators). Draw on the CPU "
+                    "or CUDA, or create this tensor after materialization."
+                )
+            stream = self.streams[key] = Stream(device, generator, model)
+        return stream
+
+    def _real(self, stream: Stream) -> torch.Generator | None:
+        if stream.generator is not None:
+            return stream.generator
+        return default_generator(stream.device)
+
+    def _epoch(self, stream: Stream, current: torch.Tensor | None) -> Epoch:
+        """The epoch the next op belongs to; a new one if user code moved the generator."""
+        if current is None:  # a default CUDA generator on a host without CUDA
+            seed = torch.initial_seed()
+            if not stream.epochs or stream.seed_seen != seed:
+                stream.epochs.append(Epoch(("seed", seed)))
+                stream.seed_seen = seed
+            return stream.epochs[-1]
+        left = stream.left
+        if stream.epochs and left is not None and left.shape == current.shape:
+            if torch.equal(current, left):
+                return stream.epochs[-1]
+        restored = self._markers.get(_marker_key(current))
+        stream.epochs.append(Epoch(restored if restored is not None else current))
+        return stream.epochs[-1]
+
+    # ----------------------------------------------------------- syncing
+
+    def _leave_marker(self, stream: Stream, epoch: Epoch, real, current: torch.Tensor) -> None:
+        """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump)."""
+        marker = stream.left
+        if marker is None or _marker_key(marker) not in self._markers:
+            # A new marker tensor for this stream: the real state's seed and
+            # fields, random words for the array.
+            marker = current.clone()
+            source = torch.Generator()
+            source.seed()
+            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
+            marker[_ARRAY].view(torch.int64).copy_(words)
+        else:  # the seed, position fields and cached samples of the real state
+            marker[:24] = current[:24]
+            marker[_CACHES] = current[_CACHES]
+        self._marker_count += 1
+        marker[_ARRAY].view(torch.int64)[0] = self._marker_count  # unique per position
+        layout = epoch.layouts[stream.model]  # type: ignore[index]
+        self._markers[_marker_key(marker)] = (epoch, layout.end)
+        real.set_state(marker)
+        stream.left = marker
+
+    def _sync(self, stream: Stream, epoch: Epoch, real) -> None:
+        exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
+        real.set_state(exact)
+        stream.left = real.get_state()
+
+    def sync(self) -> None:
+        """Move every generator left at a marker to its exact logical state."""
+        from torchdefer.recorder.mode import suspended
+
+        with suspended():
+            for stream in self.streams.values():
+                real = self._real(stream)
+                if real is None or stream.left is None or not stream.epochs:
+                    continue
+                current = real.get_state()
+                # Moved by user code since (a reseed, a restore): that is the truth.
+                if current.shape != stream.left.shape or not torch.equal(current, stream.left):
+                    continue
+                if _marker_key(current) in self._markers:
+                    self._sync(stream, stream.epochs[-1], real)
+
+    def _lazy(self) -> bool:
+        return self._deferring > 0 and threading.get_ident() == self._thread
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        """Inside: generators move when read or at the end, not after every op."""
+        outer = self._deferring == 0
+        if outer:
+            self._thread = threading.get_ident()
+        self._deferring += 1
+        try:
+            if outer:
+                with _exact_reads(self):
+                    yield
+            else:
+                yield
+        finally:
+            self._deferring -= 1
+            if outer:
+                self._thread = None
+                self.sync()
+
+
+@contextlib.contextmanager
+def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
+    """``torch.get_rng_state()`` answers the exact state while markers stand in.
+
+    ``fork_rng`` reads through it, and a state read there may be kept and
+    restored after ``deferred_init`` returns, when a marker would mean nothing.
+    """
+    import torch.random
+
+    original = torch.random.get_rng_state
+    thread = threading.get_ident()
+
+    def get_rng_state() -> torch.Tensor:
+        if threading.get_ident() == thread:
+            recorder.sync()
+        return original()
+
+    get_rng_state.__doc__ = original.__doc__
+    saved = (torch.get_rng_state, torch.random.get_rng_state)
+    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state, torch.random.get_rng_state = saved

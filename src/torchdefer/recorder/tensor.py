@@ -11,12 +11,15 @@ from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.storage import data_ptr as fake_data_ptr
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
+from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
 from torchdefer.recorder.graph import Graph, NodeKind, Value
+from torchdefer.recorder.reach import reached_tensors
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
 
 _DATA_GET = torch.Tensor.data.__get__
 _DATA_SET = torch.Tensor.data.__set__
+_DETACH = torch.Tensor.detach
 
 
 class DeferredTensor(FakeTensor):
@@ -32,7 +35,14 @@ class DeferredTensor(FakeTensor):
     _value: Value
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor, device: torch.device) -> DeferredTensor:
+    def __new__(
+        cls, elem: torch.Tensor, device: torch.device | None = None, requires_grad: bool = True
+    ) -> DeferredTensor:
+        if device is None:
+            # `type(param)(data, requires_grad=...)`: how accelerate's
+            # set_module_tensor_to_device (and bitsandbytes) rebuild a parameter
+            # around loaded data. The result is real, so a plain Parameter.
+            return torch.nn.Parameter(elem, requires_grad=requires_grad)  # type: ignore[return-value]
         return FakeTensor.__new__(cls, elem, device)  # type: ignore[return-value]
 
     @classmethod
@@ -50,7 +60,16 @@ class DeferredTensor(FakeTensor):
         if func == _DATA_SET:
             return record_data_set(args[0], args[1])
         if func is torch.Tensor.__deepcopy__:
-            return _deepcopy(args[0], args[1])
+            from torchdefer.recorder._copy import deepcopy_deferred
+
+            return deepcopy_deferred(args[0], args[1])
+        refuse_collective(func)
+        if func is _DETACH and type(args[0]) is not DeferredTensor:
+            from torchdefer.recorder.subclasses import detach_for_parameter
+
+            return detach_for_parameter(args[0])
+        if writes_real(func, args, kwargs):
+            return write_real(func, args, kwargs)
         with recording(graph_of(args, kwargs)), torch._C.DisableTorchFunctionSubclass():
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
@@ -65,21 +84,36 @@ class DeferredTensor(FakeTensor):
 
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
+        refuse_collective(func)
         return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
+    # A deferred parameter is an instance of a deferred class that derives from
+    # nn.Parameter (or the user's Parameter subclass): see recorder/subclasses.py.
+    # nn.Parameter(deferred) ends with `t._is_param = True`; that is where the
+    # class is given.
+    @property
+    def _is_param(self) -> bool:
+        return issubclass(type(self), torch.nn.Parameter)
 
-def _deepcopy(tensor: DeferredTensor, memo: dict) -> torch.Tensor:
-    """``copy.deepcopy`` of a deferred tensor: a recorded clone, Parameter-ness kept."""
-    if id(tensor) in memo:
-        return memo[id(tensor)]
-    with torch.no_grad():
-        copy = tensor.clone(memory_format=torch.preserve_format)
-    if isinstance(tensor, torch.nn.Parameter):
-        copy = torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
-    else:
-        copy.requires_grad_(tensor.requires_grad)
-    memo[id(tensor)] = copy
-    return copy
+    @_is_param.setter
+    def _is_param(self, value: bool) -> None:
+        from torchdefer.recorder.subclasses import make_parameter
+
+        if value:
+            make_parameter(self)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        from torchdefer.recorder._copy import deepcopy_deferred
+
+        return deepcopy_deferred(self, memo)
+
+    def __copy__(self) -> torch.Tensor:
+        from torchdefer.recorder._copy import shallow_copy_deferred
+
+        return shallow_copy_deferred(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise not_picklable(self)
 
 
 def graph_of(args: Any, kwargs: Any) -> Graph:
@@ -95,7 +129,11 @@ def graph_of(args: Any, kwargs: Any) -> Graph:
 
 
 def is_deferred(obj: object) -> bool:
-    """Whether a tensor is deferred, or a module still has a deferred parameter or buffer.
+    """Whether a tensor is deferred, or a module still reaches a deferred tensor.
+
+    A module reaches its parameters and buffers, and tensors kept as plain
+    attributes, also inside lists, tuples, dicts and sets (what
+    ``materialize_module`` materializes; see ``recorder/reach.py``).
 
     >>> import torch, torchdefer
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
@@ -103,7 +141,7 @@ def is_deferred(obj: object) -> bool:
     (True, True)
     """
     if isinstance(obj, torch.nn.Module):
-        return any(holds_deferred(t) for t in _tensors(obj))
+        return any(holds_deferred(r.tensor) for r in reached_tensors(obj))
     return holds_deferred(obj)
 
 
@@ -115,8 +153,3 @@ def holds_deferred(t: object) -> bool:
         names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         return any(holds_deferred(getattr(t, name)) for name in names)
     return False
-
-
-def _tensors(module: torch.nn.Module):
-    yield from module.parameters()
-    yield from module.buffers()

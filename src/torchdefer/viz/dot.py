@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchdefer.errors import TorchdeferError
 from torchdefer.viz.picture import Picture, build_picture
 from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
 
@@ -28,7 +29,7 @@ _INSTALL_DOT = (
 _TEXT_FORMATS = (".dot", ".gv")
 
 
-class GraphvizNotFoundError(RuntimeError):
+class GraphvizNotFoundError(TorchdeferError, RuntimeError):
     """Rendering a picture needs Graphviz's ``dot`` program, which was not found."""
 
 
@@ -131,7 +132,9 @@ def _emit(graph, path, picture, by_module, tree, counter) -> None:
         item = picture.items[item_id]
         attrs, _ = NODE_STYLES[item.kind]
         graph.node(item_id, _label(item.lines), **attrs)
-    for child in sorted(tree.get(path, ()), key=_natural):
+    # Definition order (picture.modules follows named_modules), as print(model) lists them.
+    order = {module: i for i, module in enumerate(picture.modules)}
+    for child in sorted(tree.get(path, ()), key=lambda c: (order.get(c, len(order)), _natural(c))):
         with graph.subgraph(name=f"cluster_{next(counter)}") as sub:
             repeat = picture.repeats.get(child)
             name = child.rpartition(".")[2] if path else child

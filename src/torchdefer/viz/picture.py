@@ -89,7 +89,7 @@ class Picture:
     links: list[Link]
     modules: dict[str, str]  # module path -> class name
     repeats: dict[str, Repeat] = field(default_factory=dict)  # drawn member -> run
-    folded: int = 0  # items hidden because a repeat draws them once
+    folded: int = 0  # ops hidden because a repeat draws them once
     elided: int = 0  # items cut by max_nodes
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.materialize.plan import make_plan
 from torchdefer.recorder.graph import Node, NodeKind, Value
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 from torchdefer.viz._format import (
     fmt_dtype,
     fmt_meta,
@@ -56,6 +56,12 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
     )
     title = names[0] if names else "tensor"
     what = "Parameter" if isinstance(tensor, nn.Parameter) else "tensor"
+    wrapper = ""
+    if not isinstance(tensor, DeferredTensor) and holds_deferred(tensor):
+        # A DTensor / FSDP2 parameter around a deferred local shard: is_deferred
+        # says True for it, so explain the shard that replay would make.
+        wrapper = f" (the local shard of a {type(tensor).__name__})"
+        tensor = _inner_deferred(tensor)
     if not isinstance(tensor, DeferredTensor):
         return "\n".join([
             f"{title}: a real {what} ({describe_real(tensor)}), not deferred. Nothing was "
@@ -67,7 +73,7 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
     storage = value.storage
     nodes = make_plan([(value, storage.version)], ReplayCache(), "recorded", None).nodes  # type: ignore[arg-type]
     lines = [
-        f"{title}: deferred {what} {_shape_on(value)}, storage s#{storage.id} at "
+        f"{title}{wrapper}: deferred {what} {_shape_on(value)}, storage s#{storage.id} at "
         f"version {storage.version}"
         + (" (already materialized once)" if storage.materialized else ""),
         f"replay runs {len(nodes)} recorded op{'s' if len(nodes) != 1 else ''}, in this order:",
@@ -76,6 +82,16 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
     lines += [_op_line(node, value, width) for node in nodes]
     lines.append(path_line)
     return "\n".join(lines)
+
+
+def _inner_deferred(tensor: torch.Tensor) -> torch.Tensor:
+    """The first deferred tensor inside a wrapper subclass (DTensor's local tensor)."""
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    for name in names:
+        inner = getattr(tensor, name)
+        if holds_deferred(inner):
+            return inner if isinstance(inner, DeferredTensor) else _inner_deferred(inner)
+    return tensor
 
 
 def _shape_on(value: Value) -> str:

@@ -129,8 +129,11 @@ class _Folder:
                 label = link.label if link.kind == "data" else f"v{link.attrs.get('version')}"
                 link = Link(tail, head, link.kind, label, link.attrs)
             links.setdefault((tail, head, link.kind), link)
+        # Count folded ops only (not the parameter boxes), so drawn + folded is
+        # what --no-collapse draws.
+        folded = sum(1 for i in self.onto if self.picture.items[i].attrs.get("seq") is not None)
         return Picture(items, list(links.values()), self.picture.modules, self.repeats,
-                       len(self.onto), self.picture.elided)
+                       folded, self.picture.elided)
 
 
 def _next(a: str, b: str) -> bool:

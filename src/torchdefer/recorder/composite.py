@@ -1,0 +1,199 @@
+"""Recording a whole Python function as one node: data-dependent init functions.
+
+Since torch 2.13, ``nn.init.trunc_normal_`` is a rejection loop: it draws,
+reads the values (``mask.any()``) and draws again. Recorded op by op, every
+read would materialize the tensor during recording (seconds and gigabytes per
+layer of a large model). Recorded as one node instead, nothing is allocated:
+replay calls the function on the real tensor, with its generator at the
+position eager code had. How far the function moves the generator depends on
+the data, so its end is an *anchor* of its stream: reaching a later position
+runs it (``recorder.stream``).
+
+:func:`composite` marks a user's own such function the same way. Library
+functions known to read data are marked for the time a recording runs
+(:func:`library_composites`), checked once per process by running them on a
+small real tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchdefer.recorder._args import flatten_call
+from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.source import user_frame
+from torchdefer.recorder.tensor import DeferredTensor
+
+__all__ = ["Composite", "composite", "library_composites"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Composite:
+    """What replay needs to know about a function recorded as one node."""
+
+    __slots__ = ("fn", "random", "writes")
+
+    def __init__(self, fn: Callable[..., Any], writes: tuple[int, ...], random: bool) -> None:
+        self.fn = fn
+        self.writes = writes  # positional indices of the tensors it changes in place
+        self.random = random
+
+    @property
+    def __name__(self) -> str:  # what graph views print
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+    def __repr__(self) -> str:
+        return f"composite {getattr(self.fn, '__qualname__', self.__name__)}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        """Run on real tensors; returns the written tensors, in ``writes`` order."""
+        self.fn(*args, **kwargs)
+        return [args[i] for i in self.writes]
+
+
+def composite(fn: F | None = None, *, writes: tuple[int, ...] = (0,), random: bool = True) -> Any:
+    """Record calls of ``fn`` on deferred tensors as one node, replayed by calling ``fn``.
+
+    For init functions that read the values they draw (rejection sampling)
+    or otherwise cannot be recorded op by op cheaply. ``fn`` must change the
+    tensors at positional indices ``writes`` in place, draw (if ``random``)
+    from one generator only (its ``generator=`` argument, else the default
+    generator of the first written tensor's device), and read no other state
+    that changes later. It returns its first written tensor when recorded.
+
+    Args:
+        fn: the function (or use ``@composite(writes=...)`` as a decorator).
+        writes: positional indices of the arguments it writes.
+        random: whether it draws random numbers.
+
+    >>> import torch, torchdefer
+    >>> @torchdefer.composite
+    ... def clipped_normal_(t, limit=2.0):
+    ...     t.normal_()
+    ...     while bool((t.abs() > limit).any()):  # reads data: rejection loop
+    ...         t.copy_(torch.where(t.abs() > limit, torch.randn_like(t), t))
+    ...     return t
+    >>> _ = torch.manual_seed(0); eager = clipped_normal_(torch.empty(100))
+    >>> _ = torch.manual_seed(0); lazy = torchdefer.deferred_init(
+    ...     lambda: clipped_normal_(torch.empty(100)))
+    >>> torch.equal(torchdefer.materialize_tensor(lazy), eager)
+    True
+    """
+    if fn is None:
+        return lambda f: composite(f, writes=writes, random=random)
+    marked = Composite(fn, tuple(writes), random)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not any(isinstance(args[i], DeferredTensor) for i in marked.writes if i < len(args)):
+            return fn(*args, **kwargs)
+        return record_composite(marked, args, kwargs)
+
+    wrapper.__torchdefer_composite__ = marked  # type: ignore[attr-defined]
+    return wrapper
+
+
+def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
+    """Record one call of ``marked``; returns its first written (deferred) tensor."""
+    from torchdefer.recorder.record import _as_deferred, _record_writes
+
+    written = [args[i] for i in marked.writes]
+    if not all(isinstance(t, DeferredTensor) for t in written):
+        raise RecordingError(
+            f"{marked!r} writes arguments {marked.writes} in place, but some are real tensors "
+            f"and some deferred (called at {_where()}). Pass only deferred tensors, or "
+            "materialize them first."
+        )
+    graph = written[0]._graph
+    flat, spec = flatten_call(args, kwargs)
+    leaves, inputs, reads = list(flat), [], []
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            x = _as_deferred(graph, x, marked)
+            inputs.append(x._value)
+            reads.append(x._value.storage.version)
+            leaves[i] = x._value
+    kind = NodeKind.RANDOM if marked.random else NodeKind.INPLACE
+    node = Node(graph.next_seq(), kind, marked, leaves, spec, tuple(inputs), tuple(reads))
+    node.source = user_frame(2)
+    node.graph = graph
+    node.writes = _record_writes(node, written, tuple(range(len(written))))
+    for k, t in enumerate(written):
+        t._value = Value(node, k, t._value.storage, TensorMeta.of(t, t.fake_device))
+        node.outputs.append(t._value)
+    if marked.random:
+        generator = kwargs.get("generator")
+        if generator is None:
+            generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+        graph.rng.place(node, generator, written[0].fake_device)
+    return written[0]
+
+
+def _where() -> str:
+    frame = user_frame(3)
+    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+# Library functions that may read the data they draw, by (module, attribute).
+# `trunc_normal_` calls `_no_grad_trunc_normal_` through the module's globals,
+# so marking the latter also covers `from torch.nn.init import trunc_normal_`.
+_LIBRARY: tuple[tuple[Any, str, Callable[[Callable[..., Any]], None]], ...] = (
+    (torch.nn.init, "_no_grad_trunc_normal_", lambda f: f(torch.empty(64), 0.0, 1.0, -2.0, 2.0)),
+)
+
+
+class _DataReads(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torchdefer.fake.tensor import DATA_READS
+
+        if func in DATA_READS or func in (torch.Tensor.any, torch.Tensor.all):
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _reads_data(module: Any, name: str) -> bool:
+    """Whether this torch's ``module.name`` reads what it draws (checked once)."""
+    probe = next(p for m, n, p in _LIBRARY if m is module and n == name)
+    mode = _DataReads()
+    state = torch.default_generator.get_state()
+    try:
+        with mode:
+            probe(getattr(module, name))
+    finally:
+        torch.default_generator.set_state(state)
+    return mode.seen
+
+
+@contextlib.contextmanager
+def library_composites() -> Iterator[None]:
+    """Mark the data-reading library init functions as composites while recording."""
+    from torchdefer.recorder.mode import suspended
+
+    saved = []
+    try:
+        for module, name, _ in _LIBRARY:
+            original = getattr(module, name)
+            if hasattr(original, "__torchdefer_composite__"):
+                continue  # an outer recording marked it already
+            with suspended():
+                reads = _reads_data(module, name)
+            if reads:
+                saved.append((module, name, original))
+                setattr(module, name, composite(original, writes=(0,), random=True))
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)

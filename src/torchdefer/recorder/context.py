@@ -1,0 +1,87 @@
+"""``with torchdefer.deferred():``: the context-manager form of ``deferred_init``.
+
+Users wrap existing code this way (accelerate's ``init_empty_weights`` taught
+them to)::
+
+    with torchdefer.deferred():
+        model = Model(cfg)
+
+Inside the block every tensor created is fake and every op recorded, exactly
+as inside ``deferred_init(Model, cfg)``, which is this block around one call.
+Blocks nest: an inner ``deferred()`` or ``deferred_init`` records into the
+outer block's graph, so tensors built at both levels can be combined.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from torchdefer._compat import default_device_context, restore_default_device
+from torchdefer.recorder.composite import library_composites
+from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import Graph
+from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.subclasses import subclassing
+
+__all__ = ["deferred"]
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Graph]:
+    """Record every tensor created in the block, as :func:`torchdefer.deferred_init` does.
+
+    The default dtype and device, dispatch modes and the FAKE mode slot are
+    left as found when the block ends, also when it raises. Ops on the tensors
+    created inside are recorded after the block too (``model.half()``,
+    weight tying), as with ``deferred_init``.
+
+    Yields:
+        The recorded :class:`~torchdefer.recorder.Graph` (the outer block's
+        when nested). Most code ignores it.
+
+    Raises:
+        RecordingError: entered inside ``torchdefer.fake_mode()`` or PyTorch's
+            ``FakeTensorMode``, which hold the same dispatch slot.
+
+    >>> import torch, torchdefer
+    >>> _ = torch.manual_seed(0); eager = torch.nn.Linear(4, 2)
+    >>> _ = torch.manual_seed(0)
+    >>> with torchdefer.deferred():
+    ...     lazy = torch.nn.Linear(4, 2, device="cuda")  # no GPU needed
+    >>> lazy.weight.device, torchdefer.is_deferred(lazy)
+    (device(type='cuda', index=0), True)
+    >>> real = torchdefer.materialize_module(lazy, device="cpu")
+    >>> torch.equal(real.weight, eager.weight)
+    True
+    """
+    active = torch._C._get_dispatch_mode(_FAKE)
+    if isinstance(active, RecordingMode):
+        yield active.graph
+        return
+    if active is not None:
+        raise RecordingError(
+            f"torchdefer.deferred() / deferred_init was entered inside {type(active).__name__}, "
+            "which holds the same dispatch slot (torchdefer.fake_mode() or PyTorch's "
+            "FakeTensorMode). Leave that mode first, or build everything inside one of them."
+        )
+    graph = Graph()
+    dtype = torch.get_default_dtype()
+    # Not torch.get_default_device(): it builds a tensor, which fails under
+    # `with torch.device("cuda")` on a host without CUDA.
+    device_context = default_device_context()
+    try:
+        # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
+        # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
+        with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing():
+            yield graph
+    finally:
+        # The constructor may change defaults and fail before restoring them.
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if default_device_context() is not device_context:
+            restore_default_device(device_context)

@@ -1,0 +1,162 @@
+"""Streams of random ops and their logical positions in a generator's stream.
+
+One :class:`Stream` per generator (a device's default one, or a user's). A
+stream is cut into :class:`Epoch` s: an epoch starts from a *base* (the
+generator's real state, a fresh seed, or a position in an earlier epoch that
+user code restored) and lists the random calls made from it. Each call starts
+at a :class:`Position`: how far past an *anchor* the generator is. The anchor
+is the epoch's base, or the end of the last call whose draws the model cannot
+count (see ``torchdefer.rng.draws``); such a call must run before anything
+after it can be placed exactly.
+
+Positions are counted per *model* of generator: ``"cpu"`` (mt19937: 32-bit
+words plus the cached normal sample) or ``"cuda"`` (Philox offset). A stream
+recorded on one device and replayed on another gets the other model's layout,
+computed from the recorded calls when first needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.graph import Value
+from torchdefer.rng import draws, philox
+from torchdefer.rng.draws import Effect, TensorInfo
+
+__all__ = ["ANCHOR", "Epoch", "Layout", "Position", "Stream", "advance", "call_effect", "meta_call"]
+
+# The cached-normal state of a Position: None (none cached), ANCHOR (whatever
+# the anchor's state had), or an int w: the second normal of the pair drawn
+# at word w past the anchor.
+ANCHOR = "anchor"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A logical generator state: ``words`` past the anchor, and the normal cache."""
+
+    anchor: int  # -1: the epoch's base; k: the end of call k of the epoch
+    words: int
+    cache: Any = ANCHOR
+
+
+def advance(
+    position: Position, effect: Effect | int | None, anchor_cache: bool | None
+) -> Position | None:
+    """The position after a call with ``effect`` (words for Philox); None if not countable.
+
+    ``anchor_cache`` says whether the anchor's state holds a cached normal
+    (None: unknown, as after a call the model cannot count).
+    """
+    if effect is None:
+        return None
+    if isinstance(effect, int):
+        return Position(position.anchor, position.words + effect)
+    words, cache = position.words, position.cache
+    if effect.normals:
+        cached = anchor_cache if cache == ANCHOR else cache is not None
+        if cached is None:
+            return None
+        remaining = effect.normals - (1 if cached else 0)
+        pairs = (remaining + 1) // 2
+        cache = words + 4 * (pairs - 1) if remaining % 2 else None
+        words += 4 * pairs
+        if not remaining:
+            cache = None
+    return Position(position.anchor, words + effect.words, cache)
+
+
+@dataclass(slots=True, eq=False)
+class Layout:
+    """Where each call of an epoch starts, for one model of generator."""
+
+    starts: list[Position] = field(default_factory=list)
+    end: Position = field(default_factory=lambda: Position(-1, 0))
+    # Whether the current anchor's state holds a cached normal (None: unknown).
+    anchor_cache: bool | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Epoch:
+    """Random calls made from one base, in order."""
+
+    # A state tensor of the stream's generator; ("seed", s): a generator
+    # freshly seeded with s; or (Epoch, Position): a position of an earlier
+    # epoch of this stream that user code restored.
+    base: Any
+    calls: list[Any] = field(default_factory=list)  # the random Nodes
+    layouts: dict[str, Layout] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """The random calls of one generator."""
+
+    device: torch.device
+    generator: torch.Generator | None  # None: the default generator of `device`
+    model: str | None  # "cpu" / "cuda" when a real generator exists here, else None
+    epochs: list[Epoch] = field(default_factory=list)
+    # The state this process's generator was left in by the recorder (a
+    # synced state or a marker); anything else means user code changed it.
+    left: torch.Tensor | None = None
+    seed_seen: int | None = None  # default CUDA generator on a host without CUDA
+
+    def __repr__(self) -> str:
+        who = "default" if self.generator is None else f"Generator@{id(self.generator):x}"
+        return f"Stream({who} on {self.device})"
+
+
+def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
+    """``node``'s call with the metadata of its tensors, and of the tensor it draws into."""
+
+    def meta(leaf: Any) -> Any:
+        if isinstance(leaf, Value):
+            m = leaf.meta
+            return TensorInfo(m.size, m.stride, m.dtype)
+        return leaf
+
+    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
+    drawn = meta(node.outputs[0]) if node.outputs else None
+    return args, kwargs, drawn
+
+
+def call_effect(node: Any, model: str) -> draws.Effect | int | None:
+    """What ``node`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
+    func = node.op
+    if not hasattr(func, "_schema"):  # a composite node (a Python function)
+        return None
+    args, kwargs, drawn = meta_call(node)
+    if drawn is None:
+        return None
+    if model == "cpu":
+        return draws.effect(func, args, kwargs, drawn)
+    return _philox_effect(node, func, args, kwargs, drawn)
+
+
+def _philox_effect(node, func, args, kwargs, drawn) -> int | None:
+    stream = node.rng[0]
+    device = stream.device
+    if not torch.cuda.is_available():
+        return None
+    range_ = _int_range(func, args, kwargs, drawn)
+    unroll = philox.unroll_factor(func, drawn, range_)
+    if unroll is None:
+        return None
+    return philox.counter_increment(drawn.numel(), unroll, philox.DeviceShape.of(device))
+
+
+def _int_range(func, args, kwargs, drawn) -> int | None:
+    names = [a.name for a in func._schema.arguments]
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    if "high" in values:
+        return int(values["high"]) - int(values.get("low", 0) or 0)
+    if "to" in values and values.get("to") is not None:
+        return int(values["to"]) - int(values.get("from", 0) or 0)
+    if "from" in values:  # random_(from, None): up to the dtype's maximum
+        return 1 << 62 if values["from"] is not None else None
+    return None

@@ -1,0 +1,172 @@
+"""The CPU generator's state, and moving it ahead without drawing the numbers.
+
+A CPU ``torch.Generator`` is mt19937 (``ATen/core/MT19937RNGEngine.h``): an
+array of 624 32-bit words refilled all at once when used up, ``left`` counting
+down to the refill and ``next`` the index of the word to read. Its
+``get_state()`` is ``CPUGeneratorImplState`` (``ATen/CPUGeneratorImpl.cpp``),
+5056 bytes::
+
+    0     the_initial_seed  u64        5016  normal_x    f64 (unused)
+    8     left              i32        5024  normal_y    f64: cached double normal
+    12    seeded            i32        5032  normal_rho  f64 (unused)
+    16    next              u64        5040  normal_is_valid i32
+    24    state[624]        u64 each   5048  next_float_normal_sample f32, valid u8
+
+:func:`advance` moves the engine ``n`` words ahead. A short distance is drawn
+for real (exact by construction, ~3 ns a word); a long one jumps: the array
+``k`` refills ahead is the sum over GF(2) of the word windows selected by the
+coefficients of ``x**(624k - 1) mod P`` (``gf2``), ~10 ms plus the power. The
+layout is checked once against the installed torch (:func:`layout_known`); if
+it ever differs, every distance is drawn for real, slower but still exact.
+The normal-sample caches are left as they are: they belong to the draw model.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from torchdefer.rng.gf2 import DEGREE, x_power_mod
+
+__all__ = ["STATE_BYTES", "advance", "array_of", "layout_known", "words_left_in_block"]
+
+N = 624  # words per refill
+STATE_BYTES = 5056
+_LEFT, _SEEDED, _NEXT, _ARRAY = 8, 12, 16, 24
+# Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
+_DRAW_LIMIT = 1 << 22
+_CHUNK = 1 << 20  # words drawn per call when drawing for real
+
+
+def _field(state: torch.Tensor, offset: int, dtype: torch.dtype) -> int:
+    size = torch.empty(0, dtype=dtype).element_size()
+    return int(state[offset : offset + size].view(dtype).item())
+
+
+def array_of(state: torch.Tensor) -> torch.Tensor:
+    """The 624 words of the engine's array, as int64 values in ``[0, 2**32)``."""
+    return state[_ARRAY : _ARRAY + 8 * N].view(torch.int64)
+
+
+def words_left_in_block(state: torch.Tensor) -> int:
+    """How many words the engine gives before its next refill."""
+    return _field(state, _LEFT, torch.int32) - 1
+
+
+def _with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torch.Tensor:
+    out = state.clone()
+    out[_ARRAY : _ARRAY + 8 * N].view(torch.int64).copy_(array)
+    out[_LEFT : _LEFT + 4].view(torch.int32).fill_(N + 1 - consumed)
+    out[_NEXT : _NEXT + 8].view(torch.int64).fill_(consumed)
+    return out
+
+
+def advance(state: torch.Tensor, words: int) -> torch.Tensor:
+    """``state`` with its engine ``words`` draws of 32 bits further on."""
+    if words < 0:
+        raise ValueError(f"cannot move a generator back ({words} words)")
+    if words <= _DRAW_LIMIT or not layout_known():
+        return _draw(state, words)
+    consumed = N - words_left_in_block(state)
+    target = consumed + words
+    blocks = (target - 1) // N
+    return _with_engine(state, _refills_ahead(array_of(state), blocks), target - N * blocks)
+
+
+def _draw(state: torch.Tensor, words: int) -> torch.Tensor:
+    """Move ahead by drawing: ``random_`` on int32 takes one 32-bit word an element."""
+    generator = torch.Generator()
+    generator.set_state(state)
+    buffer = torch.empty(min(words, _CHUNK), dtype=torch.int32)
+    while words > 0:
+        part = buffer[: min(words, _CHUNK)]
+        part.random_(generator=generator)
+        words -= part.numel()
+    return generator.get_state()
+
+
+def _sequence(array: torch.Tensor, refills: int) -> torch.Tensor:
+    """The words ``w[0 .. 624 * (refills + 1))`` that follow from ``array = w[0:624]``.
+
+    Drawn with torch's own engine: an array with one word left refills on the
+    next draw, and after 624 draws ``get_state`` holds the next array.
+    """
+    generator = torch.Generator()
+    state = generator.get_state()
+    state[_ARRAY : _ARRAY + 8 * N].view(torch.int64).copy_(array)
+    state[_LEFT : _LEFT + 4].view(torch.int32).fill_(1)
+    state[_NEXT : _NEXT + 8].view(torch.int64).fill_(N)
+    generator.set_state(state)
+    blocks = [array]
+    scratch = torch.empty(N, dtype=torch.int32)
+    for _ in range(refills):
+        scratch.random_(generator=generator)
+        blocks.append(array_of(generator.get_state()).clone())
+    return torch.cat(blocks)
+
+
+def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The engine's array ``blocks`` refills after ``array``.
+
+    Every word ``w[n]`` with ``n >= 1`` is a linear function of the 19937-bit
+    state, so ``w[n + 1 + j] = XOR of w[i + 1 + j]`` over the set coefficients
+    ``i`` of ``x**n mod P``; the array wanted is ``w[624 * blocks + j]``.
+    """
+    if blocks <= _DRAW_LIMIT // N:
+        return _sequence(array, blocks)[N * blocks :]
+    coefficients = x_power_mod(N * blocks - 1)
+    words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)
+    selected = _set_bits(coefficients)
+    rows = words.unfold(0, N, 1).index_select(0, selected)
+    return _xor_rows(rows).to(torch.int64) & 0xFFFFFFFF
+
+
+def _set_bits(c: int) -> torch.Tensor:
+    raw = torch.frombuffer(
+        bytearray(c.to_bytes((c.bit_length() + 7) // 8, "little")), dtype=torch.uint8
+    )
+    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    return bits.reshape(-1).nonzero().reshape(-1)
+
+
+def _xor_rows(rows: torch.Tensor) -> torch.Tensor:
+    """XOR of all rows (a tree of halvings; torch has no XOR reduction)."""
+    while rows.shape[0] > 1:
+        n = rows.shape[0]
+        half = n // 2
+        folded = rows[:half] ^ rows[half : 2 * half]
+        if n % 2:
+            folded[0] ^= rows[-1]
+        rows = folded
+    return rows[0]
+
+
+@functools.cache
+def layout_known() -> bool:
+    """Whether this torch's CPU generator state has the layout :func:`advance` edits.
+
+    Checked once: a seeded state must read as mt19937's initialisation, and
+    jumps built from the layout must land where drawing for real lands.
+    """
+    generator = torch.Generator()
+    generator.manual_seed(5489)
+    state = generator.get_state()
+    if state.numel() != STATE_BYTES or state.dtype != torch.uint8:
+        return False
+    array = array_of(state)
+    first = 5489 & 0xFFFFFFFF
+    second = (1812433253 * (first ^ (first >> 30)) + 1) & 0xFFFFFFFF
+    if (array[0].item(), array[1].item()) != (first, second):
+        return False
+    if (_field(state, _LEFT, torch.int32), _field(state, _SEEDED, torch.int32)) != (1, 1):
+        return False
+    for words in (1, 623, 624, 625, 5 * N + 17):
+        drawn = _draw(state, words)
+        consumed = N - words_left_in_block(state)
+        target = consumed + words
+        blocks = (target - 1) // N
+        built = _with_engine(state, _sequence(array, blocks)[N * blocks :], target - N * blocks)
+        if not torch.equal(built, drawn):
+            return False
+    return True

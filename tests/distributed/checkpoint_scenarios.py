@@ -1,0 +1,95 @@
+"""Checkpoints into FSDP2-sharded deferred models on gloo ranks (see test_sharded_checkpoint.py).
+
+Each scenario is ``(rank, world_size) -> None`` and raises on any mismatch with
+the eager model loaded by ``Module.load_state_dict``. The checkpoint directory
+is shared by the ranks through an environment variable set before spawning.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.fsdp import fully_shard
+
+import torchdefer
+
+ALL = [
+    "dcp_checkpoint_into_fsdp2_model_matches_eager",
+    "safetensors_into_fsdp2_model_matches_eager",
+]
+
+
+def _llama(tie: bool):
+    import transformers
+
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, tie_word_embeddings=tie))
+
+
+def _shard(model) -> None:
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def _expected(tie: bool, drop: str | None):
+    """The eager model: built from seed 0, then loaded with the seed-1 weights less ``drop``."""
+    torch.manual_seed(1)
+    state = {k: v for k, v in _llama(tie).state_dict().items() if k != drop}
+    torch.manual_seed(0)
+    eager = _llama(tie)
+    eager.load_state_dict(state, strict=False)
+    return eager, state
+
+
+def _check(model, eager, missing) -> None:
+    assert not torchdefer.is_deferred(model)
+    gathered = {n: p.full_tensor() for n, p in model.named_parameters()}  # collectives first
+    for name, ref in eager.named_parameters():
+        assert torch.equal(gathered[name], ref), f"{name} differs from eager"
+    for name, ref in eager.named_buffers():
+        assert torch.equal(model.get_buffer(name), ref), f"buffer {name} differs"
+    x = torch.randint(0, 100, (1, 5))
+    torch.testing.assert_close(model(x).logits, eager(x).logits)
+
+
+def dcp_checkpoint_into_fsdp2_model_matches_eager(rank: int, world: int) -> None:
+    # Saved from a model sharded the same way, without lm_head: a new head.
+    path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"dcp-{world}")
+    eager, state = _expected(tie=False, drop="lm_head.weight")
+    torch.manual_seed(1)
+    saved = _llama(False)
+    _shard(saved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({k: v for k, v in saved.state_dict().items() if k != "lm_head.weight"},
+                 checkpoint_id=path)
+    dist.barrier()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_llama, False)
+    _shard(model)
+    result = torchdefer.load_state_dict(model, path)
+    assert result.missing_keys == ("lm_head.weight",), result.missing_keys
+    _check(model, eager, result.missing_keys)
+
+
+def safetensors_into_fsdp2_model_matches_eager(rank: int, world: int) -> None:
+    path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"hf-{world}")
+    eager, _ = _expected(tie=True, drop=None)
+    if rank == 0:
+        torch.manual_seed(1)
+        _llama(True).save_pretrained(path)
+    dist.barrier()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_llama, True)
+    _shard(model)
+    result = torchdefer.load_state_dict(model, path)
+    assert result.missing_keys == (), result.missing_keys
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    _check(model, eager, result.missing_keys)

@@ -1,0 +1,97 @@
+"""Data-dependent init functions are recorded as one node and replayed by calling them."""
+
+import psutil
+import torch
+from torch import nn
+
+import torchdefer
+from parity import assert_same_tensor, check_module_parity
+from torchdefer.recorder import NodeKind
+
+
+class TitanBlock(nn.Module):
+    """torchtitan-style: trunc_normal_ everywhere, applied in __init__."""
+
+    def __init__(self, dim=64, hidden=176):
+        super().__init__()
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.norm = nn.LayerNorm(dim)
+        for i, linear in enumerate((self.wq, self.w1, self.w2)):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02 * (i + 1))
+        g = torch.Generator().manual_seed(3)
+        self.extra = nn.Parameter(torch.empty(5, 7))
+        nn.init.trunc_normal_(self.extra, std=1.0, a=-0.5, b=0.5, generator=g)  # p < 0.3 branch
+
+
+def test_trunc_normal_models_match_eager_bit_for_bit():
+    check_module_parity(lambda: nn.Sequential(TitanBlock(), TitanBlock()))
+
+
+def test_trunc_normal_is_one_node_and_recording_reads_no_data():
+    m = torchdefer.deferred_init(TitanBlock)
+    node = m.wq.weight._value.node
+    assert node.kind == NodeKind.RANDOM
+    assert "trunc_normal" in node.name
+    assert not m.wq.weight._graph.observations  # nothing was materialized to record it
+
+
+def test_recording_trunc_normal_allocates_nothing_for_the_weights():
+    process = psutil.Process()
+    before = process.memory_info().rss
+    with torchdefer.deferred():
+        w = nn.Parameter(torch.empty(8192, 8192))  # 256 MiB if it were real
+        nn.init.trunc_normal_(w, std=0.02)
+        recording = process.memory_info().rss - before
+    # Leaving the block moves the generator past the function's draws, which
+    # only running it can count: one tensor of scratch, released at once.
+    after = process.memory_info().rss - before
+    assert recording < 64 << 20
+    assert after < 64 << 20
+    assert torchdefer.is_deferred(w)
+
+
+def test_materializing_after_a_composite_in_any_order_matches_eager():
+    def build():
+        a = torch.empty(300)
+        nn.init.trunc_normal_(a)
+        return a, torch.randn(40), torch.rand(7)
+
+    torch.manual_seed(0)
+    ref = build()
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    got = torchdefer.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), ref_state)
+    for i in (2, 0, 1):
+        assert_same_tensor(torchdefer.materialize_tensor(got[i]), ref[i], f"output {i}")
+
+
+def test_users_mark_their_own_data_dependent_init_functions():
+    @torchdefer.composite
+    def clipped_normal_(t, limit=1.5):
+        t.normal_()
+        while bool((t.abs() > limit).any()):
+            t.copy_(torch.where(t.abs() > limit, torch.randn_like(t), t))
+        return t
+
+    def build():
+        return clipped_normal_(torch.empty(50, 4)), torch.randn(3)
+
+    torch.manual_seed(0)
+    ref = build()
+    torch.manual_seed(0)
+    got = torchdefer.deferred_init(build)
+    assert not got[0]._graph.observations
+    for r, g in zip(ref, got, strict=True):
+        assert_same_tensor(torchdefer.materialize_tensor(g), r)
+    # On real tensors the function runs as it is.
+    torch.manual_seed(0)
+    assert torch.equal(clipped_normal_(torch.empty(50, 4)), ref[0])
+
+
+def test_the_library_function_is_restored_after_recording():
+    original = torch.nn.init._no_grad_trunc_normal_
+    torchdefer.deferred_init(TitanBlock)
+    assert torch.nn.init._no_grad_trunc_normal_ is original

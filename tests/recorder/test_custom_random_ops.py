@@ -1,0 +1,86 @@
+"""Random ops of other libraries: tagged ones are placed in the stream, untagged ones refused."""
+
+import pytest
+import torch
+
+import torchdefer
+from parity import assert_same_tensor
+
+
+@torch.library.custom_op("tdtest::noisy_", mutates_args=("t",))
+def noisy_(t: torch.Tensor) -> None:
+    t.copy_(torch.randn(t.shape, dtype=t.dtype))
+
+
+@noisy_.register_fake
+def _(t):
+    return None
+
+
+@torch.library.custom_op(
+    "tdtest::tagged_noisy_", mutates_args=("t",), tags=(torch.Tag.nondeterministic_seeded,)
+)
+def tagged_noisy_(t: torch.Tensor) -> None:
+    t.copy_(torch.randn(t.shape, dtype=t.dtype))
+
+
+@tagged_noisy_.register_fake
+def _(t):
+    return None
+
+
+_lib = torch.library.Library("tdtest", "FRAGMENT")
+_lib.define("noisy_with(Tensor(a!) t, *, Generator? generator=None) -> ()")
+
+
+def _noisy_with(t, *, generator=None):
+    t.copy_(torch.rand(t.shape, dtype=t.dtype, generator=generator))
+
+
+_lib.impl("noisy_with", _noisy_with, "CPU")
+_lib.impl("noisy_with", lambda t, *, generator=None: None, "Meta")
+noisy_with = torch.ops.tdtest.noisy_with
+
+
+def _build(op, **kwargs):
+    def build():
+        a = torch.empty(20)
+        op(a, **kwargs)
+        return a, torch.randn(5)
+
+    return build
+
+
+def test_a_tagged_custom_random_op_matches_eager_and_keeps_the_stream():
+    build = _build(tagged_noisy_)
+    torch.manual_seed(0)
+    ref = build()
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    got = torchdefer.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), ref_state)
+    for r, g in zip(ref, got, strict=True):
+        assert_same_tensor(torchdefer.materialize_tensor(g), r)
+
+
+def test_a_custom_op_taking_a_generator_is_recorded_as_random():
+    def build():
+        g = torch.Generator().manual_seed(3)
+        a = torch.empty(20)
+        noisy_with(a, generator=g)
+        return a, g
+
+    torch.manual_seed(0)
+    ref, ref_g = build()
+    torch.manual_seed(0)
+    got, g = torchdefer.deferred_init(build)
+    assert torch.equal(g.get_state(), ref_g.get_state())
+    assert_same_tensor(torchdefer.materialize_tensor(got), ref)
+
+
+def test_an_untagged_custom_op_drawing_from_the_default_generator_is_refused():
+    got = torchdefer.deferred_init(_build(noisy_))
+    before = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match=r"noisy_.*not tagged as random.*nondeterministic_seeded"):
+        torchdefer.materialize_tensor(got[0])
+    assert torch.equal(torch.get_rng_state(), before)

@@ -22,6 +22,7 @@ from torchdefer.errors import TorchdeferError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
+from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
 
@@ -166,7 +167,7 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     _meta_registrations.device_hint = _device_hint
     try:
         with torch._C._DisableTorchDispatch():
-            out = func(*args, **kwargs)
+            out = eager_layout(func, args, kwargs, func(*args, **kwargs))
     finally:
         _meta_registrations.device_hint = hint
         STATE.in_kernel = False

@@ -132,7 +132,7 @@ class Replay:
             return [leaves[0].detach()]
         args, kwargs = unflatten_call(leaves, node.spec)
         if kind == NodeKind.RANDOM:
-            out = self.rng.run(node, args, kwargs)
+            out = call_watching_writes(node, leaves, lambda: self.rng.run(node, args, kwargs))
         else:
             out = call_watching_writes(
                 node, leaves, lambda: call_checking_draws(node, args, kwargs)

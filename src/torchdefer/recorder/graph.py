@@ -26,7 +26,7 @@ class NodeKind:
     VIEW = "view"  # aliases an input's storage (view, t, slicing, detach)
     INPLACE = "inplace"  # writes an input's storage (add_, copy_, fill_)
     CALL = "call"  # any other op: new storage computed from inputs
-    CONSTANT = "constant"  # value captured from Python data (torch.tensor, from_numpy)
+    CONSTANT = "constant"  # value captured from Python data (torch.tensor)
     EXTERNAL = "external"  # a real tensor from outside, referenced and version-checked
     DATA_GET = "data_get"  # `t.data`
     DATA_SET = "data_set"  # `t.data = other`

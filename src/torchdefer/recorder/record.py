@@ -35,6 +35,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if func in _LIFT:
         if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
             return args[0]
+        if not args[0].untyped_storage().resizable():
+            # Memory torch does not own (from_numpy, as_tensor, frombuffer): eager
+            # tensors alias it and see later writes, so reference it, checked at
+            # replay, rather than copy it.
+            return _external(graph, args[0])
         return record_constant(graph, args[0])
     if func is _ITEM:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
@@ -251,7 +256,7 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
 def record_constant(
     graph: Graph, real: torch.Tensor, device: torch.device | None = None
 ) -> DeferredTensor:
-    """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value.
+    """A tensor built from Python data (``torch.tensor``), kept by value.
 
     ``device`` is the device the fake reports when it differs from the real
     one (a value computed on the CPU for a fake CUDA tensor).

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
+from torchdefer._compat import hash_tensor
+
 __all__ = ["fingerprint"]
 
 _CHUNK = 1 << 22  # elements hashed at a time
@@ -35,7 +37,7 @@ def fingerprint(state: torch.nn.Module | Mapping[str, torch.Tensor]) -> str:
                 # xor of the bits and a position-weighted sum: order matters.
                 weights = torch.arange(1, chunk.numel() + 1, dtype=torch.int64)
                 mixed = (chunk.to(torch.int64) * weights).sum()
-                xor = torch.hash_tensor(chunk).view(torch.int64).item()
+                xor = hash_tensor(chunk).view(torch.int64).item()
                 digest.update(xor.to_bytes(8, "little", signed=True))
                 digest.update(int(mixed).to_bytes(16, "little", signed=True))
     return digest.hexdigest()

@@ -1,16 +1,17 @@
-"""save()/load(): descriptors and checks survive; loading runs no pickled code."""
+"""save()/load(): descriptors and checks survive; loading runs no code from the file."""
 
 import io
 import json
 import os
 import pickle
+import sys
 import zipfile
 
 import pytest
 import torch
 
 import torchdefer
-from torchdefer.descriptors import DescriptorMismatch, MetaTensorType
+from torchdefer.descriptors import DescriptorMismatch, MetaTensorType, ProgramFileError, _torch
 
 F32 = torch.float32
 
@@ -35,68 +36,189 @@ DESC = {"x": MetaTensorType(["b", 6], F32, dim_ranges={"b": (0, 32)}), "flag": T
 def test_loaded_program_checks_and_runs_the_same(backend, tmp_path):
     model = Model()
     p = torchdefer.script(model, DESC, backend=backend)
+    for b in [0, 1]:  # an export program keeps the graphs these calls build
+        p(torch.randn(b, 6), True)
     path = tmp_path / "model.tdp"
     torchdefer.save(p, path)
-    q = torchdefer.load(path)
+    q = torchdefer.load(path, allow_torchscript=backend == "jit")
     for b in [0, 1, 5]:
         x = torch.randn(b, 6)
         torch.testing.assert_close(q(x, True), model(x, True))
     assert q.input_descriptors == p.input_descriptors
     assert q.output_descriptors == p.output_descriptors
     assert "relu" in q.graph
-    with pytest.raises(
-        DescriptorMismatch, match=r"x.shape\[0\]: expected 'b' in \[0, 32\], got 33"
-    ):
+    with pytest.raises(DescriptorMismatch, match=r"x.shape\[0\]: expected 'b' in \[0, 32\], got 33"):
         q(torch.randn(33, 6), True)
     with pytest.raises(DescriptorMismatch, match=r"flag \(value\): expected True, got False"):
         q(torch.randn(2, 6), False)
 
 
-_RAN = []
-
-
-class _Payload:
-    def __reduce__(self):
-        return (_RAN.append, ("pwned",))
-
-
-def _replace_member(path, member, data):
-    with zipfile.ZipFile(path) as zf:
-        files = {n: zf.read(n) for n in zf.namelist()}
-    files[member] = data
-    with zipfile.ZipFile(path, "w") as zf:
-        for n, d in files.items():
-            zf.writestr(n, d)
-
-
-@pytest.mark.parametrize("member", ["weights.pt", "constants.pt"])
-def test_crafted_pickle_in_the_archive_is_not_executed(member, tmp_path):
+def test_torchscript_archive_is_refused_unless_allowed(tmp_path):
     path = tmp_path / "model.tdp"
-    torchdefer.save(torchdefer.script(Model(), DESC), path)
-    buffer = io.BytesIO()
-    torch.save({"lin.weight": _Payload()}, buffer)
-    _replace_member(path, member, buffer.getvalue())
-    with pytest.raises(ValueError, match=f"{member} holds more than tensors; refusing"):
+    torchdefer.save(torchdefer.script(Model(), DESC, backend="jit"), path)
+    with pytest.raises(ProgramFileError, match="holds a TorchScript program .* pass allow_torchscript=True if you trust"):
         torchdefer.load(path)
-    _replace_member(path, member, pickle.dumps(_Payload()))
-    with pytest.raises(ValueError, match="refusing to unpickle"):
-        torchdefer.load(path)
-    assert _RAN == []
 
 
 def test_descriptors_are_stored_as_json(tmp_path):
     path = tmp_path / "model.tdp"
     torchdefer.save(torchdefer.script(Model(), DESC), path)
+    header = json.loads(_members(path)["torchdefer.json"])
+    x, flag = header["params"]
+    assert x["node"]["leaves"] == [{"tensor": MetaTensorType(["b", 6], F32, dim_ranges={"b": (0, 32)}).to_json()}]
+    assert flag["node"]["leaves"] == [{"value": True}]
+
+
+# ------------------------------------------------------------ hostile files
+MARK = "torchdefer_test_pwned"
+PAYLOAD = f"__import__('builtins').setattr(__import__('sys'), '{MARK}', 1) or Symbol('s77')"
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "model.tdp"
+    torchdefer.save(torchdefer.script(Model(), DESC), path)
+    yield path
+    assert not hasattr(sys, MARK), "code from the file ran"
+
+
+def _members(path):
     with zipfile.ZipFile(path) as zf:
-        header = json.loads(zf.read("torchdefer.json"))
-    trees = dict(header["spec"]["trees"])
-    assert trees["x"]["meta"]["shape"] == ["b", 6]
-    assert trees["flag"] == {"kind": "value", "value": True}
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+def _write(path, members):
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, d in members.items():
+            zf.writestr(n, d)
+
+
+def _edit_json(path, member, edit):
+    members = _members(path)
+    data = json.loads(members[member])
+    edit(data)
+    members[member] = json.dumps(data).encode()
+    _write(path, members)
+
+
+def _first_expr(data):
+    for value in data["graph_module"]["graph"]["tensor_values"].values():
+        for size in value["sizes"]:
+            if size.get("as_expr"):
+                return size["as_expr"]
+    raise AssertionError("no symbolic size in the graph")
+
+
+def test_crafted_shape_expression_runs_code_in_torchs_loader_but_is_refused_by_ours(saved):
+    _edit_json(saved, "graph0.json", lambda g: _first_expr(g).update(expr_str=PAYLOAD))
+    members = _members(saved)
+    with pytest.raises(ProgramFileError, match=r"graph0.json holds something loading would execute \(BoolOp is not allowed"):
+        torchdefer.load(saved)
+    assert not hasattr(sys, MARK)
+    # The hole being closed: torch's own deserializer evaluates the text.
+    state = torch.load(io.BytesIO(members["weights.pt"]), weights_only=True)
+    try:
+        _torch.deserialize(members["graph0.json"], state, {})
+    except Exception:
+        pass
+    assert getattr(sys, MARK, None) == 1
+    delattr(sys, MARK)
+
+
+def test_guards_code_that_torch_would_exec_is_refused(saved):
+    _edit_json(saved, "graph0.json", lambda g: g.update(guards_code=["__import__('os').getpid()"]))
+    with pytest.raises(ProgramFileError, match="carries guards_code, Python source torch would exec"):
+        torchdefer.load(saved)
+
+
+def test_graph_node_calling_a_python_function_is_refused(saved):
+    def edit(g):
+        node = g["graph_module"]["graph"]["nodes"][0]
+        node["target"] = "torch.serialization.os.system"
+
+    _edit_json(saved, "graph0.json", edit)
+    with pytest.raises(ProgramFileError, match=r"graph0.json is not what torchdefer wrote .*system"):
+        torchdefer.load(saved)
+
+
+def test_crafted_coverage_guard_is_refused(saved):
+    def edit(h):
+        h["variants"][0]["coverage"]["guards"] = [PAYLOAD.replace("s77", "v0")]
+
+    _edit_json(saved, "torchdefer.json", edit)
+    with pytest.raises(ProgramFileError, match="graph 0 of torchdefer.json holds something loading would execute"):
+        torchdefer.load(saved)
+
+
+def test_output_structure_naming_an_unregistered_type_imports_nothing(saved):
+    def edit(h):
+        h["variants"][0]["recipe"]["spec"] = json.dumps([1, {"type": "antigravity.Fly", "context": "null", "children_spec": []}])
+
+    _edit_json(saved, "torchdefer.json", edit)
+    with pytest.raises(ProgramFileError, match="graph 0 of torchdefer.json is not what torchdefer wrote"):
+        torchdefer.load(saved)
+    assert "antigravity" not in sys.modules
+
+
+class _Payload:
+    def __reduce__(self):
+        return (exec, (f"import sys; setattr(sys, {MARK!r}, 1)",))
+
+
+@pytest.mark.parametrize("member", ["weights.pt", "graph0.constants.pt"])
+def test_crafted_pickle_in_the_archive_is_not_executed(member, saved):
+    members = _members(saved)
+    buffer = io.BytesIO()
+    torch.save({"lin.weight": _Payload()}, buffer)
+    for data in (buffer.getvalue(), pickle.dumps(_Payload())):
+        members[member] = data
+        _write(saved, members)
+        with pytest.raises(ProgramFileError, match=f"{member} holds more than tensors, or is damaged; refusing to unpickle it"):
+            torchdefer.load(saved)
+
+
+# ------------------------------------------------------------ damaged files
+def test_truncated_file_names_the_file_and_the_damage(saved):
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProgramFileError, match=rf"{saved.name}': the archive is damaged or truncated"):
+        torchdefer.load(saved)
+
+
+def test_corrupted_member_is_reported_with_its_name(saved):
+    data = bytearray(saved.read_bytes())
+    start = data.index(b'"graph_module"')  # inside graph0.json's stored bytes
+    data[start + 3] ^= 0x55
+    saved.write_bytes(bytes(data))
+    with pytest.raises(ProgramFileError, match=r"graph0.json is damaged or truncated \(Bad CRC-32"):
+        torchdefer.load(saved)
+
+
+@pytest.mark.parametrize("member", ["weights.pt", "graph0.json", "graph0.constants.pt"])
+def test_missing_member_is_reported_as_an_incomplete_file(member, saved):
+    members = _members(saved)
+    del members[member]
+    _write(saved, members)
+    with pytest.raises(ProgramFileError, match=f"{member} is missing; the file is incomplete"):
+        torchdefer.load(saved)
+
+
+def test_header_from_another_version_or_not_json_says_so(saved):
+    _edit_json(saved, "torchdefer.json", lambda h: h.update(version=99))
+    with pytest.raises(ProgramFileError, match="unsupported version 99; this torchdefer reads torchdefer.program version 2"):
+        torchdefer.load(saved)
+    members = _members(saved)
+    members["torchdefer.json"] = b"{not json"
+    _write(saved, members)
+    with pytest.raises(ProgramFileError, match="torchdefer.json is not what torchdefer wrote"):
+        torchdefer.load(saved)
 
 
 def test_loading_a_file_that_is_not_a_program_says_so(tmp_path):
     path = tmp_path / "other.zip"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("x.txt", "hi")
-    with pytest.raises(ValueError, match="is not a torchdefer program"):
+    _write(path, {"x.txt": "hi"})
+    with pytest.raises(ProgramFileError, match="is not a torchdefer program"):
         torchdefer.load(os.fspath(path))
+    path.write_bytes(b"plain text")
+    with pytest.raises(ProgramFileError, match="the archive is damaged or truncated"):
+        torchdefer.load(path)

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import torchdefer
-import torchdefer.descriptors as D
 from torchdefer.descriptors import DescriptorMismatch, MetaTensorType
 
 
@@ -95,7 +94,6 @@ def test_range_violation_message():
             lambda c: c.__setitem__(0, torch.randn(2, 7, 1)),
             "x.ndim: expected 2, got 3 (shape [2, 7, 1])",
         ),
-        (lambda c: c.__setitem__(0, c[0].to("meta")), "x.device: expected 'cpu', got 'meta'"),
         (
             lambda c: c[2].__setitem__("a", False),
             "inp['a'] (value): expected True, got False; the program was specialized for this "
@@ -129,16 +127,25 @@ def test_requires_grad_and_layout_are_checked():
     p = torchdefer.script(f, {"x": MetaTensorType([3], torch.float32, requires_grad=False)})
     with pytest.raises(DescriptorMismatch, match="x.requires_grad: expected False, got True"):
         p(torch.randn(3, requires_grad=True))
-    sparse = D.tree.normalize(MetaTensorType([3], layout=torch.strided), "x")
-    with pytest.raises(DescriptorMismatch, match="x.layout: expected torch.strided"):
-        D.checker.Checker({}).check(sparse, torch.randn(3).to_sparse(), "x")
+    q = torchdefer.script(f, {"x": MetaTensorType([3], layout=torch.strided)})
+    with pytest.raises(DescriptorMismatch, match="x.layout: expected torch.strided, got torch.sparse_coo"):
+        q(torch.randn(3).to_sparse())
 
 
 def test_device_without_index_admits_every_index_of_that_type():
-    c = D.checker.Checker({})
-    c.check_tensor(MetaTensorType(device="meta"), torch.empty(2, device="meta"), "x")
-    with pytest.raises(DescriptorMismatch, match="x.device: expected 'meta', got 'cpu'"):
-        c.check_tensor(MetaTensorType(device="meta"), torch.empty(2), "x")
+    d = MetaTensorType(device="meta")
+    assert d.admits(torch.empty(2, device="meta"))
+    assert not d.admits(torch.empty(2))
+    p = torchdefer.script(lambda x: x + 1, {"x": MetaTensorType(["n"], torch.float32, device="cpu")})
+    with pytest.raises(DescriptorMismatch, match="x.device: expected 'cpu', got 'meta'"):
+        p(torch.empty(2, device="meta"))
+
+
+def test_unknown_device_gets_one_graph_per_device():
+    p = torchdefer.script(lambda x: x + 1, {"x": MetaTensorType(["n"], torch.float32)})
+    assert p(torch.empty(2, device="meta")).device.type == "meta"
+    torch.testing.assert_close(p(torch.ones(2)), torch.full((2,), 2.0))
+    assert p.variants == 2
 
 
 def test_undescribed_parameters_are_fixed_to_their_defaults():
@@ -162,6 +169,28 @@ def test_type_descriptor_rejects_bool_for_int():
     assert torch.equal(p(x, 5), f(x, 5))
     with pytest.raises(DescriptorMismatch, match=r"^n \(type\): expected int, got bool True$"):
         p(x, True)
+
+
+def test_positional_and_keyword_calls_bind_like_python():
+    def f(x, *, scale=2.0):
+        return x * scale
+
+    p = torchdefer.script(f, {"x": MetaTensorType(["n"], torch.float32), "scale": float})
+    x = torch.randn(3)
+    torch.testing.assert_close(p(x=x, scale=3.0), f(x, scale=3.0))
+    with pytest.raises(TypeError, match=r"f\(\): too many positional arguments"):
+        p(x, 3.0)
+    with pytest.raises(TypeError, match=r"f\(\): missing a required argument: 'x'"):
+        p(scale=1.0)
+
+
+def test_default_that_differs_from_the_described_value_is_refused():
+    def f(x, flag=False):
+        return x + 1 if flag else x
+
+    p = torchdefer.script(f, {"x": MetaTensorType(["n"], torch.float32), "flag": True})
+    with pytest.raises(DescriptorMismatch, match=r"flag \(value\): expected True, got False"):
+        p(torch.randn(2))
 
 
 def test_descriptor_naming_an_unknown_parameter_is_rejected_at_script_time():

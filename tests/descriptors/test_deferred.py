@@ -40,7 +40,8 @@ def test_script_of_a_deferred_module_allocates_no_weights(tmp_path):
     assert torchdefer.is_deferred(model)
     assert os.path.getsize(tmp_path / "wide.tdp") < 2**20
     assert p.output_descriptors.shape == ("b", 4096)
-    assert all(t.is_meta for t in q._runner.program.state_dict.values())
+    (graph,) = q._variants.values()
+    assert all(t.is_meta for t in graph.program.state_dict.values())
 
 
 def test_deferred_program_runs_with_the_real_weights_after_materialize(tmp_path):
@@ -66,3 +67,11 @@ def test_jit_backend_refuses_a_deferred_module_with_advice():
     model = torchdefer.deferred_init(Wide, 8)
     with pytest.raises(TypeError, match="backend='export' \\(no allocation\\)"):
         torchdefer.script(model, {"x": MetaTensorType(["b", 8], torch.float32)}, backend="jit")
+
+
+def test_weights_bound_without_a_name_the_program_needs_are_refused():
+    p = torchdefer.script(Wide(8), {"x": MetaTensorType(["b", 8], torch.float32)})
+    state = Wide(8).state_dict()
+    del state["shift"]
+    with pytest.raises(RuntimeError, match="weight 'shift' is missing from the bound weights"):
+        p.with_weights(state)(torch.randn(2, 8))

@@ -16,6 +16,12 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+# A pseudo-scenario each spawn reports: not [] when this torch's gloo
+# reduce_scatter returns the sum for ReduceOp.AVG (torch 2.8 does). FSDP2
+# averages gradients with it, so a multi-rank step then moves parameters by
+# world_size times eager's step, with or without torchdefer.
+GLOO_AVG_SUMS = "gloo_reduce_scatter_avg_returns_the_sum"
+
 
 def run_scenarios(
     world_size: int, names: list[str], out_dir: Path, module: str = "scenarios"
@@ -36,10 +42,10 @@ def run_scenarios(
             del os.environ["MALLOC_MMAP_THRESHOLD_"]
         else:
             os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
-    results: dict[str, list[str]] = {name: [] for name in names}
+    results: dict[str, list[str]] = {name: [] for name in [*names, GLOO_AVG_SUMS]}
     for rank in range(world_size):
         outcome = json.loads((out_dir / f"rank{rank}.json").read_text())
-        for name in names:
+        for name in [*names, GLOO_AVG_SUMS]:
             error = outcome.get(name, "scenario did not report (the rank died?)")
             if error:
                 results[name].append(f"rank {rank}/{world_size}:\n{error}")
@@ -62,6 +68,7 @@ def _worker(
     )
     outcome: dict[str, str] = {}
     try:
+        outcome[GLOO_AVG_SUMS] = _gloo_avg_sums(world_size)
         for name in names:
             try:
                 getattr(scenarios, name)(rank, world_size)
@@ -72,6 +79,17 @@ def _worker(
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
         dist.destroy_process_group()
+
+
+def _gloo_avg_sums(world_size: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, torch.ones(world_size), op=dist.ReduceOp.AVG)
+    if out.item() == 1.0:
+        return ""
+    return f"reduce_scatter_tensor(op=AVG) of ones gave {out.item()} on gloo (torch {torch.__version__})"
 
 
 def _free_port() -> int:

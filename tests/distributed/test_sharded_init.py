@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import scenarios
 import torch
-from _spawn import run_scenarios
+from _spawn import GLOO_AVG_SUMS, run_scenarios
 
 pytest.importorskip("transformers")
 
@@ -52,6 +52,12 @@ def test_fsdp2_shards_of_hf_models_are_slices_of_eager(outcomes, world):
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_fsdp2_forward_backward_and_step_match_eager(outcomes, world):
+    if outcomes[world][GLOO_AVG_SUMS]:
+        seen = outcomes[world][GLOO_AVG_SUMS][0].splitlines()[-1]
+        pytest.skip(
+            "torch bug: gloo's reduce_scatter sums for ReduceOp.AVG, so FSDP2 steps by "
+            f"world_size x the averaged gradient, eager-built models too: {seen}"
+        )
     _check(outcomes, world, "fsdp2_training_step_matches_eager")
 
 

@@ -95,7 +95,7 @@ def test_moving_fake_tensors_between_devices_this_host_may_lack():
         lambda t: t.new_tensor([1.0, 2.0]),
         lambda t: t.new_zeros(2),
         lambda t: t.half(),
-        lambda t: t.index_select(0, torch.tensor([0, 1])),
+        lambda t: t.index_select(0, t.new_tensor([0, 1], dtype=torch.long)),
     ],
 )
 def test_fake_cuda_tensor_methods_work_on_a_host_without_gpu(op):

@@ -1,10 +1,11 @@
-"""Random ops of other libraries: tagged ones are placed in the stream, untagged ones refused."""
+"""Random ops of other libraries, tagged or not, take their place in the stream."""
 
 import pytest
 import torch
 
 import torchdefer
 from parity import assert_same_tensor
+from torchdefer.materialize.errors import UntaggedRandomOpError
 
 
 @torch.library.custom_op("tdtest::noisy_", mutates_args=("t",))
@@ -78,9 +79,25 @@ def test_a_custom_op_taking_a_generator_is_recorded_as_random():
     assert_same_tensor(torchdefer.materialize_tensor(got), ref)
 
 
-def test_an_untagged_custom_op_drawing_from_the_default_generator_is_refused():
-    got = torchdefer.deferred_init(_build(noisy_))
+def test_an_untagged_custom_op_drawing_from_the_default_generator_matches_eager():
+    build = _build(noisy_)
+    torch.manual_seed(0)
+    ref = build()
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    got = torchdefer.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), ref_state)
+    for i in (1, 0):
+        assert_same_tensor(torchdefer.materialize_tensor(got[i]), ref[i])
+
+
+def test_a_function_marked_not_random_that_draws_is_refused_at_replay():
+    @torchdefer.composite(random=False)
+    def sneaky_(t):
+        t.copy_(torch.randn(t.shape))
+
+    got = torchdefer.deferred_init(lambda: sneaky_(torch.empty(6)))
     before = torch.get_rng_state()
-    with pytest.raises(RuntimeError, match=r"noisy_.*not tagged as random.*nondeterministic_seeded"):
-        torchdefer.materialize_tensor(got[0])
+    with pytest.raises(UntaggedRandomOpError, match=r"sneaky_.*not tagged as random"):
+        torchdefer.materialize_tensor(got)
     assert torch.equal(torch.get_rng_state(), before)

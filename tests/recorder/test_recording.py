@@ -11,6 +11,7 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_tensor, build_both
+from torchdefer.materialize.errors import ExternalTensorModifiedError
 from torchdefer.recorder import RecordingError
 
 
@@ -125,17 +126,28 @@ def test_linear_algebra_in_init_code_matches_eager():
 
 
 def test_constants_from_python_data_are_captured_by_value():
+    data = [1.0, 2.0, 3.0]
+
+    def build():
+        return torch.tensor(data)
+
+    eager, deferred = build_both(build)
+    data[:] = [7.0, 7.0, 7.0]  # the list is copied by torch.tensor, in eager code too
+    assert torch.equal(torchdefer.materialize_tensor(deferred), eager)
+
+
+def test_tensors_on_numpy_memory_alias_it_as_in_eager_and_changes_are_refused():
     array = np.arange(6, dtype=np.float32)
 
     def build():
-        a = torch.tensor([1.0, 2.0, 3.0])
-        b = torch.from_numpy(array) * 2
-        return a, b
+        t = torch.from_numpy(array)
+        return t, t * 2
 
     eager, deferred = build_both(build)
-    array[:] = 100  # changing the source after recording must not change the result
-    assert torch.equal(torchdefer.materialize_tensor(deferred[0]), eager[0])
-    assert torch.equal(torchdefer.materialize_tensor(deferred[1]), torch.arange(6.0) * 2)
+    assert torch.equal(torchdefer.materialize_tensor(deferred[1]), eager[1])
+    array[:] = 100  # eager's t sees this; its product does not
+    with pytest.raises(ExternalTensorModifiedError, match="numpy array behind torch.from_numpy"):
+        torchdefer.materialize_tensor(deferred[0])
 
 
 def test_data_dependent_reads_during_construction_work():

@@ -191,3 +191,17 @@ def test_materializing_never_moves_the_global_generator():
     before = torch.get_rng_state()
     torchdefer.materialize_module(m)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_without_the_draw_model_every_position_is_reached_by_running_the_draws_before(
+    monkeypatch,
+):
+    monkeypatch.setenv("TORCHDEFER_RNG_JUMPS", "0")
+
+    def build():
+        a = torch.randn(3)
+        with torch.random.fork_rng(devices=[]):
+            b = torch.rand(40)
+        return a, b, nn.Linear(9, 9), torch.empty(5).bernoulli_(0.5)
+
+    check(lambda defer: defer(build))

@@ -13,16 +13,20 @@ every call::
     program.output_descriptors                          # e.g. MetaTensorType(['b', 3], ...)
     torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
 
-Each module's docstring says how its part works and why: ``meta_tensor_type``
-(descriptors, symbolic dims and ranges, ``from_examples``/``widen``),
-``checker`` (the checks run on every call and their messages),
-``export_backend`` and ``jit_backend``/``jit_trace`` (the two backends),
-``archive`` (``save``/``load`` without unpickling code) and ``describe``.
+Each module's docstring says how its part works and why, in import order:
+``errors``; ``meta_tensor_type`` (descriptors, symbolic dims and ranges,
+``from_examples``/``widen``); ``tree`` (descriptor trees, typing objects);
+``checker`` (binding, the checks run on every call, concrete cases);
+``_expr`` (shape expressions parsed without ``eval``); ``weights``;
+``outputs``; ``_conflict``, ``export_backend`` and ``jit_backend``;
+``program`` (``Program``, ``script``); ``archive`` (``save``/``load`` that run
+no code from the file); ``describe``. Private and version-sensitive torch
+APIs are confined to ``_torch``; no module imports one later in this list.
 """
 
 from torchdefer.descriptors.archive import load, save
 from torchdefer.descriptors.describe import describe
-from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch
+from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch, ProgramFileError
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.program import Program, script
 
@@ -31,6 +35,7 @@ __all__ = [
     "DescriptorMismatch",
     "MetaTensorType",
     "Program",
+    "ProgramFileError",
     "describe",
     "load",
     "save",

@@ -1,23 +1,27 @@
-"""``save`` / ``load``: programs on disk, descriptors and checks included.
+"""``save`` / ``load``: programs on disk, with descriptors, checks and every graph built.
 
 The file is a zip archive:
 
-* ``torchdefer.json``: format version, backend, the specialization
-  (signature, descriptor trees, ranges) as JSON, whether weights are stored;
-* export backend: ``program.json`` (``torch.export``'s JSON graph format),
-  ``weights.pt`` and ``constants.pt`` (tensors only);
-* jit backend: ``program.ts`` (a ``torch.jit.save`` archive of the scripted
-  or traced module); a traced program's output structure is stored as
-  ``torch.utils._pytree`` JSON in the header.
+* ``torchdefer.json`` -- format version, backend, the parameters with their
+  descriptor trees, ranges, and per export graph its case (facts, fixed
+  sizes), coverage and output recipe;
+* export: ``graph<i>.json`` (``torch.export``'s JSON graph format),
+  ``graph<i>.constants.pt``, and one ``weights.pt`` shared by the graphs;
+* jit: ``program.ts`` (a ``torch.jit.save`` archive).
 
-Loading never unpickles arbitrary objects. Descriptors are JSON; tensors are
-read with ``torch.load(weights_only=True)``; the TorchScript archive is read by
-``torch.jit.load``, whose unpickler only builds TorchScript values; output
-structures are rebuilt only from types registered with ``torch.utils._pytree``
-in the loading process. We do not
-call ``torch.export.load``: it falls back to ``weights_only=False`` (and to
-``pickle.loads`` for some constants) when a payload is not plain tensors, so a
-crafted file could run code.
+**Loading never runs code from the file.** Descriptors and cases are JSON
+read into descriptor objects; containers are rebuilt only from types
+registered with ``torch.utils._pytree`` in the loading process; tensors are
+read with ``torch.load(weights_only=True)``; every symbolic expression in the
+graph JSON is checked by the restricted parser of ``_expr`` *before* torch's
+deserializer (which would ``sympify``, i.e. evaluate, it) sees it; the
+``guards_code`` that ``ExportedProgram.module()`` would ``exec`` must be
+empty; torch's verifier refuses graph nodes that call anything but operators.
+``torch.export.load`` is not used: it falls back to ``weights_only=False``
+for payloads that are not plain tensors. A TorchScript archive contains code
+that runs when it is loaded, so jit programs load only with
+``allow_torchscript=True``. Damaged files raise :class:`ProgramFileError`
+naming the file and the part.
 
 A program of a deferred (or meta) model is saved with meta-tensor weights:
 nothing of the model's size is written or allocated on load; bind real
@@ -26,32 +30,50 @@ weights with :meth:`Program.with_weights`.
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
 import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch._export.serde import serialize as serde
+import torch.utils._pytree as pytree
 
+from torchdefer.descriptors import _torch
+from torchdefer.descriptors._expr import UnsafeExpression, parse
+from torchdefer.descriptors.checker import Param, concrete_trees
+from torchdefer.descriptors.errors import ProgramFileError
+from torchdefer.descriptors.export_backend import Coverage, ExportRunner
+from torchdefer.descriptors.jit_backend import JitRunner
+from torchdefer.descriptors.outputs import OutputRecipe
 from torchdefer.descriptors.program import Program
-from torchdefer.descriptors.specialization import Specialization
-from torchdefer.descriptors.tree import from_json as tree_from_json
-from torchdefer.descriptors.tree import to_json as tree_to_json
+from torchdefer.descriptors.tree import (
+    from_json,
+    normalize,
+    to_json,
+    value_from_json,
+    value_to_json,
+)
+from torchdefer.descriptors.weights import Weights, has_data
 
 __all__ = ["load", "save"]
 
 _FORMAT = "torchdefer.program"
-_VERSION = 1
+_VERSION = 2
 
 
 def save(program: Program, path: str | os.PathLike[str]) -> None:
     """Write ``program`` to ``path``; :func:`load` reads it back, checks included.
 
-    Weights of the program's module are stored when they are real tensors;
-    when the module is deferred (or on the meta device) only their metadata
-    is stored.
+    Every graph the program has built so far is written (an export program
+    builds one per dtype, list length, 0/1 size ... on first use), so a loaded
+    program runs exactly the calls those graphs cover. Weights of the
+    program's module are stored when they are real tensors; when the module
+    is deferred (or on the meta device) only their metadata is.
 
     Example:
         >>> import torch, torchdefer, tempfile, os
@@ -64,149 +86,224 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         torch.Size([4, 2])
     """
     if not isinstance(program, Program):
-        raise TypeError(
-            f"save() takes a program from torchdefer.script(), got {type(program).__name__}"
-        )
+        raise TypeError("save() takes a program from torchdefer.script(), got "
+                        f"{type(program).__name__}")
     header: dict[str, Any] = {
-        "format": _FORMAT,
-        "version": _VERSION,
-        "backend": program.backend,
-        "spec": program._spec.to_json(),
+        "format": _FORMAT, "version": _VERSION, "backend": program.backend,
+        "qualname": program.qualname, "params": [_param_to_json(p) for p in program._params],
+        "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
-    if program.backend == "export":
-        header["weights"] = _export_files(program, files)
-    else:
-        from torchdefer.descriptors.jit_backend import save_bytes
-
-        files["program.ts"] = save_bytes(program._runner)
-        header["jit"] = program._runner.header()
-        header["weights"] = True
-        try:  # export outputs are recomputed from the graph; jit's are kept
-            header["outputs"] = tree_to_json(program.output_descriptors)
-        except (TypeError, AttributeError):
+    if program.backend == "jit":
+        buffer = io.BytesIO()
+        torch.jit.save(next(iter(program._variants.values())).scripted, buffer)
+        files["program.ts"] = buffer.getvalue()
+        try:  # descriptors of what TorchScript returns are plain trees
+            header["outputs"] = to_json(program.output_descriptors)
+        except (TypeError, ValueError):
             header["outputs"] = None
+    else:
+        header["variants"], header["weights"] = _export_files(program, files)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         zf.writestr("torchdefer.json", json.dumps(header, indent=1))
         for name, data in files.items():
             zf.writestr(name, data)
 
 
-def load(path: str | os.PathLike[str]) -> Program:
+def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Program:
     """Read a program written by :func:`save`; it checks and runs as before.
+
+    Args:
+        path: the file.
+        allow_torchscript: load a jit program, whose TorchScript archive holds
+            code that runs while it is loaded; only for files you trust.
 
     Returns:
         The program; if it was saved without weights (deferred model), bind
         them with :meth:`Program.with_weights` before calling it.
 
     Raises:
-        ValueError: the file is not a torchdefer program, or holds payloads
-            other than tensors.
+        ProgramFileError: the file is damaged or incomplete, not a torchdefer
+            program, or holds something loading would have to execute.
     """
-    with zipfile.ZipFile(path) as zf:
-        names = set(zf.namelist())
-        if "torchdefer.json" not in names:
-            raise ValueError(
-                f"{os.fspath(path)!r} is not a torchdefer program (no torchdefer.json)"
+    name = os.fspath(path)
+    with _reading(name, "the archive"), zipfile.ZipFile(path) as zf:
+        members = {n: _member(zf, n, name) for n in zf.namelist()}
+    if "torchdefer.json" not in members:
+        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json)")
+    header = _json(members, "torchdefer.json", name)
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header)")
+    if header.get("version") != _VERSION:
+        raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
+                               f"torchdefer reads {_FORMAT} version {_VERSION}")
+    with _reading(name, "torchdefer.json"):
+        backend, qualname = header["backend"], header["qualname"]
+        params = tuple(_param_from_json(p) for p in header["params"])
+        ranges = {n: (lo, hi) for n, lo, hi in header["ranges"]}
+        if backend not in ("export", "jit"):
+            raise ValueError(f"unknown backend {backend!r}")
+    if backend == "jit":
+        if not allow_torchscript:
+            raise ProgramFileError(
+                f"{name!r} holds a TorchScript program (backend='jit'): loading it runs the "
+                "TorchScript code inside the file, so it is refused by default; pass "
+                "allow_torchscript=True if you trust where the file comes from, or save a "
+                "program built with backend='export'"
             )
-        header = json.loads(zf.read("torchdefer.json"))
-        if header.get("format") != _FORMAT or header.get("version") != _VERSION:
-            raise ValueError(
-                f"{os.fspath(path)!r}: unsupported format {header.get('format')!r} version "
-                f"{header.get('version')!r}; this torchdefer reads {_FORMAT} version {_VERSION}"
-            )
-        payload = {n: zf.read(n) for n in names if n != "torchdefer.json"}
-    spec = Specialization.from_json(header["spec"])
-    if header["backend"] == "export":
-        return _load_export(spec, payload, path)
-    if header["backend"] == "jit":
-        from torchdefer.descriptors.jit_backend import load_program
-
-        outputs = header.get("outputs")
-        return load_program(
-            spec,
-            payload["program.ts"],
-            header.get("jit"),
-            None if outputs is None else tree_from_json(outputs),
-        )
-    raise ValueError(f"{os.fspath(path)!r}: unknown backend {header['backend']!r}")
+        with _reading(name, "program.ts"):
+            data = io.BytesIO(_need(members, "program.ts", name))
+            runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
+                                           qualname)}
+            outputs = header.get("outputs") and from_json(header["outputs"])
+            weights = Weights()
+    else:
+        weights, runners = _export_runners(header, members, params, qualname, name)
+        first = next(iter(runners.values()), None)
+        outputs = None if first is None else first.output_descriptors(ranges)
+    return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
+                   runners=runners, weights=weights, output_descriptors=outputs)
 
 
-def _export_files(program: Program, files: dict[str, bytes]) -> bool:
-    ep = program._runner.program
-    live = program._current_weights_or_none() or {}
+def _export_runners(header: dict[str, Any], members: dict[str, bytes], params: tuple[Param, ...],
+                    qualname: str, name: str) -> tuple[Weights, dict[tuple, ExportRunner]]:
+    state = _tensors(members, "weights.pt", name)
+    weights = Weights(tensors=state) if header.get("weights") else Weights(
+        missing=f"{qualname} program was saved from a deferred model, without weights; bind them "
+        "with program.with_weights(materialized_module)")
+    runners = {}
+    for i, v in enumerate(_need(header, "variants", name)):
+        with _reading(name, f"graph {i} of torchdefer.json"):
+            facts = tuple(value_from_json(f) for f in v["facts"])
+            fixed = tuple((k if isinstance(k, str) else tuple(k), int(n)) for k, n in v["fixed"])
+            key, concrete = (facts, fixed), concrete_trees(params, facts, dict(fixed))
+            coverage = Coverage.from_json(v["coverage"])
+            recipe = OutputRecipe.from_json(v["recipe"])
+        program = _read_graph(members, i, state, name)
+        runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname,
+                                    v.get("training"))
+    return weights, runners
 
-    def stored(name: str, t: torch.Tensor) -> torch.Tensor:
-        # Live module weights win; the graph's own (loaded) weights are real
-        # unless fake/meta; anything without data is stored as a meta twin.
-        source = live.get(name, t)
-        if source.is_meta or type(source).__name__ == "FakeTensor" or _has_no_data(source):
-            source = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta")
-        source = source.detach()
-        if isinstance(t, torch.nn.Parameter):
-            return torch.nn.Parameter(source, t.requires_grad)
-        return source
 
-    state = {name: stored(name, t) for name, t in ep.state_dict.items()}
-    constants = {}
-    for name, value in ep.constants.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"save(): constant {name!r} of the program is a {type(value).__name__}; only "
-                "tensor constants can be saved"
-            )
-        constants[name] = stored(name, value)
-    # The graph is serialized against meta twins (its verifier wants every
-    # weight present); the weights themselves go to weights.pt.
-    twins = {k: _meta(v) for k, v in state.items()}
-    old = ep._state_dict, ep._constants, ep._example_inputs
-    ep._state_dict, ep._constants, ep._example_inputs = twins, {}, None
+# ------------------------------------------------------------------ export
+def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[str, Any]], bool]:
+    weights: dict[str, torch.Tensor] = {}
+    variants = []
+    for i, ((facts, fixed), runner) in enumerate(program._variants.items()):
+        ep = runner.program
+        live = dict(zip(runner.held, _live(runner)))
+        for n, t in runner.held.items():
+            source = live.get(n, t)
+            source = (source if has_data(source) else _meta(t)).detach()
+            is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
+            weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
+        graph = json.loads(_torch.serialize(ep, _meta))
+        graph["guards_code"] = []  # Python source torch would exec; coverage replaces it
+        files[f"graph{i}.json"] = json.dumps(graph).encode()
+        constants = {}
+        for n, c in ep.constants.items():
+            if not isinstance(c, torch.Tensor):
+                raise TypeError(f"save(): constant {n!r} of the program is a {type(c).__name__}; "
+                                "only tensor constants can be saved")
+            constants[n] = weights[n] if n in weights else c.detach()
+        files[f"graph{i}.constants.pt"] = _tensor_bytes(constants)
+        variants.append({"facts": [value_to_json(f) for f in facts],
+                         "fixed": [[k if isinstance(k, str) else list(k), v] for k, v in fixed],
+                         "coverage": runner.coverage.to_json(), "recipe": runner.recipe.to_json(),
+                         "training": runner.training})
+    files["weights.pt"] = _tensor_bytes(weights)
+    return variants, all(not t.is_meta for t in weights.values())
+
+
+def _live(runner: ExportRunner) -> list[torch.Tensor]:
     try:
-        artifact = serde.serialize(
-            ep,
-            serialize_state_dict=False,
-            serialize_constants=False,
-            serialize_example_inputs=False,
-        )
-    finally:
-        ep._state_dict, ep._constants, ep._example_inputs = old
-    files["program.json"] = artifact.exported_program
-    files["weights.pt"] = _tensor_bytes(state)
-    files["constants.pt"] = _tensor_bytes(constants)
-    return all(not t.is_meta for t in [*state.values(), *constants.values()])
+        return runner.resolve()
+    except RuntimeError:  # deferred or unbound: store metadata only
+        return []
 
 
 def _meta(t: torch.Tensor) -> torch.Tensor:
-    twin = t.to("meta")
-    return torch.nn.Parameter(twin, t.requires_grad) if isinstance(t, torch.nn.Parameter) else twin
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def _has_no_data(t: torch.Tensor) -> bool:
-    from torchdefer.descriptors.program import _is_deferred_tensor
+def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor],
+                name: str) -> torch.export.ExportedProgram:
+    member = f"graph{i}.json"
+    graph = _json(members, member, name)
+    with _reading(name, member):
+        if graph.get("guards_code"):
+            raise UnsafeExpression("it carries guards_code, Python source torch would exec")
+        for text in _expressions(graph):
+            parse(text)
+    constants = _tensors(members, f"graph{i}.constants.pt", name)
+    with _reading(name, member):
+        # Non-persistent buffers are constants to torch; the runner reads them from weights.
+        persistent = {n: t for n, t in state.items() if n not in constants}
+        # torch's verifier, run by the deserializer, refuses nodes that call
+        # anything but operators (test_archive checks it still does).
+        return _torch.deserialize(json.dumps(graph).encode(), persistent, constants)
 
-    return _is_deferred_tensor(t)
+
+def _expressions(data: Any) -> Iterator[str]:
+    """Every ``expr_str`` in torch.export's graph JSON (the texts it sympifies)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if k == "expr_str":
+                yield v
+            else:
+                yield from _expressions(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _expressions(v)
 
 
-def _load_export(spec: Specialization, payload: dict[str, bytes], path: Any) -> Program:
-    from torchdefer.descriptors.export_backend import ExportRunner
-    from torchdefer.descriptors.outputs import ExportSymbols, output_descriptors
+# ------------------------------------------------------------- file access
+@contextmanager
+def _reading(name: str, part: str) -> Iterator[None]:
+    """Turn what a damaged or crafted file raises into one clear error."""
+    try:
+        yield
+    except ProgramFileError:
+        raise
+    except UnsafeExpression as e:
+        raise ProgramFileError(f"{name!r}: {part} holds something loading would execute ({e}); "
+                               "refusing to load it") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise ProgramFileError(f"{name!r}: {part} is damaged or truncated ({e}); the file cannot "
+                               "be read, save the program again") from None
+    except Exception as e:  # whatever torch's deserializer or json raise on bad content
+        raise ProgramFileError(f"{name!r}: {part} is not what torchdefer wrote "
+                               f"({type(e).__name__}: {e}); save the program again") from None
 
-    state = _read_tensors(payload["weights.pt"], "weights.pt", path)
-    constants = _read_tensors(payload["constants.pt"], "constants.pt", path)
-    artifact = serde.SerializedArtifact(payload["program.json"], state, constants, b"")
-    ep = serde.deserialize(artifact)
-    symbols = ExportSymbols.from_program(ep, list(spec.dynamic_leaves()))
-    runner = ExportRunner(ep, symbols.display)
-    real = all(not t.is_meta for t in [*state.values(), *constants.values()])
-    return Program(
-        backend="export",
-        spec=spec,
-        runner=runner,
-        output_descriptors=output_descriptors(ep, symbols, spec.ranges),
-        module=None,
-        weights=dict(ep.state_dict) if real else None,
-        weightless=not real,
-    )
+
+def _member(zf: zipfile.ZipFile, member: str, name: str) -> bytes:
+    with _reading(name, member):
+        return zf.read(member)
+
+
+def _need(mapping: dict[str, Any], key: str, name: str) -> Any:
+    if key not in mapping:
+        raise ProgramFileError(f"{name!r}: {key} is missing; the file is incomplete, save the "
+                               "program again")
+    return mapping[key]
+
+
+def _json(members: dict[str, bytes], member: str, name: str) -> Any:
+    data = _need(members, member, name)
+    with _reading(name, member):
+        return json.loads(data)
+
+
+def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, torch.Tensor]:
+    data = _need(members, member, name)
+    try:
+        out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
+    except Exception as e:
+        raise ProgramFileError(f"{name!r}: {member} holds more than tensors, or is damaged; "
+                               f"refusing to unpickle it ({type(e).__name__})") from None
+    if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
+        raise ProgramFileError(f"{name!r}: {member} is not a dict of tensors")
+    return out
 
 
 def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -215,14 +312,18 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     return buffer.getvalue()
 
 
-def _read_tensors(data: bytes, member: str, path: Any) -> dict[str, torch.Tensor]:
-    try:
-        out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
-    except Exception as e:
-        raise ValueError(
-            f"{os.fspath(path)!r}: {member} holds more than tensors; refusing to unpickle it "
-            f"({type(e).__name__})"
-        ) from e
-    if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
-        raise ValueError(f"{os.fspath(path)!r}: {member} is not a dict of tensors")
-    return out
+# -------------------------------------------------------------- JSON parts
+def _param_to_json(p: Param) -> dict[str, Any]:
+    empty = p.default is inspect.Parameter.empty
+    default = None if empty else to_json(normalize(p.default, p.name))
+    return {"name": p.name, "kind": p.kind, "described": p.described, "default": default,
+            "node": None if p.node is None else to_json(p.node)}
+
+
+def _param_from_json(data: dict[str, Any]) -> Param:
+    default = inspect.Parameter.empty
+    if data["default"] is not None:
+        leaves, spec = pytree.tree_flatten(from_json(data["default"]))
+        default = pytree.tree_unflatten([leaf.value for leaf in leaves], spec)
+    node = None if data["node"] is None else from_json(data["node"])
+    return Param(str(data["name"]), str(data["kind"]), node, default, bool(data["described"]))

@@ -1,131 +1,229 @@
-"""``Checker``: validates one call's arguments against descriptor trees.
+"""``Checker``: binds each call to parameters and checks every argument.
 
-The checker walks the descriptors in argument order and binds each symbolic
-name to the first length it meets, remembering where (``x.shape[1]``), so a
-later conflict can name both places: ``'b' is 7 from x.shape[1]``.
-``torch.export`` checks shapes on its own, but not dtype, device, rank,
-requires_grad, values or structure, and its messages cannot point at the
-first binding; hence this separate pass, run before every call.
+Binding is Python's own (``inspect.Signature.bind``, with an all-positional
+fast path); the descriptors are compiled once into small check functions that
+walk the argument in pytree order, binding each symbolic name to the first
+length it meets and remembering where (``x.shape[1]``), so a later conflict
+names both places: ``'b' is 7 from x.shape[1]``. ``torch.export`` checks
+shapes on its own, but not dtype, device, rank, ``requires_grad``, values or
+structure, and cannot point at the first binding; hence this pass, run
+before every call.
+
+For backends that build one program per concrete case (``specialize=True``,
+export), the check also returns the call's *facts* -- the properties the
+descriptors leave open (a dtype, a list's length, whether an ``Optional`` is
+``None``, a ``float``'s value) -- and binds ``None`` dims and ``int``
+arguments, so the program can pick, or build, the variant that covers the
+call. :func:`concretize` reads facts back in the same order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
+import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.errors import DescriptorMismatch
-from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
-from torchdefer.descriptors.tree import Node, TypeOf, Value
+from torchdefer.descriptors.meta_tensor_type import (
+    DimRange,
+    MetaTensorType,
+    TensorCheck,
+    describe_value,
+)
+from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, TypeOf, Value
 
-__all__ = ["Checker", "merge_ranges"]
+__all__ = ["NOT_ACCEPTED", "Checker", "Key", "Param", "concrete_trees", "concretize",
+           "merge_ranges", "show_key"]
+
+Key = Any
+"""A size as the checker binds it in ``env``: a symbolic name (``"b"``), a
+``None`` dim (``("x", 1)``) or an ``int`` argument (``("n",)``)."""
+
+NOT_ACCEPTED = object()
+"""Stands for a parameter whose default is not a plain value (a tensor): the
+program uses the default and refuses a passed value."""
+
+_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
+                              inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                              inspect.Parameter.KEYWORD_ONLY)}
+Check = Callable[[Any, str, dict, dict, "list | None"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of the scripted callable.
+
+    Args:
+        name: its name.
+        kind: ``POSITIONAL_ONLY``, ``POSITIONAL_OR_KEYWORD`` or ``KEYWORD_ONLY``.
+        node: its descriptor tree; ``None`` when not accepted (see ``NOT_ACCEPTED``).
+        default: its default if it has a plain one, else ``inspect.Parameter.empty``.
+        described: whether the user described it (else it is fixed to its default).
+    """
+
+    name: str
+    kind: str
+    node: Node | None
+    default: Any = inspect.Parameter.empty
+    described: bool = False
 
 
 class Checker:
-    """One call's check: symbol bindings live here, so use one per call.
+    """Binds and checks calls for one program.
 
     Args:
-        ranges: inclusive ``(min, max)`` bounds per symbolic name, as merged
-            by :func:`merge_ranges` over all descriptors of the program.
+        qualname: the callable's name, for messages.
+        params: every parameter, in order.
+        ranges: ``(min, max)`` per symbolic name.
+        specialize: also return facts and bind ``None`` dims / ints (export).
+
+    Calling it returns ``(values, env, facts)``: every parameter's value in
+    order (defaults applied, ``NOT_ACCEPTED`` where the default stands), the
+    bound symbols, and the facts as a tuple.
     """
 
-    def __init__(self, ranges: Mapping[str, DimRange]) -> None:
-        self.ranges = ranges
-        # name -> (length, path where it was first seen)
-        self.bound: dict[str, tuple[int, str]] = {}
+    def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
+                 specialize: bool) -> None:
+        self.qualname = qualname
+        self.signature = inspect.Signature([
+            inspect.Parameter(p.name, _KINDS[p.kind],
+                              default=NOT_ACCEPTED if p.node is None else p.default)
+            for p in params
+        ])
+        self.params = params
+        self.ranges = dict(ranges)
+        self.specialize = specialize
+        self.checks = [None if p.node is None else self.compile(p.node) for p in params]
+        # All-positional calls with every parameter given skip inspect's binding (~4 us).
+        self.fast = len(params) if all(p.kind != "KEYWORD_ONLY" and p.node is not None
+                                       for p in params) else -1
 
-    def check(self, node: Node, value: Any, path: str) -> None:
-        """Check ``value`` (the argument at ``path``) against ``node``."""
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict, tuple]:
+        if kwargs or len(args) != self.fast:
+            args = self.bind(args, kwargs)
+        env: dict = {}
+        where: dict = {}
+        facts: list | None = [] if self.specialize else None
+        for param, check, value in zip(self.params, self.checks, args):
+            if check is not None:
+                check(value, param.name, env, where, facts)
+        return args, env, () if facts is None else tuple(facts)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.qualname}(): {e}") from None
+        passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
+                  and self.signature.parameters[n].default is NOT_ACCEPTED]
+        if passed:
+            raise TypeError(
+                f"{self.qualname}() program does not accept {passed}: their defaults are not "
+                "plain values, so the program was built with the defaults; describe them in "
+                "input_descriptors to pass them"
+            )
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    # --------------------------------------------------------------- compile
+    def compile(self, node: Node) -> Check:
+        """A check for one descriptor tree; paths are passed at call time."""
         if isinstance(node, MetaTensorType):
-            self.check_tensor(node, value, path)
-        elif isinstance(node, Value):
-            _check_value(node, value, path)
-        elif isinstance(node, TypeOf):
-            if not node.admits(value):
-                raise DescriptorMismatch(path, "type", node.type.__name__, _describe(value))
-        elif isinstance(node, dict):
-            self._check_dict(node, value, path)
+            return TensorCheck(node, self.ranges, self.specialize)
+        if isinstance(node, Value):
+            return _check_value(node.value)
+        if isinstance(node, TypeOf):
+            return _check_type(node.type, self.specialize)
+        if isinstance(node, ListOf):
+            return self._check_list(self.compile(node.element))
+        if isinstance(node, OptionalOf):
+            return self._check_optional(self.compile(node.inner))
+        return self._check_container(node)
+
+    def _check_container(self, node: Node) -> Check:
+        """One level of a tuple / list / dict / pytree-registered container."""
+        kind, n = type(node), len(pytree.tree_flatten(node, is_leaf=lambda x: x is not node)[0])
+        level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        keys = [kp[0].key for kp, _ in level] if kind is dict else None
+        checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
+        flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
+        context = flatten(node)[1]
+        want = (f"a dict with keys {keys}" if keys is not None
+                else f"a {kind.__name__} of length {n}")
+
+        def check_container(value: Any, path: str, env: dict, where: dict,
+                            facts: list | None) -> None:
+            if not (type(value) is kind or (keys is not None and isinstance(value, dict))):
+                raise DescriptorMismatch(path, "structure", want, describe_value(value))
+            if keys is not None:
+                if value.keys() != set(keys):
+                    missing = [k for k in keys if k not in value]
+                    extra = [k for k in value if k not in keys]
+                    raise DescriptorMismatch(path, "structure", want, f"keys {list(value)}",
+                                             f"missing {missing}, unexpected {extra}")
+                items = [value[k] for k in keys]
+            else:
+                items, got = flatten(value)
+                if len(items) != n or got != context:
+                    raise DescriptorMismatch(path, "structure", want, describe_value(value))
+            for (suffix, check), item in zip(checks, items):
+                check(item, path + suffix, env, where, facts)
+
+        return check_container
+
+    def _check_list(self, element: Check) -> Check:
+        def check_list(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+            if type(value) is not list:
+                raise DescriptorMismatch(path, "type", "a list", describe_value(value))
+            if facts is not None:
+                facts.append(len(value))
+            for i, item in enumerate(value):
+                element(item, f"{path}[{i}]", env, where, facts)
+
+        return check_list
+
+    def _check_optional(self, inner: Check) -> Check:
+        def check_optional(value: Any, path: str, env: dict, where: dict,
+                           facts: list | None) -> None:
+            if facts is not None:
+                facts.append(value is None)
+            if value is not None:
+                inner(value, path, env, where, facts)
+
+        return check_optional
+
+
+def _check_value(want: Any) -> Check:
+    def check_value(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if type(value) is type(want) and (value == want or (value != value and want != want)):
+            return
+        shown = repr(value) if isinstance(value, SCALARS) else describe_value(value)
+        raise DescriptorMismatch(
+            path, "value", repr(want), shown,
+            "the program was specialized for this value; script another program for "
+            f"{shown if isinstance(value, SCALARS) else 'it'} or describe the argument by its type",
+        )
+
+    return check_value
+
+
+def _check_type(kind: type, specialize: bool) -> Check:
+    allowed = (int, float) if kind is float else (kind,)
+
+    def check_type(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if not isinstance(value, allowed) or (isinstance(value, bool) and kind is not bool):
+            raise DescriptorMismatch(path, "type", kind.__name__, describe_value(value))
+        if facts is None:
+            return
+        if kind is int:
+            env[(path,)] = value  # a symbol of the program: its coverage is checked
         else:
-            self._check_sequence(node, value, path)
+            facts.append(value)  # export bakes floats, bools and strings in
 
-    def check_tensor(self, desc: MetaTensorType, t: Any, path: str) -> None:
-        """Check one tensor against one descriptor, binding its symbols."""
-        if not isinstance(t, torch.Tensor):
-            raise DescriptorMismatch(path, "type", "a Tensor", _describe(t))
-        if desc.rank is not None and t.dim() != desc.rank:
-            raise DescriptorMismatch(
-                path, "ndim", str(desc.rank), f"{t.dim()} (shape {list(t.shape)})"
-            )
-        for prop in ("dtype", "layout", "requires_grad"):
-            want = getattr(desc, prop)
-            if want is not None and getattr(t, prop) != want:
-                raise DescriptorMismatch(path, prop, str(want), str(getattr(t, prop)))
-        if desc.device is not None and not _device_admits(desc.device, t.device):
-            raise DescriptorMismatch(path, "device", repr(str(desc.device)), repr(str(t.device)))
-        for i, (want, size) in enumerate(zip(desc.shape or (), t.shape, strict=False)):
-            self._check_dim(want, size, path, i)
-
-    def _check_dim(self, want: int | str | None, size: int, path: str, i: int) -> None:
-        where = f"{path}.shape[{i}]"
-        if want is None:
-            return
-        if isinstance(want, int):
-            if size != want:
-                raise DescriptorMismatch(path, f"shape[{i}]", str(want), str(size))
-            return
-        lo, hi = self.ranges.get(want, (0, None))
-        if size < lo or (hi is not None and size > hi):
-            raise DescriptorMismatch(
-                path,
-                f"shape[{i}]",
-                f"{want!r} in [{lo}, {'inf' if hi is None else hi}]",
-                str(size),
-                f"{want!r} is outside its range",
-            )
-        bound = self.bound.setdefault(want, (size, where))
-        if bound[0] != size:
-            raise DescriptorMismatch(
-                path,
-                f"shape[{i}]",
-                f"{want!r} = {bound[0]}",
-                str(size),
-                f"{want!r} is {bound[0]} from {bound[1]}",
-            )
-
-    def _check_sequence(self, node: tuple | list, value: Any, path: str) -> None:
-        kind = type(node).__name__
-        if type(value) is not type(node):
-            raise DescriptorMismatch(
-                path, "structure", f"a {kind} of length {len(node)}", _describe(value)
-            )
-        if len(value) != len(node):
-            raise DescriptorMismatch(
-                path,
-                "structure",
-                f"a {kind} of length {len(node)}",
-                f"a {kind} of length {len(value)}",
-            )
-        for i, (child, item) in enumerate(zip(node, value, strict=True)):
-            self.check(child, item, f"{path}[{i}]")
-
-    def _check_dict(self, node: dict, value: Any, path: str) -> None:
-        if not isinstance(value, dict):
-            raise DescriptorMismatch(
-                path, "structure", f"a dict with keys {list(node)}", _describe(value)
-            )
-        if set(value) != set(node):
-            missing = [k for k in node if k not in value]
-            extra = [k for k in value if k not in node]
-            raise DescriptorMismatch(
-                path,
-                "structure",
-                f"a dict with keys {list(node)}",
-                f"keys {list(value)}",
-                f"missing {missing}, unexpected {extra}",
-            )
-        for key, child in node.items():
-            self.check(child, value[key], f"{path}[{key!r}]")
+    return check_type
 
 
 def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
@@ -149,39 +247,69 @@ def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
     return merged
 
 
-def _check_value(node: Value, value: Any, path: str) -> None:
-    want = node.value
-    same = type(value) is type(want) and (value == want or _both_nan(value, want))
-    if not same:
-        raise DescriptorMismatch(
-            path,
-            "value",
-            repr(want),
-            repr(value) if _is_scalar(value) else _describe(value),
-            "the program was specialized for this value; script another program for "
-            f"{repr(value) if _is_scalar(value) else 'it'} or describe the argument by its type",
-        )
+# ------------------------------------------------------------- concretize
+class Unknown(Exception):
+    """A fact the descriptors leave open and no call has told yet."""
 
 
-def _both_nan(a: Any, b: Any) -> bool:
-    return isinstance(a, float) and isinstance(b, float) and a != a and b != b
+def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping[Any, int]) -> Node:
+    """The tree one variant is built for: open properties filled from ``fact``.
+
+    Args:
+        node: a parameter's descriptor tree.
+        path: the parameter's name.
+        fact: returns the next fact, given its kind (``dtype``, ``device``,
+            ``layout``, ``rank``, ``len``, ``none``, ``value``), in the order
+            :class:`Checker` records them; raises :class:`Unknown` if it cannot.
+        fixed: symbols this variant fixes (0/1 sizes, values a guard needs):
+            names, ``(path, dim)`` and ``(path,)`` keys as the checker binds them.
+
+    The result has only ``MetaTensorType`` (rank, dtype, device, layout
+    known), ``Value`` and ``TypeOf(int)`` leaves.
+    """
+    if isinstance(node, MetaTensorType):
+        dtype = node.dtype if node.dtype is not None else fact("dtype")
+        device = node.device if node.device is not None else fact("device")
+        layout = node.layout if node.layout is not None else fact("layout")
+        rank = node.rank if node.rank is not None else fact("rank")
+        shape = [
+            fixed.get(d if isinstance(d, str) else (path, i), d) if not isinstance(d, int) else d
+            for i, d in enumerate(node.shape if node.shape is not None else (None,) * rank)
+        ]
+        return replace(node, shape=shape, rank=rank, dtype=dtype, device=device, layout=layout,
+                       dim_ranges=[r for r in node.dim_ranges if r[0] in shape])
+    if isinstance(node, TypeOf):
+        if node.type is not int:
+            return Value(fact("value"))
+        return Value(fixed[(path,)]) if (path,) in fixed else node
+    if isinstance(node, ListOf):
+        return [concretize(node.element, f"{path}[{i}]", fact, fixed) for i in range(fact("len"))]
+    if isinstance(node, OptionalOf):
+        return Value(None) if fact("none") else concretize(node.inner, path, fact, fixed)
+    if isinstance(node, Value):
+        return node
+    with_paths, spec = pytree.tree_flatten_with_path(node)
+    return pytree.tree_unflatten(
+        [concretize(leaf, path + pytree.keystr(kp), fact, fixed) for kp, leaf in with_paths], spec
+    )
 
 
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device))
+def concrete_trees(params: tuple[Param, ...], facts: tuple, fixed: Mapping[Key, int]) -> dict:
+    """The concrete tree of every accepted parameter for one case (facts as the
+    checker recorded them)."""
+    stream = iter(facts)
+    return {p.name: concretize(p.node, p.name, lambda kind: next(stream), fixed)
+            for p in params if p.node is not None}
 
 
-def _device_admits(want: torch.device, got: torch.device) -> bool:
-    if want.index is None:
-        return want.type == got.type
-    return want == got
+def show_key(key: Key) -> str:
+    """How messages write a key: ``b``, ``x.shape[1]``, ``n``."""
+    if isinstance(key, str):
+        return key
+    return f"{key[0]}.shape[{key[1]}]" if len(key) == 2 else key[0]
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a Tensor of shape {list(value.shape)}"
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of length {len(value)}"
-    if _is_scalar(value):
-        return f"{type(value).__name__} {value!r}"
-    return f"a {type(value).__name__}"
+def is_dynamic(leaf: Node) -> bool:
+    """Whether a concrete leaf is a graph input (not baked in)."""
+    return isinstance(leaf, MetaTensorType) or (isinstance(leaf, TypeOf) and leaf.type is int)
+

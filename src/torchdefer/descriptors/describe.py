@@ -10,13 +10,13 @@ Non-tensor arguments equal in every call become values; otherwise types.
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType, _common, _join_devices
+from torchdefer.descriptors.meta_tensor_type import examples_descriptor
 
 __all__ = ["describe"]
 
@@ -52,29 +52,26 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
         except TypeError as e:
             raise TypeError(f"describe(): example call {i} does not fit {sig}: {e}") from e
         bound.append(dict(b.arguments))
-    names = [n for n in sig.parameters if all(n in b for b in bound)]
-    tensors: list[tuple[str, list[torch.Tensor]]] = []
-    skeleton = {n: _skeleton([b[n] for b in bound], n, tensors) for n in names}
-    descs = _tensor_descriptors(tensors)
-    return {n: _fill(skeleton[n], descs) for n in names}
+    shared: dict[tuple[int, ...], str] = {}  # lengths across calls -> name, over all tensors
+    return {n: _common([b[n] for b in bound], n, shared)
+            for n in sig.parameters if all(n in b for b in bound)}
 
 
-def _skeleton(values: list[Any], path: str, tensors: list[tuple[str, list[torch.Tensor]]]) -> Any:
-    first = values[0]
+def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:
+    """The descriptor of one argument's values across the calls."""
+    flat = [pytree.tree_flatten(v, is_leaf=lambda x: isinstance(x, torch.Tensor)) for v in values]
+    spec = flat[0][1]
+    if any(s != spec for _, s in flat):
+        raise TypeError(f"describe(): {path} differs in structure across example calls; "
+                        "describe it by hand")
+    return pytree.tree_unflatten(
+        [_leaf(list(col), path, shared) for col in zip(*(leaves for leaves, _ in flat))], spec)
+
+
+def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:
     if all(isinstance(v, torch.Tensor) for v in values):
-        tensors.append((path, values))
-        return _TensorSlot(len(tensors) - 1)
-    if isinstance(first, (tuple, list)) and all(
-        type(v) is type(first) and len(v) == len(first) for v in values
-    ):
-        items = [
-            _skeleton([v[i] for v in values], f"{path}[{i}]", tensors) for i in range(len(first))
-        ]
-        return tuple(items) if isinstance(first, tuple) else items
-    if isinstance(first, dict) and all(
-        isinstance(v, dict) and v.keys() == first.keys() for v in values
-    ):
-        return {k: _skeleton([v[k] for v in values], f"{path}[{k!r}]", tensors) for k in first}
+        return examples_descriptor(values, shared)
+    first = values[0]
     if all(type(v) is type(first) and v == first for v in values):
         return first
     kinds = {type(v) for v in values}
@@ -82,54 +79,5 @@ def _skeleton(values: list[Any], path: str, tensors: list[tuple[str, list[torch.
         return kinds.pop()
     if kinds <= {int, float}:
         return float
-    raise TypeError(
-        f"describe(): {path} differs in kind or structure across example calls "
-        f"({', '.join(sorted(k.__name__ for k in kinds))}); describe it by hand"
-    )
-
-
-class _TensorSlot:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def _tensor_descriptors(tensors: list[tuple[str, list[torch.Tensor]]]) -> list[MetaTensorType]:
-    names: dict[tuple[int, ...], str] = {}
-    counter = itertools.count()
-    out = []
-    for _, examples in tensors:
-        ranks = {t.dim() for t in examples}
-        shape = None
-        if len(ranks) == 1:
-            shape = []
-            for column in zip(*(tuple(t.shape) for t in examples), strict=True):
-                if len(set(column)) == 1:
-                    shape.append(column[0])
-                else:
-                    if column not in names:
-                        names[column] = f"d{next(counter)}"
-                    shape.append(names[column])
-        out.append(
-            MetaTensorType(
-                shape,
-                _common(t.dtype for t in examples),
-                rank=_common(t.dim() for t in examples),
-                device=_join_devices(t.device for t in examples),
-                requires_grad=_common(t.requires_grad for t in examples),
-                layout=_common(t.layout for t in examples),
-            )
-        )
-    return out
-
-
-def _fill(node: Any, descs: list[MetaTensorType]) -> Any:
-    if isinstance(node, _TensorSlot):
-        return descs[node.index]
-    if isinstance(node, (tuple, list)):
-        items = [_fill(c, descs) for c in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    if isinstance(node, dict):
-        return {k: _fill(c, descs) for k, c in node.items()}
-    return node
+    raise TypeError(f"describe(): {path} differs in kind across example calls "
+                    f"({', '.join(sorted(k.__name__ for k in kinds))}); describe it by hand")

@@ -1,13 +1,15 @@
-"""Errors raised by descriptor checking and descriptor-specialized scripting."""
+"""Errors raised by descriptor checks, scripting and program files."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torchdefer.errors import TorchdeferError
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch"]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "ProgramFileError"]
 
-# Properties that are real tensor attributes read as ``x.dtype``; others
-# (``value``, ``type``, ``structure``) are written ``x (value)``.
+# Properties read as ``x.dtype``; the others (``value``, ``type``, ``structure``)
+# are written ``x (value)``.
 _TENSOR_ATTRIBUTES = frozenset({"ndim", "dtype", "device", "layout", "requires_grad"})
 
 
@@ -27,17 +29,12 @@ class DescriptorMismatch(TorchdeferError, TypeError):
     """
 
     def __init__(self, path: str, property: str, expected: str, got: str, detail: str = "") -> None:
-        self.path = path
-        self.property = property
-        self.expected = expected
-        self.got = got
+        self.path, self.property, self.expected, self.got = path, property, expected, got
         self.detail = detail
         tensor_attribute = property.startswith("shape[") or property in _TENSOR_ATTRIBUTES
         where = f"{path}.{property}" if tensor_attribute else f"{path} ({property})"
-        message = f"{where}: expected {expected}, got {got}"
-        if detail:
-            message += f"; {detail}"
-        super().__init__(message)
+        detail = f"; {detail}" if detail else ""
+        super().__init__(f"{where}: expected {expected}, got {got}{detail}")
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str, str, str]]:
         return (type(self), (self.path, self.property, self.expected, self.got, self.detail))
@@ -49,5 +46,21 @@ class DescriptorConflict(TorchdeferError, ValueError):
     Raised, for example, when a dimension described as symbolic (``"b"``) is
     forced to one value by the code (``x.view(4, -1)``, ``if x.shape[0] != 4:
     raise``). The message names the dimension, the condition the code imposed
-    and the user's source line that imposed it.
+    (in the descriptors' names) and the user's source line that imposed it.
+
+    Attributes:
+        dims: the descriptor names (``"b"``, or ``"x.shape[1]"`` for a ``None``
+            dim) the code constrained; empty when tracing failed otherwise.
     """
+
+    def __init__(self, message: str, dims: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.dims = tuple(dims)
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[str, ...]]]:
+        return (type(self), (str(self), self.dims))
+
+
+class ProgramFileError(TorchdeferError, ValueError):
+    """A program file is damaged, not a torchdefer program, or holds something
+    that loading would have to execute; the message names the file and the part."""

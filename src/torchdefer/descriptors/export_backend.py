@@ -1,316 +1,405 @@
-"""The ``torch.export`` backend: descriptors become example shapes and ``Dim``s.
+"""The ``torch.export`` backend: one exported graph per concrete case, each run
+only on the calls it is sound for.
 
-How a program is built, and why:
-
-* **No real tensor is touched.** Example inputs, parameters and buffers are
-  fake tensors of a private ``FakeTensorMode`` (shapes, dtypes, devices, no
-  storage), so scripting a 70B model or a deferred one allocates nothing.
-  The program takes the weights from the live module at call time
-  (``torch.func.functional_call``), which is also why it runs with the real
-  weights once a deferred module is materialized.
-* **Symbolic names are shared ``Dim`` objects**, one per string, with the
-  merged ``dim_ranges`` as min/max. ``None`` dims and rank-only descriptors
-  get one ``Dim`` each. The example length of every symbol is chosen inside
-  its range and >= 2, distinct per symbol, so export does not specialize it
-  away as it does for 0/1 examples; the resulting graph runs for 0 and 1 too.
-* **Values are closed over.** Value-specialized leaves are baked into a
-  wrapper's ``forward``; export then folds the branches they decide.
-* **Contradictions are translated.** When the code forces a symbol to a
-  value, export's constraint error is re-raised as :class:`DescriptorConflict`
-  with the guard and the user's source line (see ``_guards``).
-
-Export traces one dtype and one device: a tensor descriptor must give its
-rank (shape or ``rank=``) and dtype; an unknown device is specialized to the
-module's (CPU for functions) and that device is then checked on every call.
+* **No real tensor is touched.** Example inputs and the module's weights are
+  fake tensors, so scripting a 70B or a deferred model allocates nothing; at
+  call time the graph reads the live weights by name (``weights.py``).
+* **Names are shared ``Dim`` objects** with the merged ``dim_ranges``; ``None``
+  dims and ``int`` arguments are ``Dim.AUTO`` (the code may tie or fix them).
+  Examples are the call's own sizes when a call triggers the build, else
+  distinct values >= 2 (0 and 1 are export's special cases).
+* **Values are closed over**: a wrapper rebuilds the call from the graph
+  inputs and the ``Value`` leaves, so export folds the branches they decide.
+* **Coverage is explicit.** Export assumes symbolic sizes are >= 2 and keeps
+  the guards it relied on (``n != 1``): a graph traced at ``b=2`` may answer
+  wrongly at ``b=1``. The ShapeEnv's value ranges and guards become the
+  graph's :class:`Coverage`, checked on every call (``program.py`` builds a
+  graph with the offending sizes fixed for calls outside it).
+* **Contradictions** are written from the ShapeEnv's guard records, in the
+  descriptors' names, with the model line that added each guard (``_conflict``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import keyword
 import re
-import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch.nn.utils.stateless import _reparametrize_module
+from torch.export.graph_signature import InputKind, OutputKind
 
-from torchdefer.descriptors._bound import Bound
-from torchdefer.descriptors._guards import GuardLog, capture_guards, user_frame
+from torchdefer.descriptors import _torch
+from torchdefer.descriptors._conflict import conflict
+from torchdefer.descriptors._expr import parse
+from torchdefer.descriptors.checker import Key, Param, is_dynamic, show_key
 from torchdefer.descriptors.errors import DescriptorConflict
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
-from torchdefer.descriptors.outputs import ExportSymbols, output_descriptors
-from torchdefer.descriptors.specialization import Specialization
-from torchdefer.descriptors.tree import Node, TypeOf
+from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors.outputs import OutputRecipe, describe_output
+from torchdefer.descriptors.tree import Node, TypeOf, Value, leaves_with_paths
+from torchdefer.descriptors.weights import Weights
 
-__all__ = ["ExportRunner", "build_export", "complete_for_export"]
+__all__ = ["Coverage", "ExportRunner", "build"]
+
+_V = re.compile(r"v\d+")  # how coverage guards name the i-th symbol
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """The calls a graph is sound for: value ranges and guards over the
+    checker's symbols (``keys``; guards write the i-th as ``v{i}``)."""
+
+    keys: tuple[Key, ...] = ()
+    ranges: tuple[tuple[int, int | None, int | None], ...] = ()  # (i, min, max)
+    guards: tuple[Any, ...] = ()
+
+    def uncovered(self, env: Mapping[Key, int]) -> dict[Key, int]:
+        """The symbols, with the call's values, that take the call outside."""
+        out = {}
+        for i, lo, hi in self.ranges:
+            value = env[self.keys[i]]
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                out[self.keys[i]] = value
+        for guard in self.guards:
+            keys = {s: self.keys[int(s.name[1:])] for s in guard.free_symbols}
+            if _torch.evaluate(guard, {s: env[k] for s, k in keys.items()}) is not True:
+                keys = list(keys.values())
+                # Fix the unnamed sizes a guard ties to named ones; names stay symbolic.
+                out.update((k, env[k]) for k in [k for k in keys if type(k) is tuple] or keys)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keys": [k if isinstance(k, str) else list(k) for k in self.keys],
+                "ranges": [list(r) for r in self.ranges], "guards": [str(g) for g in self.guards]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Coverage:
+        """Guards are read with the restricted parser: a file cannot run code here."""
+        keys = tuple(k if isinstance(k, str) else tuple(k) for k in data["keys"])
+        ranges = tuple((int(i), lo, hi) for i, lo, hi in data["ranges"])
+        return cls(keys, ranges, tuple(parse(g, _V) for g in data["guards"]))
 
 
 class ExportRunner:
-    """Runs an ``ExportedProgram`` with weights supplied per call.
+    """Runs one exported graph on checked calls, with weights read per call.
 
     Args:
-        program: the exported program (its own state may be fake or meta).
-        symbols: export symbol -> descriptor name, for ``.graph``.
+        program: the exported program (its own weights may be fake or meta).
+        params: the program's parameters; ``concrete`` the tree per parameter
+            it was built for (``checker.concretize``).
+        recipe: how to rebuild the model's output from the graph's outputs.
+        coverage: the calls it is sound for.
+        weights: where to read the weights on each call.
+        qualname: the program's name, for messages.
+        training: the module's ``training`` flag when traced (dropout, batch
+            norm statistics are baked in), checked on every call; ``None``
+            when unknown.
     """
 
-    def __init__(self, program: ExportedProgram, symbols: Mapping[str, str]) -> None:
-        self.program = program
-        self.module = program.module()
-        self.weight_names = tuple(program.state_dict)
-        self.symbols = dict(symbols)
+    def __init__(self, program: ExportedProgram, params: tuple[Param, ...],
+                 concrete: Mapping[str, Node], recipe: OutputRecipe, coverage: Coverage,
+                 weights: Weights, qualname: str, training: bool | None = None) -> None:
+        self.training = training
+        self.program, self.params, self.concrete = program, params, dict(concrete)
+        self.recipe, self.coverage, self.qualname = recipe, coverage, qualname
+        self.weights = weights
+        self.gm = program.graph_module
+        specs, outputs = program.graph_signature.input_specs, program.graph_signature.output_specs
+        lifted = [s for s in specs if s.kind is not InputKind.USER_INPUT]
+        held = [s for s in lifted if s.kind in (InputKind.PARAMETER, InputKind.BUFFER)]
+        constants = [s for s in lifted if s.kind is InputKind.CONSTANT_TENSOR]
+        if specs[: len(lifted)] != held + constants or any(
+                s.kind is not OutputKind.USER_OUTPUT for s in outputs):
+            raise TypeError(f"{qualname}: the exported graph has inputs or outputs this backend "
+                            f"does not run ({[s.kind.name for s in [*specs, *outputs]]})")
+        # Non-persistent buffers sit in ``constants``; they are read live too.
+        state, lifted_constants = program.state_dict, program.constants
+        self.held = {s.target: state.get(s.target, lifted_constants.get(s.target)) for s in held}
+        metas = [(t.dtype, tuple(t.shape)) for t in self.held.values()]
+        self.resolve = weights.resolver(list(self.held), metas, qualname)
+        self.constants = [lifted_constants[s.target] for s in constants]
+        self.picks = _picks(params, self.concrete)
+        self.symbols = _symbols(_sizes(program, _graph_inputs(params, self.concrete)))
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        module, traced = self.weights.module, self.training
+        if traced is not None and module is not None and module.training is not traced:
+            mode = "train" if traced else "eval"
+            raise RuntimeError(f"{self.qualname} program was built with the model in {mode} mode, "
+                               f"and the model is not any more; call model.{mode}(), or script "
+                               "it again in the mode you run it in")
+        flat: list[Any] = []
+        for i, spec, positions in self.picks:
+            if spec is None:
+                flat.append(args[i])
+            else:
+                items = spec.flatten_up_to(args[i])
+                flat.extend(items[j] for j in positions)
+        return self.recipe.rebuild(iter(self.gm(*self.resolve(), *self.constants, *flat)))
+
+    def with_weights(self, weights: Weights) -> ExportRunner:
+        return ExportRunner(self.program, self.params, self.concrete, self.recipe,
+                            self.coverage, weights, self.qualname, self.training)
 
     @property
     def graph(self) -> str:
-        header = "".join(f"# {sym} = {name}\n" for sym, name in self.symbols.items())
-        return header + self.program.graph_module.print_readable(print_output=False)
+        header = "".join(f"# {s} = {show_key(k)}\n" for s, k in self.symbols.items())
+        return header + self.gm.print_readable(print_output=False)
 
-    def run(self, flat: list[Any], weights: Mapping[str, torch.Tensor] | None) -> Any:
-        if weights is None:
-            return self.module(*flat)
-        return torch.func.functional_call(self.module, dict(weights), tuple(flat))
-
-
-def complete_for_export(spec: Specialization, device: torch.device) -> Specialization:
-    """Fill what export must fix: unknown device (-> ``device``) and layout.
-
-    Raises:
-        TypeError: a tensor descriptor without rank or dtype, or a type
-            descriptor export cannot make dynamic (only ``int`` can).
-    """
-
-    def fill(node: Node, path: str) -> Node:
-        if isinstance(node, (tuple, list)):
-            items = [fill(c, f"{path}[{i}]") for i, c in enumerate(node)]
-            return tuple(items) if isinstance(node, tuple) else items
-        if isinstance(node, dict):
-            return {k: fill(c, f"{path}[{k!r}]") for k, c in node.items()}
-        if isinstance(node, TypeOf) and node.type is not int:
-            raise TypeError(
-                f"backend='export' cannot take {path} as a {node.type.__name__} input (only int "
-                f"can be dynamic); give a value to specialize it, or use backend='jit'"
-            )
-        if not isinstance(node, MetaTensorType):
-            return node
-        missing = [p for p in ("rank", "dtype") if getattr(node, p) is None]
-        if missing:
-            raise TypeError(
-                f"backend='export' traces one {' and one '.join(missing)} per tensor, but the "
-                f"descriptor of {path} ({node!r}) leaves {' and '.join(missing)} unknown; give "
-                f"{' and '.join(missing)}=..., or use backend='jit'"
-            )
-        return replace(node, device=node.device or device, layout=node.layout or torch.strided)
-
-    trees = {name: fill(tree, name) for name, tree in spec.trees.items()}
-    return replace(spec, trees=trees)
+    def output_descriptors(self, ranges: Mapping[str, DimRange]) -> Any:
+        """Descriptors of the outputs, nested like them, in the inputs' names
+        (sizes made from ``None`` dims are ``None``)."""
+        names = {str(s): k if isinstance(k, str) else k[0] if len(k) == 1 else None
+                 for s, k in self.symbols.items()}
+        output = next(n for n in self.gm.graph.nodes if n.op == "output")
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in output.args[0]]
+        return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def build_export(target: Callable[..., Any], spec: Specialization) -> tuple[ExportRunner, Any]:
-    """Export ``target`` specialized to ``spec``.
-
-    Returns:
-        The runner and the output descriptors (nested like the outputs).
-
-    Raises:
-        DescriptorConflict: the code contradicts a symbolic dimension.
-    """
-    plan = _ExamplePlan(spec)
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    wrapper = Bound(target, spec)
-    metadata = _weight_metadata(wrapper)
-    with fake_mode:
-        examples = plan.examples()
-        state = _fake_state(metadata)
-    with capture_guards() as log, _reparametrize_module(wrapper, state):
-        try:
-            program = torch.export.export(
-                wrapper,
-                tuple(examples),
-                dynamic_shapes=dict(zip(wrapper.input_names, plan.dynamic_shapes, strict=True)),
-                strict=False,
-            )
-        except torch._dynamo.exc.UserError as e:
-            if "Constraints violated" not in str(e):
-                raise
-            message = _conflict_message(e, log, plan, spec, wrapper.input_names)
-            raise DescriptorConflict(message) from e
-        except DescriptorConflict:
-            raise
-        except Exception as e:
-            raise DescriptorConflict(_trace_failure_message(e, plan, spec)) from e
-    symbols = ExportSymbols.from_program(program, list(spec.dynamic_leaves()))
-    runner = ExportRunner(program, symbols.display)
-    return runner, output_descriptors(program, symbols, spec.ranges)
+def _graph_inputs(params: tuple[Param, ...],
+                  concrete: Mapping[str, Node]) -> list[tuple[str, Node]]:
+    """``(path, leaf)`` of every graph input, in the graph's order."""
+    return [(path, leaf) for p in params if p.name in concrete
+            for path, leaf in leaves_with_paths(concrete[p.name], p.name) if is_dynamic(leaf)]
 
 
-class _ExamplePlan:
-    """Example lengths and ``Dim``s for every dynamic leaf of ``spec``."""
-
-    def __init__(self, spec: Specialization) -> None:
-        self.leaves = list(spec.dynamic_leaves())
-        self.dims: dict[str, Any] = {}
-        self.dim_names: dict[str, str] = {}  # export Dim name -> descriptor name/path
-        self.hints: dict[str, int] = {}
-        taken = {
-            d
-            for _, leaf in self.leaves
-            if isinstance(leaf, MetaTensorType)
-            for d in leaf.shape or ()
-            if isinstance(d, int)
-        }
-        self.dynamic_shapes = [
-            self._leaf_spec(path, leaf, spec, taken) for path, leaf in self.leaves
-        ]
-
-    def _leaf_spec(self, path: str, leaf: Any, spec: Specialization, taken: set[int]) -> Any:
-        if isinstance(leaf, TypeOf):
-            self.hints[path] = self._hint((0, None), taken)
-            return Dim.DYNAMIC
-        shape = leaf.shape if leaf.shape is not None else (None,) * leaf.rank
-        out = {}
-        for i, d in enumerate(shape):
-            if isinstance(d, int):
-                continue
-            key = d if isinstance(d, str) else f"{path}.shape[{i}]"
-            if key not in self.dims:
-                lo, hi = spec.ranges.get(d, (0, None)) if isinstance(d, str) else (0, None)
-                dim_name = _identifier(key, len(self.dims))
-                self.dims[key] = Dim(dim_name, min=lo, **({} if hi is None else {"max": hi}))
-                self.dim_names[dim_name] = key
-                self.hints[key] = self._hint((lo, hi), taken)
-            out[i] = self.dims[key]
-        return out or None
-
-    @staticmethod
-    def _hint(bounds: tuple[int, int | None], taken: set[int]) -> int:
-        lo, hi = bounds
-        value = max(lo, 2)
-        while value in taken and (hi is None or value < hi):
-            value += 1
-        value = value if hi is None else min(value, hi)
-        taken.add(value)
-        return value
-
-    def examples(self) -> list[Any]:
-        out = []
-        for path, leaf in self.leaves:
-            if isinstance(leaf, TypeOf):
-                out.append(self.hints[path])
-                continue
-            shape = leaf.shape if leaf.shape is not None else (None,) * leaf.rank
-            sizes = [
-                d
-                if isinstance(d, int)
-                else self.hints[d if isinstance(d, str) else f"{path}.shape[{i}]"]
-                for i, d in enumerate(shape)
-            ]
-            t = torch.empty(sizes, dtype=leaf.dtype, device=leaf.device)
-            out.append(t.requires_grad_() if leaf.requires_grad else t)
-        return out
-
-    def describe_hints(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.hints.items())
-
-
-def _identifier(name: str, index: int) -> str:
-    if name.isidentifier() and not name.startswith("_"):
-        return name
-    return f"d{index}_" + re.sub(r"\W+", "_", name).strip("_")
-
-
-def _weight_metadata(wrapper: torch.nn.Module) -> list[tuple[str, int, tuple[Any, ...]]]:
-    """``(name, identity, metadata)`` per parameter and buffer, read outside any
-    fake mode: deferred tensors answer metadata queries through their own
-    dispatch, which must not run under our FakeTensorMode."""
-    named = [
-        *wrapper.named_parameters(remove_duplicate=False),
-        *wrapper.named_buffers(remove_duplicate=False),
-    ]
-    return [
-        (
-            name,
-            id(t),
-            (
-                tuple(t.shape),
-                tuple(t.stride()),
-                t.dtype,
-                t.device,
-                isinstance(t, torch.nn.Parameter),
-                t.requires_grad,
-            ),
-        )
-        for name, t in named
-    ]
-
-
-def _fake_state(metadata: list[tuple[str, int, tuple[Any, ...]]]) -> dict[str, torch.Tensor]:
-    """Fake twins (tying kept) made in the active fake mode: no storage at all."""
-    twins: dict[int, torch.Tensor] = {}
-    state: dict[str, torch.Tensor] = {}
-    for name, identity, (shape, stride, dtype, device, is_param, grad) in metadata:
-        if identity not in twins:
-            twin = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            twins[identity] = torch.nn.Parameter(twin, grad) if is_param else twin
-        state[name] = twins[identity]
-    return state
-
-
-def _conflict_message(
-    error: Exception, log: GuardLog, plan: _ExamplePlan, spec: Specialization, inputs: list[str]
-) -> str:
-    text = str(error)
-    names = re.search(r"Constraints violated \(([^)]*)\)", text)
-    raw = [n.strip() for n in (names.group(1) if names else "").split(",") if n.strip()]
-    violated = [plan.dim_names.get(n, n) for n in raw]
-    to_name = _symbol_names(log, plan, inputs)
-    lines = [f"{spec.signature.qualname}: the model's code contradicts the input descriptors."]
-    for name in violated or ["?"]:
-        guards = [g for g in log.guards if name in _rename(g.expr, to_name)]
-        lines.append(f"  {name!r} is described as symbolic, but the code requires:")
-        for g in guards or log.guards[-1:]:
-            lines.append(f"    {_rename(g.expr, to_name)}  at {g.location or '<unknown line>'}")
-    detail = "\n".join(f"    {line}" for line in text.splitlines()[:6] if line.strip())
-    lines.append(f"  torch.export reported:\n{detail}")
-    lines.append(
-        "  Fix the code, or describe the dimension with the length it needs "
-        "(a static int or a narrower dim_ranges)."
-    )
-    return "\n".join(lines)
-
-
-def _trace_failure_message(error: Exception, plan: _ExamplePlan, spec: Specialization) -> str:
-    frames = [
-        (f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(error.__traceback__)
-    ]
-    where = user_frame(frames) or "<no user frame>"
-    return (
-        f"{spec.signature.qualname}: tracing with the input descriptors failed at {where}\n"
-        f"  {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}\n"
-        f"  (example lengths used: {plan.describe_hints() or 'none'}). If the code needs "
-        "particular lengths, describe them statically or narrow dim_ranges."
-    )
-
-
-def _symbol_names(log: GuardLog, plan: _ExamplePlan, inputs: list[str]) -> dict[str, str]:
-    out = {}
-    for symbol, source in log.symbols.items():
-        m = re.search(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]", source)
-        if not m or m.group(1) not in inputs:
-            continue
-        path, leaf = plan.leaves[inputs.index(m.group(1))]
-        shape = getattr(leaf, "shape", None)
-        dim = int(m.group(2))
-        key = (
-            shape[dim]
-            if shape is not None and isinstance(shape[dim], str)
-            else f"{path}.shape[{dim}]"
-        )
-        out[symbol] = key
+def _sizes(program: ExportedProgram, leaves: list[tuple[str, Node]]) -> list[tuple[Key, Any]]:
+    """``(checker key, export expression)`` of every symbolic input size, read
+    from the graph's placeholders (an int or another symbol's expression where
+    the code fixed or tied it)."""
+    user = set(program.graph_signature.user_inputs)
+    nodes = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
+    out = []
+    for (path, leaf), node in zip(leaves, nodes):
+        val = node.meta["val"]
+        sizes = [val] if isinstance(leaf, TypeOf) else [
+            s for d, s in zip(leaf.shape, val.shape) if not isinstance(d, int)]
+        for key, size in zip(_keys(path, leaf), sizes):
+            symbolic = isinstance(size, torch.SymInt)
+            out.append((key, size.node.expr if symbolic else sympy.Integer(size)))
     return out
 
 
-def _rename(expr: str, names: Mapping[str, str]) -> str:
-    return re.sub(r"\b[su]\d+\b", lambda m: names.get(m.group(0), m.group(0)), expr)
+def _symbols(sizes: list[tuple[Key, Any]]) -> dict[Any, Key]:
+    """Export symbol -> the key of the first input size it stands for."""
+    out: dict[Any, Key] = {}
+    for key, expr in sizes:
+        if expr.is_Symbol:
+            out.setdefault(expr, key)
+    return out
+
+
+def _picks(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> list[tuple]:
+    """Per parameter feeding the graph: (index, None, ()) for a leaf, or (index,
+    pytree spec, positions of its dynamic leaves)."""
+    picks = []
+    for i, p in enumerate(params):
+        node = concrete.get(p.name)
+        if node is None or isinstance(node, Value):
+            continue
+        leaves, spec = pytree.tree_flatten(node)
+        positions = [j for j, leaf in enumerate(leaves) if is_dynamic(leaf)]
+        if positions:
+            picks.append((i, None, ()) if spec.is_leaf() else (i, spec, positions))
+    return picks
+
+
+# ------------------------------------------------------------------- build
+def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],
+          ranges: Mapping[str, DimRange], weights: Weights, qualname: str,
+          sizes: Mapping[Key, int] | None = None) -> ExportRunner:
+    """Export ``target`` for one concrete case.
+
+    Args:
+        target: the module or function; ``params`` its parameters.
+        concrete: the tree per accepted parameter (``checker.concretize``).
+        ranges: ``(min, max)`` per symbolic name.
+        weights: where the runner reads weights; ``qualname`` for messages.
+        sizes: the sizes of the call this case is built for, used as examples
+            (when >= 2) so the trace sees inputs the code accepts.
+
+    Raises:
+        DescriptorConflict: the code contradicts a symbolic dimension, or
+            tracing failed (the message names the model's line).
+    """
+    leaves = _graph_inputs(params, concrete)
+    plan = _Plan(leaves, ranges, sizes or {})
+    recipes: list[OutputRecipe] = []  # filled by the traced call
+    wrapper = _Bound(target, params, concrete, plan.names, recipes)
+    state = _fake_weights(wrapper)
+    with _torch.fake_mode():
+        examples = plan.examples()
+    with _torch.export_tracing() as shape_env, _torch.reparametrize(wrapper, state), _kept(target):
+        try:
+            program = torch.export.export(wrapper, tuple(examples),
+                                          dynamic_shapes=tuple(plan.specs), strict=False)
+        except Exception as e:
+            raise DescriptorConflict(*conflict(e, shape_env, plan, qualname)) from e
+    coverage = _coverage(_sizes(program, leaves), shape_env)
+    training = target.training if isinstance(target, torch.nn.Module) else None
+    return ExportRunner(program, params, concrete, recipes[-1], coverage, weights, qualname,
+                        training)
+
+
+class _Bound(torch.nn.Module):
+    """Calls the target with the graph inputs put back in place and values baked in.
+
+    Shares the target's parameter/buffer/submodule dicts, so export lifts the
+    weights under the model's own names (``layers.0.weight``). The output's
+    recipe goes to ``recipes``, not to an attribute: export restores module
+    attributes after tracing.
+    """
+
+    def __init__(self, target: Callable[..., Any], params: tuple[Param, ...],
+                 concrete: Mapping[str, Node], names: list[str], recipes: list) -> None:
+        super().__init__()
+        if isinstance(target, torch.nn.Module):
+            for attr in ("_parameters", "_buffers", "_modules"):
+                object.__setattr__(self, attr, getattr(target, attr))
+            self.training = target.training
+        trees = [(p, *pytree.tree_flatten(concrete[p.name])) for p in params if p.name in concrete]
+
+        def forward(*dynamic: Any) -> Any:
+            stream, args, kwargs = iter(dynamic), [], {}
+            for p, leaves, spec in trees:
+                items = [x.value if isinstance(x, Value) else next(stream) for x in leaves]
+                value = pytree.tree_unflatten(items, spec)
+                if p.kind == "POSITIONAL_ONLY":
+                    args.append(value)
+                else:
+                    kwargs[p.name] = value
+            flat, recipe = OutputRecipe.capture(target(*args, **kwargs))
+            recipes.append(recipe)
+            return tuple(flat)
+
+        forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+        self.forward = forward
+
+
+@contextlib.contextmanager
+def _kept(target: Any) -> Iterator[None]:
+    """Restore attributes the model's forward assigns while traced (they would
+    hold fake tensors afterwards); export does this only for its root module."""
+    modules = list(target.modules()) if isinstance(target, torch.nn.Module) else []
+    saved = [(m, dict(m.__dict__)) for m in modules]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            if m.__dict__.keys() != attrs.keys() or any(m.__dict__[k] is not v
+                                                         for k, v in attrs.items()):
+                m.__dict__.clear()
+                m.__dict__.update(attrs)
+
+
+class _Plan:
+    """``Dim`` specs, example sizes and input names for the graph inputs of one case."""
+
+    def __init__(self, leaves: list[tuple[str, Node]], ranges: Mapping[str, DimRange],
+                 sizes: Mapping[Key, int]) -> None:
+        self.leaves, self.ranges = leaves, ranges
+        self.names = _identifiers([path for path, _ in leaves])
+        self.hints: dict[Key, int] = {}
+        taken = {d for _, leaf in leaves if isinstance(leaf, MetaTensorType)
+                 for d in leaf.shape if isinstance(d, int)}
+        for key in [k for path, leaf in leaves for k in _keys(path, leaf)]:
+            if key in self.hints:
+                continue
+            lo, hi = ranges.get(key, (0, None)) if isinstance(key, str) else (0, None)
+            value = max(lo, 2)
+            while value in taken and (hi is None or value < hi):
+                value += 1
+            given = sizes.get(key, 0)
+            self.hints[key] = given if given >= 2 else value if hi is None else min(value, hi)
+            taken.add(self.hints[key])
+        dims = {k: Dim(k if k.isidentifier() and not keyword.iskeyword(k) else f"d{i}",
+                       min=ranges.get(k, (0, None))[0],
+                       **({} if ranges.get(k, (0, None))[1] is None else {"max": ranges[k][1]}))
+                for i, k in enumerate(self.hints) if isinstance(k, str)}
+        self.specs = [Dim.AUTO if isinstance(leaf, TypeOf) else
+                      {i: dims[d] if isinstance(d, str) else Dim.AUTO
+                       for i, d in enumerate(leaf.shape) if not isinstance(d, int)} or None
+                      for _, leaf in leaves]
+
+    def examples(self) -> list[Any]:
+        out: list[Any] = []
+        for path, leaf in self.leaves:
+            if isinstance(leaf, TypeOf):
+                out.append(self.hints[(path,)])
+                continue
+            keys = iter(_keys(path, leaf))
+            shape = [d if isinstance(d, int) else self.hints[next(keys)] for d in leaf.shape]
+            t = torch.empty(shape, dtype=leaf.dtype, device=leaf.device)
+            out.append(t.requires_grad_() if leaf.requires_grad else t)
+        return out
+
+
+def _keys(path: str, leaf: Node) -> list[Key]:
+    """The checker's keys of a graph input's symbolic sizes, in order."""
+    if isinstance(leaf, TypeOf):
+        return [(path,)]
+    return [d if isinstance(d, str) else (path, i)
+            for i, d in enumerate(leaf.shape) if not isinstance(d, int)]
+
+
+def _identifiers(paths: list[str]) -> list[str]:
+    """Python identifiers for leaf paths (``inp['b'][1]`` -> ``inp_b_1``), unique."""
+    names: list[str] = []
+    for path in paths:
+        base = re.sub(r"\W+", "_", path).strip("_") or "arg"
+        base = base if base.isidentifier() else f"arg_{base}"
+        name, k = base, 1
+        while name in names:
+            name, k = f"{base}_{k}", k + 1
+        names.append(name)
+    return names
+
+
+def _fake_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Fake twins of every weight (tying kept), with no storage at all. Metadata
+    is read outside the fake mode: deferred tensors answer through their own
+    dispatch, which must not run under it."""
+    named = [*module.named_parameters(remove_duplicate=False),
+             *module.named_buffers(remove_duplicate=False)]
+    metas = [(n, id(t), tuple(t.shape), t.stride(), t.dtype, t.device,
+              isinstance(t, torch.nn.Parameter), t.requires_grad) for n, t in named]
+    twins: dict[int, torch.Tensor] = {}
+    with _torch.fake_mode():
+        for _, identity, shape, stride, dtype, device, is_param, grad in metas:
+            if identity not in twins:
+                twin = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                twins[identity] = torch.nn.Parameter(twin, grad) if is_param else twin
+    return {name: twins[identity] for name, identity, *_ in metas}
+
+
+def _coverage(sizes: list[tuple[Key, Any]], shape_env: Any) -> Coverage:
+    """What the graph assumed about each input size -- the ShapeEnv's value
+    ranges (sizes >= 2), its guards, and the sizes it fixed or tied -- over
+    the checker's keys."""
+    keys = {key: i for i, key in enumerate(dict.fromkeys(k for k, _ in sizes))}
+    first = _symbols(sizes)
+    renamed = {e: sympy.Symbol(f"v{keys[k]}", integer=True) for e, k in first.items()}
+    ranges, guards = [], []
+    for key, expr in sizes:
+        if first.get(expr) == key:
+            vr = shape_env.var_to_range.get(expr)
+            lo, hi = (_int(vr.lower), _int(vr.upper)) if vr is not None else (None, None)
+            if lo is not None or hi is not None:
+                ranges.append((keys[key], lo, hi))
+        else:  # fixed by the code, or tied to another size
+            v = sympy.Symbol(f"v{keys[key]}", integer=True)
+            guards.append(sympy.Eq(v, expr.xreplace(renamed)))
+    guards += [g.expr.xreplace(renamed) for g in shape_env.guards
+               if g.expr.free_symbols and g.expr.free_symbols <= renamed.keys()]
+    return Coverage(tuple(keys), tuple(ranges), tuple(dict.fromkeys(guards)))
+
+
+def _int(bound: Any) -> int | None:
+    return int(bound) if bound.is_Integer else None

@@ -1,171 +1,220 @@
 """The TorchScript backend: the seed RFC's ``torch.jit.script`` with descriptors.
 
+PyTorch is deprecating TorchScript (``torch.jit`` raises a ``FutureWarning``
+from 2.15 on); ``backend="export"`` is the default and the one to prefer.
+This backend stays for models that must run as TorchScript.
+
 The model is scripted as usual, then a *copy* of its ``forward`` graph is
 specialized (the scripted class's own graph is shared by every scripting of
 that class, so it is never edited in place):
 
 * each described tensor input gets a refined ``TensorType`` (dtype, device,
   static lengths, rank; symbolic lengths stay ``*``);
-* each fully value-specialized argument is replaced by a constant and
-  removed from the graph inputs, then constant propagation and dead-code
-  elimination delete the branches it decided.
+* each fully value-specialized argument becomes a constant and leaves the
+  graph's inputs; constant propagation and dead-code elimination then delete
+  the branches it decided.
 
-The program calls the specialized graph as a function taking the scripted
-module (``self``) first, so it runs with the module's live weights.
-A saved jit program stores the scripted module (``torch.jit.save``) and
-re-applies the specialization from the JSON descriptors on load.
-
-Output descriptors come from the same symbolic trace as the export backend
-when the model can be exported (so symbolic names propagate); otherwise from
-the graph's output types, with unknown lengths.
-
-When ``torch.jit.script`` cannot compile the model (Hugging Face models, most
-eager-only code), the backend falls back to a validated ``torch.jit.trace``;
-see ``jit_trace``.
+A TorchScript graph is generic in sizes, dtypes and lengths, so one graph
+serves every call the descriptors admit. What TorchScript would get wrong is
+refused at ``script()`` time: a model it cannot compile, a decorated or
+instance-level ``forward`` (it compiles the undecorated source), a
+descriptor that contradicts a parameter's TorchScript type (unannotated
+parameters are ``Tensor``), and deferred weights (it needs real ones). On
+each call the program passes tensor defaults as the model would and first
+copies reassigned parameters and buffers of the live module into the
+scripted one. There is no ``torch.jit.trace`` fallback: a trace bakes in
+whatever Python saw (lengths, branches), which no call-time check can detect.
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Mapping
+import functools
+import inspect
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
+from torchdefer.descriptors import _torch
+from torchdefer.descriptors.checker import NOT_ACCEPTED, Param
+from torchdefer.descriptors.export_backend import Coverage
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
-from torchdefer.descriptors.specialization import Specialization
-from torchdefer.descriptors.tree import Node, TypeOf, Value, is_constant, rebuild
+from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
+from torchdefer.descriptors.weights import has_data
 
-__all__ = ["JitRunner", "build_jit", "load_program", "save_bytes"]
+__all__ = ["JitRunner", "build"]
+
+_SCALAR_KINDS = {int: "IntType", float: "FloatType", bool: "BoolType", str: "StringType"}
+
+
+def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
+    """Script ``target`` and specialize its graph to ``params``' descriptors.
+
+    Raises:
+        TypeError: what TorchScript cannot run faithfully, with what to do.
+    """
+    module = target if isinstance(target, torch.nn.Module) else None
+    advice = "use backend='export' (the default)"
+    weights = [*module.parameters(), *module.buffers()] if module is not None else []
+    if not all(has_data(t) for t in weights):
+        raise TypeError(f"backend='jit' cannot script the deferred module {qualname}: TorchScript "
+                        "needs real weights; use backend='export' (no allocation) or call "
+                        "torchdefer.materialize_module(model) first")
+    fn = type(module).forward if module is not None else target
+    if module is not None and "forward" in vars(module):
+        raise TypeError(f"backend='jit': {qualname} is an instance attribute, which TorchScript "
+                        f"ignores (it compiles {type(module).__name__}.forward); {advice}")
+    if inspect.unwrap(fn) is not fn:
+        raise TypeError(f"backend='jit': {qualname} is decorated (functools.wraps); TorchScript "
+                        f"compiles the undecorated source and would drop the decorator; {advice}")
+    try:
+        scripted = torch.jit.script(target)
+    except Exception as e:
+        raise TypeError(f"backend='jit': torch.jit.script cannot compile {qualname}: "
+                        f"{_first_line(e)}; {advice}") from e
+    return JitRunner(scripted, params, qualname, module)
 
 
 class JitRunner:
-    """A specialized TorchScript graph plus the scripted module it reads from.
+    """A specialized TorchScript graph, called with the scripted module first.
 
-    Subclasses (the trace fallback) override :meth:`_prepare` to specialize
-    the graph copy differently, and :meth:`run` to call it.
+    Args:
+        scripted: the scripted module or function.
+        params: the program's parameters.
+        qualname: for messages.
+        live: the module it was scripted from, whose reassigned weights are
+            copied in before each call (``None`` for a loaded program).
     """
 
-    mode = "script"
+    coverage = Coverage()  # generic in sizes: every checked call is covered
 
-    def __init__(self, scripted: Any, spec: Specialization) -> None:
+    def __init__(self, scripted: Any, params: tuple[Param, ...], qualname: str,
+                 live: torch.nn.Module | None = None) -> None:
         self.scripted = scripted
         self.is_module = isinstance(scripted, torch.jit.ScriptModule)
         method = scripted.forward if self.is_module else scripted
         graph = method.graph.copy()
         first = 1 if self.is_module else 0
-        self.inputs = self._prepare(graph, spec, first)
-        self.function = torch._C._create_function_from_graph("forward", graph)
+        inputs = list(graph.inputs())[first:]
+        if len(inputs) != len(params):
+            raise TypeError(f"backend='jit': the scripted graph of {qualname} has {len(inputs)} "
+                            f"inputs but its signature has {len(params)} parameters")
+        schema = method.schema.arguments[first:]
+        self.keep: list[int] = []
+        self.defaults: dict[int, Any] = {}
+        anchor = next(iter(graph.nodes()), None)
+        for i in reversed(range(len(params))):
+            p, value = params[i], inputs[i]
+            if p.node is None:  # a tensor default: passed as TorchScript recorded it
+                self.defaults[i] = schema[i].default_value
+                self.keep.insert(0, i)
+                continue
+            if not _fits(value.type(), p.node):
+                raise TypeError(
+                    f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
+                    f"{value.type()} (unannotated parameters are Tensor), but it is described as "
+                    f"{p.node!r}; annotate the parameter to match, or use backend='export'"
+                )
+            constant = _constant(p.node)
+            if constant is not None:
+                c = graph.insertConstant(constant[0])
+                if anchor is not None:
+                    c.node().moveBefore(anchor)
+                anchor = c.node()
+                value.replaceAllUsesWith(c)
+                graph.eraseInput(first + i)
+                continue
+            if isinstance(p.node, MetaTensorType):
+                value.setType(_refined(value.type(), p.node))
+            self.keep.insert(0, i)
+        _torch.jit_fold(graph)
+        self.function = _torch.jit_function(graph)
         self._graph = graph
-
-    def _prepare(self, graph: torch._C.Graph, spec: Specialization, first: int) -> list[str]:
-        return _specialize(graph, spec, first)
+        self.sync = _Sync(live, scripted) if live is not None and self.is_module else None
 
     @property
     def graph(self) -> str:
         return str(self._graph)
 
-    def run(self, full: Mapping[str, Any], weights: Mapping[str, torch.Tensor] | None) -> Any:
-        args = [full[name] for name in self.inputs]
-        if self.is_module:
-            return self.function(self.scripted._c, *args)
-        return self.function(*args)
-
-    def outputs_from_types(self) -> Any:
-        """Output descriptors read from the graph's output types."""
-        return _outputs_from_types(self._graph)
-
-    def header(self) -> dict[str, Any]:
-        """What :func:`load_program` needs besides the TorchScript archive (JSON)."""
-        return {"mode": self.mode}
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        call = [self.defaults[i] if args[i] is NOT_ACCEPTED else args[i] for i in self.keep]
+        if self.sync is not None:
+            self.sync()
+        return self.function(self.scripted._c, *call) if self.is_module else self.function(*call)
 
 
-def build_jit(target: Any, spec: Specialization) -> tuple[JitRunner, Any]:
-    """Script ``target`` and specialize its graph to ``spec``."""
-    from torchdefer.descriptors.program import _is_deferred_tensor
+class _Sync:
+    """Copies parameters and buffers reassigned on the live module, and its
+    train/eval mode, into the scripted one, so both run alike."""
 
-    if isinstance(target, torch.nn.Module) and any(
-        _is_deferred_tensor(t) for t in [*target.parameters(), *target.buffers()]
-    ):
-        raise TypeError(
-            f"backend='jit' cannot script the deferred module {spec.signature.qualname}: "
-            "TorchScript needs real weights; use backend='export' (no allocation) or call "
-            "torchdefer.materialize_module(model) first"
-        )
-    try:
-        scripted = torch.jit.script(target)
-    except Exception as e:
-        from torchdefer.descriptors.jit_trace import build_trace
+    def __init__(self, live: torch.nn.Module, scripted: Any) -> None:
+        self.live, self.scripted, self.training = live, scripted, live.training
+        self.slots = []
+        for name, _ in [*live.named_parameters(remove_duplicate=False),
+                        *live.named_buffers(remove_duplicate=False)]:
+            owner, _, attr = name.rpartition(".")
+            path = owner.split(".") if owner else []
+            target = functools.reduce(getattr, path, scripted)._c
+            self.slots.append([live, path, attr, live.get_submodule(owner), target, None])
 
-        runner: JitRunner = build_trace(target, spec, script_error=e)
-    else:
-        runner = JitRunner(scripted, spec)
-    return runner, _output_descriptors(target, spec, runner)
-
-
-def save_bytes(runner: JitRunner) -> bytes:
-    buffer = io.BytesIO()
-    torch.jit.save(runner.scripted, buffer)
-    return buffer.getvalue()
-
-
-def load_program(
-    spec: Specialization, data: bytes, header: Mapping[str, Any] | None, outputs: Any
-) -> Any:
-    """The program saved as ``data`` (a TorchScript archive) plus its JSON ``header``.
-
-    Args:
-        spec: the specialization read from the file.
-        data: the ``torch.jit.save`` archive.
-        header: :meth:`JitRunner.header` as saved (``None`` in older files).
-        outputs: the saved output descriptors, or ``None`` to read them from
-            the graph's types.
-    """
-    from torchdefer.descriptors.program import Program
-
-    scripted = torch.jit.load(io.BytesIO(data), map_location="cpu")
-    mode = (header or {}).get("mode", "script")
-    if mode == "trace":
-        from torchdefer.descriptors.jit_trace import load_trace
-
-        runner, outputs = load_trace(scripted, spec, header or {}, outputs)
-    elif mode == "script":
-        runner = JitRunner(scripted, spec)
-    else:
-        raise ValueError(f"saved jit program has unknown mode {mode!r} (expected script/trace)")
-    if outputs is None:
-        outputs = runner.outputs_from_types()
-    return Program(backend="jit", spec=spec, runner=runner, output_descriptors=outputs, module=None)
+    def __call__(self) -> None:
+        if self.live.training is not self.training:
+            self.training = self.live.training
+            self.scripted.train(self.training)
+        for slot in self.slots:
+            m, path, attr, owner, target, last = slot
+            for part in path:
+                m = m._modules[part]
+            if m is not owner:
+                raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced "
+                                   "after script(); script the model again")
+            d = m._parameters
+            t = d[attr] if attr in d else m._buffers[attr]
+            if t is not last:
+                target.setattr(attr, t)
+                slot[5] = t
 
 
-def _specialize(graph: torch._C.Graph, spec: Specialization, first: int) -> list[str]:
-    """Refine input types, fold value-specialized inputs; returns kept input names."""
-    inputs = list(graph.inputs())[first:]
-    names = [p.name for p in spec.signature.parameters]
-    if len(inputs) != len(names):
-        raise TypeError(
-            f"backend='jit': the scripted graph of {spec.signature.qualname} has "
-            f"{len(inputs)} inputs but its signature has {len(names)} parameters"
-        )
-    kept = []
-    anchor = next(iter(graph.nodes()), None)
-    for index in reversed(range(len(names))):
-        name, value = names[index], inputs[index]
-        tree = spec.trees.get(name)
-        if tree is not None and is_constant(tree):
-            constant = graph.insertConstant(rebuild(tree, iter(())))
-            if anchor is not None:
-                constant.node().moveBefore(anchor)
-            anchor = constant.node()
-            value.replaceAllUsesWith(constant)
-            graph.eraseInput(first + index)
-            continue
-        if isinstance(tree, MetaTensorType):
-            value.setType(_refined(value.type(), tree))
-        kept.append(name)
-    torch._C._jit_pass_constant_propagation(graph)
-    torch._C._jit_pass_dce(graph)
-    return kept[::-1]
+def _fits(t: Any, node: Node) -> bool:
+    """Whether TorchScript type ``t`` accepts what ``node`` describes."""
+    kind = t.kind()
+    if kind == "OptionalType":
+        inner = node.inner if isinstance(node, OptionalOf) else node
+        return _is_none(node) or _fits(t.getElementType(), inner)
+    if isinstance(node, (MetaTensorType, TypeOf, Value)) and not _is_none(node):
+        want = "TensorType" if isinstance(node, MetaTensorType) else _value_kind(node)
+        return kind == want or (kind == "NumberType" and want in ("IntType", "FloatType"))
+    if isinstance(node, ListOf):
+        return kind == "ListType" and _fits(t.getElementType(), node.element)
+    if isinstance(node, (tuple, list)) and type(node) in (tuple, list):
+        if kind == "TupleType":
+            return len(t.elements()) == len(node) and all(map(_fits, t.elements(), node))
+        return kind == "ListType" and all(_fits(t.getElementType(), n) for n in node)
+    if type(node) is dict:
+        return kind == "DictType" and all(_fits(t.getValueType(), n) for n in node.values())
+    return kind == "NoneType" and _is_none(node)
+
+
+def _is_none(node: Node) -> bool:
+    return isinstance(node, Value) and node.value is None
+
+
+def _value_kind(node: Any) -> str:
+    kind = node.type if isinstance(node, TypeOf) else type(node.value)
+    if kind in (torch.dtype,):
+        return "IntType"  # TorchScript passes dtypes as ints
+    if kind is torch.device:
+        return "DeviceObjType"
+    return _SCALAR_KINDS.get(kind, "?")
+
+
+def _constant(node: Node) -> tuple[Any] | None:
+    """``(value,)`` when ``node`` fixes the whole argument, else ``None``."""
+    leaves, spec = pytree.tree_flatten(node)
+    if not all(isinstance(leaf, Value) for leaf in leaves):
+        return None
+    value = pytree.tree_unflatten([leaf.value for leaf in leaves], spec)
+    return None if isinstance(value, (list, dict)) else (value,)  # no mutable constants
 
 
 def _refined(base: Any, desc: MetaTensorType) -> Any:
@@ -182,37 +231,7 @@ def _refined(base: Any, desc: MetaTensorType) -> Any:
     return t
 
 
-def _output_descriptors(target: Any, spec: Specialization, runner: JitRunner) -> Any:
-    from torchdefer.descriptors.export_backend import build_export, complete_for_export
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
-    try:
-        device = next(iter([*target.parameters(), *target.buffers()])).device
-    except (AttributeError, StopIteration):
-        device = torch.device("cpu")
-    try:
-        _, outputs = build_export(target, complete_for_export(spec, device))
-    except Exception:  # not exportable or not fully described: fall back to types
-        return runner.outputs_from_types()
-    return outputs
-
-
-def _outputs_from_types(graph: torch._C.Graph) -> Any:
-    outputs = list(graph.outputs())
-    described = [_from_type(o.type()) for o in outputs]
-    return described[0] if len(described) == 1 else tuple(described)
-
-
-def _from_type(t: Any) -> Node:
-    if isinstance(t, torch.TensorType):
-        sizes = t.sizes()
-        return (
-            MetaTensorType(sizes, t.dtype())
-            if sizes is not None
-            else MetaTensorType(dtype=t.dtype())
-        )
-    if isinstance(t, torch.TupleType):
-        return tuple(_from_type(e) for e in t.elements())
-    if "Tensor" in str(t):
-        return MetaTensorType()
-    scalar = {"int": int, "float": float, "bool": bool, "str": str}.get(str(t))
-    return TypeOf(scalar) if scalar is not None else Value(None)

@@ -14,13 +14,16 @@ admit one more tensor, never dropping a tensor admitted before.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
-__all__ = ["Dim", "DimRange", "MetaTensorType"]
+from torchdefer.descriptors.errors import DescriptorMismatch
+
+__all__ = ["Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
 
 Dim = int | str | None
 """One shape entry: static length, symbolic name, or any length."""
@@ -76,28 +79,25 @@ requires_grad=False, layout=torch.strided)
         set_ = object.__setattr__
         if self.shape is not None:
             set_(self, "shape", _normalize_shape(self.shape))
-        if self.dtype is not None:
-            set_(self, "dtype", _normalize_dtype(self.dtype))
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            if self.dtype not in _PYTHON_DTYPES:
+                raise ValueError(f"MetaTensorType: dtype must be a torch.dtype, got {self.dtype!r}")
+            set_(self, "dtype", _PYTHON_DTYPES[self.dtype])
         if self.device is not None:
             set_(self, "device", torch.device(self.device))
-        if self.rank is not None and (
-            isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0
-        ):
+        if self.rank is not None and (type(self.rank) is not int or self.rank < 0):
             raise ValueError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
+        if self.shape is not None and self.rank not in (None, len(self.shape)):
+            raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
+                             f"{list(self.shape)}; give one of them or make them agree")
         if self.shape is not None:
-            if self.rank is not None and self.rank != len(self.shape):
-                raise ValueError(
-                    f"MetaTensorType: rank={self.rank} contradicts shape {list(self.shape)} "
-                    f"of rank {len(self.shape)}; give one of them or make them agree"
-                )
             set_(self, "rank", len(self.shape))
-        if self.requires_grad is not None and not isinstance(self.requires_grad, bool):
-            raise ValueError(
-                f"MetaTensorType: requires_grad must be a bool or None, got {self.requires_grad!r}"
-            )
+        if self.requires_grad not in (None, True, False):
+            raise ValueError("MetaTensorType: requires_grad must be a bool or None, got "
+                             f"{self.requires_grad!r}")
         if self.layout is not None and not isinstance(self.layout, torch.layout):
             raise ValueError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
-        set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges, self.shape))
+        set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges))
 
     # ----------------------------------------------------------------- views
     @property
@@ -118,11 +118,8 @@ requires_grad=False, layout=torch.strided)
             >>> MetaTensorType(["n", "n"]).admits(torch.zeros(2, 3))
             False
         """
-        from torchdefer.descriptors.checker import Checker
-        from torchdefer.descriptors.errors import DescriptorMismatch
-
         try:
-            Checker(self.ranges).check_tensor(self, tensor, "tensor")
+            TensorCheck(self, self.ranges)(tensor, "tensor", {}, {}, None)
         except DescriptorMismatch:
             return False
         return True
@@ -154,15 +151,7 @@ requires_grad=False, layout=torch.strided)
                 raise TypeError(
                     f"MetaTensorType.from_examples takes tensors, got {type(t).__name__}"
                 )
-        names = itertools.count()
-        return cls(
-            _join_shapes([tuple(t.shape) for t in tensors], lambda: f"d{next(names)}"),
-            _common(t.dtype for t in tensors),
-            rank=_common(t.dim() for t in tensors),
-            device=_join_devices(t.device for t in tensors),
-            requires_grad=_common(t.requires_grad for t in tensors),
-            layout=_common(t.layout for t in tensors),
-        )
+        return examples_descriptor(tensors, {})
 
     def widen(self, tensor: torch.Tensor) -> MetaTensorType:
         """A descriptor that admits ``tensor`` and everything ``self`` admits.
@@ -203,104 +192,145 @@ requires_grad=False, layout=torch.strided)
     # --------------------------------------------------------------- codecs
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_json` reads it back."""
-        return {
-            "shape": None if self.shape is None else list(self.shape),
-            "dtype": None if self.dtype is None else str(self.dtype).removeprefix("torch."),
-            "rank": self.rank,
-            "device": None if self.device is None else str(self.device),
-            "requires_grad": self.requires_grad,
-            "layout": None if self.layout is None else str(self.layout).removeprefix("torch."),
-            "dim_ranges": [list(r) for r in self.dim_ranges],
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("dtype", "device", "layout"):
+            out[name] = None if out[name] is None else str(out[name]).removeprefix("torch.")
+        out["shape"] = None if self.shape is None else list(self.shape)
+        out["dim_ranges"] = [list(r) for r in self.dim_ranges]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MetaTensorType:
         """Inverse of :meth:`to_json`; only looks up dtype/layout names on ``torch``."""
-        return cls(
-            data["shape"],
-            None if data["dtype"] is None else _torch_attr(data["dtype"], torch.dtype),
-            rank=data["rank"],
-            device=data["device"],
-            requires_grad=data["requires_grad"],
-            layout=None if data["layout"] is None else _torch_attr(data["layout"], torch.layout),
-            dim_ranges={name: (lo, hi) for name, lo, hi in data["dim_ranges"]},
-        )
+        data = {f.name: data[f.name] for f in fields(cls)}
+        for name, kind in (("dtype", torch.dtype), ("layout", torch.layout)):
+            if data[name] is not None and not isinstance(getattr(torch, data[name], None), kind):
+                raise ValueError(f"not a torch {kind.__name__}: {data[name]!r}")
+            data[name] = data[name] and getattr(torch, data[name])
+        data["dim_ranges"] = [tuple(r) for r in data["dim_ranges"]]
+        return cls(**data)
 
     def __repr__(self) -> str:
-        parts = []
-        if self.shape is not None:
-            parts.append(f"shape={list(self.shape)!r}")
-        elif self.rank is not None:
-            parts.append(f"rank={self.rank}")
-        if self.dtype is not None:
-            parts.append(f"dtype={self.dtype}")
-        if self.device is not None:
-            parts.append(f"device={str(self.device)!r}")
-        if self.requires_grad is not None:
-            parts.append(f"requires_grad={self.requires_grad}")
-        if self.layout is not None:
-            parts.append(f"layout={self.layout}")
+        parts = [f"shape={list(self.shape)!r}" if self.shape is not None else
+                 f"rank={self.rank}" if self.rank is not None else ""]
+        parts += [f"{n}={v!r}" if n == "device" else f"{n}={v}"
+                  for n, v in (("dtype", self.dtype), ("device", self.device and str(self.device)),
+                               ("requires_grad", self.requires_grad), ("layout", self.layout))
+                  if v is not None]
         if self.dim_ranges:
             parts.append(f"dim_ranges={self.ranges!r}")
-        return f"MetaTensorType({', '.join(parts)})"
+        return f"MetaTensorType({', '.join(p for p in parts if p)})"
+
+
+class TensorCheck:
+    """One descriptor compiled for the check every call runs (kept lean: ~1 us).
+
+    Args:
+        desc: the descriptor.
+        ranges: ``(min, max)`` per symbolic name, merged over the program.
+        specialize: also bind ``None`` dims (under ``(path, dim)``) and record
+            the properties ``desc`` leaves unknown, for backends that build
+            one program per concrete dtype/rank/... (export).
+
+    Calling it checks ``t`` at ``path``: symbols are bound in ``env`` (name ->
+    length) with ``where`` (name -> (path, dim)) for messages; unknown
+    properties are appended to ``facts`` (dtype, device, layout, rank order).
+    """
+
+    __slots__ = ("device", "dtype", "free", "layout", "named", "rank", "requires_grad", "static",
+                 "unknown")
+
+    def __init__(self, desc: MetaTensorType, ranges: Mapping[str, DimRange],
+                 specialize: bool = False) -> None:
+        self.rank, self.dtype, self.layout = desc.rank, desc.dtype, desc.layout
+        self.device, self.requires_grad = desc.device, desc.requires_grad
+        shape = desc.shape if desc.shape is not None else (None,) * (desc.rank or 0)
+        self.static = [(i, d) for i, d in enumerate(shape) if isinstance(d, int)]
+        self.named = [(i, d, *ranges.get(d, (0, None)))
+                      for i, d in enumerate(shape) if isinstance(d, str)]
+        # None dims are bound too under export: each is a symbol whose coverage
+        # (0/1, guards) is checked per call; with the rank unknown, every dim is.
+        self.free: list[int] | None = [i for i, d in enumerate(shape) if d is None]
+        if not specialize:
+            self.free = []
+        elif desc.rank is None:
+            self.free = None
+        unknown = [n for n, v in (("dtype", desc.dtype), ("device", desc.device),
+                                  ("layout", desc.layout), ("ndim", desc.rank)) if v is None]
+        self.unknown = operator.attrgetter(*unknown, "ndim") if specialize and unknown else None
+
+    def __call__(self, t: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise DescriptorMismatch(path, "type", "a Tensor", describe_value(t))
+        shape = t.shape
+        if self.rank is not None and len(shape) != self.rank:
+            got = f"{len(shape)} (shape {list(shape)})"
+            raise DescriptorMismatch(path, "ndim", str(self.rank), got)
+        if self.dtype is not None and t.dtype is not self.dtype:
+            raise DescriptorMismatch(path, "dtype", str(self.dtype), str(t.dtype))
+        if self.device is not None and t.device != self.device and (
+            self.device.index is not None or t.device.type != self.device.type
+        ):
+            raise DescriptorMismatch(path, "device", repr(str(self.device)), repr(str(t.device)))
+        if self.layout is not None and t.layout is not self.layout:
+            raise DescriptorMismatch(path, "layout", str(self.layout), str(t.layout))
+        if self.requires_grad is not None and t.requires_grad is not self.requires_grad:
+            raise DescriptorMismatch(path, "requires_grad", str(self.requires_grad),
+                                     str(t.requires_grad))
+        for i, want in self.static:
+            if shape[i] != want:
+                raise DescriptorMismatch(path, f"shape[{i}]", str(want), str(shape[i]))
+        for i, name, lo, hi in self.named:
+            size = shape[i]
+            bound = env.get(name)
+            if bound is None:
+                if size < lo or (hi is not None and size > hi):
+                    want = f"{name!r} in [{lo}, {'inf' if hi is None else hi}]"
+                    raise DescriptorMismatch(path, f"shape[{i}]", want, str(size),
+                                             f"{name!r} is outside its range")
+                env[name] = size
+                where[name] = (path, i)
+            elif bound != size:
+                first = "{}.shape[{}]".format(*where[name])
+                raise DescriptorMismatch(path, f"shape[{i}]", f"{name!r} = {bound}", str(size),
+                                         f"{name!r} is {bound} from {first}")
+        for i in range(len(shape)) if self.free is None else self.free:
+            env[(path, i)] = shape[i]
+        if self.unknown is not None:
+            facts.extend(self.unknown(t)[:-1])  # "ndim" added so that the getter returns a tuple
+
+
+def describe_value(value: Any) -> str:
+    """A short description of a call's value for messages (``float 3.0``)."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of length {len(value)}"
+    if isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+        return f"{type(value).__name__} {value!r}"
+    return f"a {type(value).__name__}"
 
 
 # ------------------------------------------------------------------ helpers
 def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
         raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
-    out = tuple(shape)
-    for i, d in enumerate(out):
-        ok = (
-            d is None
-            or (isinstance(d, str) and d)
-            or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
-        )
-        if not ok:
-            raise ValueError(
-                f"MetaTensorType: shape[{i}] is {d!r}; each entry must be an int >= 0 (static), "
-                "a non-empty str (symbolic) or None (any length)"
-            )
+    for i, d in enumerate(out := tuple(shape)):
+        if not (d is None or (isinstance(d, str) and d) or (type(d) is int and d >= 0)):
+            raise ValueError(f"MetaTensorType: shape[{i}] is {d!r}; each entry must be an int "
+                             ">= 0 (static), a non-empty str (symbolic) or None (any length)")
     return out
 
 
-def _normalize_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in _PYTHON_DTYPES:
-        return _PYTHON_DTYPES[dtype]
-    raise ValueError(f"MetaTensorType: dtype must be a torch.dtype, got {dtype!r}")
-
-
-def _normalize_ranges(
-    ranges: Mapping[str, DimRange] | Iterable[tuple[str, int, int | None]],
-    shape: tuple[Dim, ...] | None,
-) -> tuple[tuple[str, int, int | None], ...]:
+def _normalize_ranges(ranges: Any) -> tuple[tuple[str, int, int | None], ...]:
     items = [(k, *v) for k, v in ranges.items()] if isinstance(ranges, Mapping) else list(ranges)
-    out = []
     for entry in items:
-        if len(entry) != 3:
-            raise ValueError(f"MetaTensorType: dim_ranges entry {entry!r} is not (name, min, max)")
-        name, lo, hi = entry
-        if not isinstance(name, str) or not isinstance(lo, int) or lo < 0:
-            raise ValueError(
-                f"MetaTensorType: dim_ranges[{name!r}] = ({lo!r}, {hi!r}); expected a str name "
-                "and an int min >= 0"
-            )
-        if hi is not None and (not isinstance(hi, int) or hi < lo):
-            raise ValueError(
-                f"MetaTensorType: dim_ranges[{name!r}] = ({lo}, {hi!r}); max must be an int "
-                ">= min, or None for unbounded"
-            )
-        out.append((name, lo, hi))
-    return tuple(sorted(out))
-
-
-def _torch_attr(name: str, kind: type) -> Any:
-    value = getattr(torch, name, None)
-    if not isinstance(value, kind):
-        raise ValueError(f"not a torch {kind.__name__}: {name!r}")
-    return value
+        name, lo, hi = entry if len(entry) == 3 else (entry, None, None)
+        if not (isinstance(name, str) and type(lo) is int and lo >= 0
+                and (hi is None or (type(hi) is int and hi >= lo))):
+            raise ValueError(f"MetaTensorType: dim_ranges entry {entry!r} is not (name, min, max) "
+                             "with a str name, an int min >= 0 and an int max >= min or None")
+    return tuple(sorted(items))
 
 
 def _common(values: Iterable[Any]) -> Any:
@@ -318,20 +348,20 @@ def _join_devices(devices: Iterable[torch.device | None]) -> torch.device | None
     return torch.device(types.pop()) if len(types) == 1 else None
 
 
-def _join_shapes(shapes: list[tuple[int, ...]], fresh: Any) -> tuple[Dim, ...] | None:
-    if len({len(s) for s in shapes}) != 1:
-        return None
-    # Dims with the same vector of lengths across examples share one name.
-    names: dict[tuple[int, ...], str] = {}
-    out: list[Dim] = []
-    for column in zip(*shapes, strict=True):
-        if len(set(column)) == 1:
-            out.append(column[0])
-        else:
-            if column not in names:
-                names[column] = fresh()
-            out.append(names[column])
-    return tuple(out)
+def examples_descriptor(tensors: Sequence[torch.Tensor],
+                        names: dict[tuple[int, ...], str]) -> MetaTensorType:
+    """The most specific descriptor of ``tensors``; dims whose lengths across
+    the examples are the same vector share a name, kept in ``names`` (``d0``...)
+    so that several tensors of one call can share them too."""
+    shape = None
+    if len({t.dim() for t in tensors}) == 1:
+        shape = [column[0] if len(set(column)) == 1 else names.setdefault(column, f"d{len(names)}")
+                 for column in zip(*(tuple(t.shape) for t in tensors))]
+    return MetaTensorType(shape, _common(t.dtype for t in tensors),
+                          rank=_common(t.dim() for t in tensors),
+                          device=_join_devices(t.device for t in tensors),
+                          requires_grad=_common(t.requires_grad for t in tensors),
+                          layout=_common(t.layout for t in tensors))
 
 
 def _widen_shape(

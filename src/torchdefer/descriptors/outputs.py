@@ -1,96 +1,161 @@
-"""Output descriptors: the exported graph's output metadata, in descriptor terms.
+"""Outputs: flattened for the graph, rebuilt for the caller, described.
 
-Export names input lengths with its own symbols (``s17``); outputs carry
-sympy expressions over them (``s17``, ``2*s17``, ``s17 + s42``). Mapping each
-input symbol back to the descriptor name it came from gives outputs like
-``["b", 10]`` or ``["2*b", 10]``; a length built only from ``None`` dims, or
-from data (unbacked), is ``None``.
+A graph returns a flat tuple; models return nested structures, some of whose
+classes ``torch.utils._pytree`` knows (tuple, dict, ``ModelOutput``) and some
+it does not (``DynamicCache`` in Hugging Face default configs, which export
+alone refuses). :meth:`OutputRecipe.capture` records, at trace time, how to
+rebuild an output from the graph's flat outputs: pytree's ``TreeSpec`` for
+registered containers; for an object of an unregistered class, its class and
+its attributes (``vars``), walked the same way; non-tensor leaves (``None``,
+a flag, a dtype) are kept as they were. :meth:`OutputRecipe.rebuild` runs it
+backwards on every call -- and once on descriptors, which gives
+``Program.output_descriptors`` the outputs' own structure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
 import torch.utils._pytree as pytree
-from torch.export import ExportedProgram
-from torch.export.graph_signature import OutputKind
 
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
-from torchdefer.descriptors.tree import TypeOf, Value
+from torchdefer.descriptors.tree import TypeOf
 
-__all__ = ["ExportSymbols", "output_descriptors"]
+__all__ = ["OutputRecipe", "describe_output"]
+
+_GRAPH = "graph"  # a leaf the graph computes
+_SYMBOLIC = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 @dataclass(frozen=True, slots=True)
-class ExportSymbols:
-    """Export symbol -> descriptor name (or ``None`` for an any-length dim)."""
+class _Const:
+    value: Any
 
-    names: dict[sympy.Symbol, str | None]
+
+@dataclass(frozen=True, slots=True)
+class _Object:
+    cls: type
+    attrs: OutputRecipe  # the recipe of ``vars(obj)``
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecipe:
+    """How to rebuild a model's output from a graph's flat outputs.
+
+    Args:
+        spec: the output's pytree structure (unregistered objects are leaves).
+        slots: per pytree leaf, ``"graph"`` (the next graph output), a
+            constant, or an unregistered object to rebuild.
+    """
+
+    spec: pytree.TreeSpec
+    slots: tuple[Any, ...]
 
     @classmethod
-    def from_program(
-        cls, program: ExportedProgram, dynamic: list[tuple[str, Any]]
-    ) -> ExportSymbols:
-        inputs = [n for n in program.graph.nodes if n.op == "placeholder"]
-        user = set(program.graph_signature.user_inputs)
-        user_nodes = [n for n in inputs if n.name in user]
-        names: dict[sympy.Symbol, str | None] = {}
-        for node, (path, leaf) in zip(user_nodes, dynamic, strict=True):
-            val = node.meta.get("val")
-            if isinstance(leaf, TypeOf):
-                if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol):
-                    names[val.node.expr] = path
-                continue
-            shape = leaf.shape if leaf.shape is not None else (None,) * leaf.rank
-            for want, size in zip(shape, val.shape, strict=True):
-                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                    names.setdefault(size.node.expr, want if isinstance(want, str) else None)
-        return cls(names)
+    def capture(cls, out: Any) -> tuple[list[Any], OutputRecipe]:
+        """``out``'s graph leaves (tensors, symbolic ints) and its recipe."""
+        leaves, spec = pytree.tree_flatten(out)
+        flat: list[Any] = []
+        slots: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, _SYMBOLIC):
+                flat.append(leaf)
+                slots.append(_GRAPH)
+            elif isinstance(leaf, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+                slots.append(_Const(leaf))
+            elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
+                sub, recipe = cls.capture(dict(vars(leaf)))
+                flat.extend(sub)
+                slots.append(_Object(type(leaf), recipe))
+            else:
+                slots.append(_Const(leaf))  # functions, classes: kept by reference
+        return flat, cls(spec, tuple(slots))
 
-    @property
-    def display(self) -> dict[str, str]:
-        return {str(s): (n if n is not None else "any") for s, n in self.names.items()}
+    def rebuild(self, flat: Iterator[Any]) -> Any:
+        """The output with graph leaves taken in order from ``flat``."""
+        if self.spec.is_leaf() and self.slots[0] is _GRAPH:
+            return next(flat)
+        leaves = []
+        for slot in self.slots:
+            if slot is _GRAPH:
+                leaves.append(next(flat))
+            elif isinstance(slot, _Const):
+                leaves.append(slot.value)
+            else:
+                obj = object.__new__(slot.cls)  # no __init__: the attributes are the state
+                obj.__dict__.update(slot.attrs.rebuild(flat))
+                leaves.append(obj)
+        return pytree.tree_unflatten(leaves, self.spec)
 
-    def dim(self, size: int | torch.SymInt) -> int | str | None:
-        if not isinstance(size, torch.SymInt):
-            return int(size)
-        expr = size.node.expr
-        if expr.is_Integer:
-            return int(expr)
-        if any(self.names.get(s) is None for s in expr.free_symbols):
-            return None
-        return str(expr.subs({s: sympy.Symbol(n) for s, n in self.names.items() if n}))
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        """JSON form; refuses what a file cannot name safely (unregistered classes).
+
+        Raises:
+            TypeError: with what to register, or to return instead.
+        """
+        slots = []
+        for slot in self.slots:
+            if isinstance(slot, _Object):
+                name = f"{slot.cls.__module__}.{slot.cls.__qualname__}"
+                raise TypeError(
+                    f"the program's outputs hold a {name}, which torch.utils._pytree does not "
+                    "know, so a file cannot rebuild it without running code; register it with "
+                    "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...) "
+                    "(for transformers caches: transformers.integrations.executorch."
+                    "register_dynamic_cache_export_support()) before script(), or return "
+                    "tensors"
+                )
+            if isinstance(slot, _Const):
+                try:
+                    json.dumps(slot.value)
+                except TypeError:
+                    raise TypeError(
+                        f"the program's outputs hold the constant {slot.value!r}, which cannot be "
+                        "saved as JSON"
+                    ) from None
+                slots.append({"const": slot.value})
+            else:
+                slots.append(_GRAPH)
+        return {"spec": pytree.treespec_dumps(self.spec), "slots": slots}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OutputRecipe:
+        """Inverse of :meth:`to_json`: containers only of types registered in this process."""
+        slots = tuple(_GRAPH if s == _GRAPH else _Const(s["const"]) for s in data["slots"])
+        return cls(pytree.treespec_loads(data["spec"]), slots)
 
 
-def output_descriptors(
-    program: ExportedProgram, symbols: ExportSymbols, ranges: Mapping[str, DimRange]
-) -> Any:
-    """Descriptors of the user outputs, unflattened to the outputs' structure."""
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    specs = program.graph_signature.output_specs
-    flat = []
-    for spec, arg in zip(specs, output.args[0], strict=True):
-        if spec.kind is OutputKind.USER_OUTPUT:
-            flat.append(_describe_output(arg, symbols, ranges))
-    return pytree.tree_unflatten(flat, program.call_spec.out_spec)
+def describe_output(val: Any, names: Mapping[str, str | None],
+                    ranges: Mapping[str, DimRange]) -> Any:
+    """The descriptor of one graph output (its fake value), in the inputs' names.
 
-
-def _describe_output(arg: Any, symbols: ExportSymbols, ranges: Mapping[str, DimRange]) -> Any:
-    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    Args:
+        val: a fake tensor or symbolic int.
+        names: export symbol name -> descriptor name (``None`` for an any-length dim).
+        ranges: the program's ranges, kept for names the output uses.
+    """
     if isinstance(val, torch.Tensor):
-        shape = [symbols.dim(s) for s in val.shape]
+        shape = [_dim(s, names) for s in val.shape]
         named = {d for d in shape if isinstance(d, str)}
-        return MetaTensorType(
-            shape,
-            val.dtype,
-            device=val.device,
-            layout=val.layout,
-            dim_ranges={n: r for n, r in ranges.items() if n in named},
-        )
+        return MetaTensorType(shape, val.dtype, device=val.device, layout=val.layout,
+                              dim_ranges={n: r for n, r in ranges.items() if n in named})
     if isinstance(val, torch.SymInt):
         return TypeOf(int)
-    return Value(val)
+    return MetaTensorType() if val is None else TypeOf(type(val))
+
+
+def _dim(size: Any, names: Mapping[str, str | None]) -> int | str | None:
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    expr = size.node.expr
+    if expr.is_Integer:
+        return int(expr)
+    if any(names.get(s.name) is None for s in expr.free_symbols):
+        return None
+    return str(expr.xreplace({s: sympy.Symbol(names[s.name]) for s in expr.free_symbols}))

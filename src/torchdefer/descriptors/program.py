@@ -1,37 +1,46 @@
 """``Program`` and ``script``: a model specialized to its input descriptors.
 
-A program checks every call against the descriptors (:class:`Checker`), then
-runs the specialized graph of its backend:
+A program checks every call against the descriptors (``checker.py``), then
+runs the graph of a backend runner. A runner is anything with::
+
+    runner(args)       # every parameter's value, in order, defaults applied
+    runner.coverage    # the calls it is sound for (export.Coverage)
+    runner.graph       # readable text
 
 * ``backend="export"`` (default): ``torch.export``, see ``export_backend``.
-* ``backend="jit"``: TorchScript with refined input types and the
-  value-specialized arguments constant-folded, see ``jit_backend``; when
-  ``torch.jit.script`` cannot compile the model, a ``torch.jit.trace``
-  validated at ``script()`` time on a second set of lengths, see ``jit_trace``.
+  One runner per concrete case: descriptors that leave a dtype, rank, list
+  length or ``Optional`` open, and sizes the export did not cover (0/1, a
+  guard such as ``n != 1``), get their own graph, built on first use.
+* ``backend="jit"``: TorchScript, see ``jit_backend``; one generic runner.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 
-from torchdefer.descriptors.specialization import Specialization
-from torchdefer.descriptors.tree import Node
+from torchdefer.descriptors import export_backend, jit_backend
+from torchdefer.descriptors.checker import (
+    Checker,
+    Param,
+    Unknown,
+    concrete_trees,
+    concretize,
+    merge_ranges,
+    show_key,
+)
+from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, normalize
+from torchdefer.descriptors.tree import leaves_with_paths as _leaves
+from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Backend", "Program", "script"]
 
 Backend = Literal["export", "jit"]
-
-
-class Runner(Protocol):
-    """What a backend provides: a readable graph and a way to run it."""
-
-    @property
-    def graph(self) -> str: ...
-
-    def run(self, flat: list[Any], weights: Mapping[str, torch.Tensor] | None) -> Any: ...
+Builder = Callable[[tuple, dict, Weights, dict], Any]
 
 
 class Program:
@@ -43,47 +52,86 @@ class Program:
         backend: ``"export"`` or ``"jit"``.
         input_descriptors: the descriptors given to :func:`script`, normalized.
         output_descriptors: descriptors of the outputs, nested like them,
-            symbolic lengths named after the inputs' (``["b", 10]``).
+            symbolic lengths named after the inputs' (``["b", 10]``); ``None``
+            while the descriptors leave the dtype or rank open and no call has
+            built a graph yet.
     """
 
-    def __init__(
-        self,
-        *,
-        backend: Backend,
-        spec: Specialization,
-        runner: Runner,
-        output_descriptors: Any,
-        module: torch.nn.Module | None,
-        weights: Mapping[str, torch.Tensor] | None = None,
-        weightless: bool = False,
-    ) -> None:
+    def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
+                 ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
+                 builder: Builder | None = None, output_descriptors: Any = None) -> None:
         self.backend = backend
-        self._spec = spec
-        self._runner = runner
-        self.output_descriptors = output_descriptors
-        self._module = module
-        self._weights = weights
-        # Loaded from a save of a deferred model: the graph's own weights are
-        # meta tensors, so running it needs with_weights() first.
-        self._weightless = weightless and module is None and weights is None
+        self.qualname = qualname
+        self._params, self._ranges, self._weights = params, dict(ranges), weights
+        self._check = Checker(qualname, params, ranges, specialize=backend == "export")
+        self._variants = dict(runners)  # (facts, fixed symbols) -> runner
+        self._fast = {facts: r for (facts, fixed), r in self._variants.items() if not fixed}
+        self._builder = builder
+        # Named sizes whose range lies below 2, where export cannot keep them
+        # symbolic: always fixed to the call's value.
+        self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
+        self._outputs = output_descriptors
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values, env, facts = self._check(args, kwargs)
+        runner = self._fast.get(facts)
+        if runner is None or (runner.coverage.keys and runner.coverage.uncovered(env)):
+            runner = self._variant(facts, env)
+        return runner(values)
+
+    def _variant(self, facts: tuple, env: dict) -> Any:
+        """The runner that covers this call, built (and kept) if there is none."""
+        # Unnamed sizes and ints below 2 cannot be examples export keeps symbolic.
+        fixed = {k: v for k, v in env.items() if not isinstance(k, str) and v < 2}
+        fixed.update((name, env[name]) for name in self._pinned)
+        while True:
+            runner = self._variants.get((facts, _frozen(fixed))) or self._add(facts, fixed, env)
+            missing = runner.coverage.uncovered(env)
+            if not missing:
+                return runner
+            if all(fixed.get(k) == v for k, v in missing.items()):
+                raise RuntimeError(f"{self.qualname}: a graph built for {fixed} does not cover it")
+            fixed.update(missing)
+
+    def _add(self, facts: tuple, fixed: dict, sizes: dict | None = None) -> Any:
+        """Build the graph for one case and keep it."""
+        if self._builder is None:
+            case = ", ".join(f"{show_key(k)}={v}" for k, v in fixed.items()) or "general sizes"
+            if facts:
+                case += f"; inputs {', '.join(map(str, facts))}"
+            raise RuntimeError(
+                f"{self.qualname} program was loaded from a file that has no graph for this call "
+                f"({case}): each export graph covers the sizes and values it was traced for "
+                "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
+                "model; script it again, or call the scripted program with such inputs once "
+                "before save() so the file holds it"
+            )
+        runner = self._builder(facts, fixed, self._weights, sizes or {})
+        self._variants[(facts, _frozen(fixed))] = runner
+        if not fixed:
+            self._fast[facts] = runner
+        if self._outputs is None:
+            self._outputs = runner.output_descriptors(self._ranges)
+        return runner
 
     @property
     def input_descriptors(self) -> dict[str, Node]:
-        return self._spec.user_descriptors
+        return {p.name: p.node for p in self._params if p.described}
+
+    @property
+    def output_descriptors(self) -> Any:
+        return self._outputs
 
     @property
     def graph(self) -> str:
-        """The specialized graph as readable text (value branches are gone)."""
-        return self._runner.graph
+        """The specialized graph as readable text (value branches are gone);
+        for export, the first graph built."""
+        return next(iter(self._variants.values())).graph if self._variants else ""
 
     @property
-    def module(self) -> torch.nn.Module | None:
-        """The module whose live weights the program runs with, if any."""
-        return self._module
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        full = self._spec.check(args, kwargs)
-        return self._runner.run(self._flat_inputs(full), self._current_weights())
+    def variants(self) -> int:
+        """How many graphs the program holds (export builds one per case)."""
+        return len(self._variants)
 
     def with_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> Program:
         """The same program running with weights from ``source``.
@@ -101,79 +149,48 @@ class Program:
             >>> q(torch.ones(1, 3)).shape
             torch.Size([1, 2])
         """
+        if self.backend != "export":
+            raise TypeError("with_weights() rebinds export programs; a jit program runs with "
+                            "the weights it was scripted (or saved) with")
         module = source if isinstance(source, torch.nn.Module) else None
-        weights = None if module is not None else dict(source)
-        return Program(
-            backend=self.backend,
-            spec=self._spec,
-            runner=self._runner,
-            output_descriptors=self.output_descriptors,
-            module=module,
-            weights=weights,
-        )
-
-    def _flat_inputs(self, full: dict[str, Any]) -> Any:
-        if self.backend == "jit":
-            return full
-        return self._spec.flatten(full)
-
-    def _current_weights(self) -> dict[str, torch.Tensor] | None:
-        if self._module is not None:
-            named = [
-                *self._module.named_parameters(remove_duplicate=False),
-                *self._module.named_buffers(remove_duplicate=False),
-            ]
-            weights = dict(named)
-        elif self._weights is not None:
-            weights = dict(self._weights)
-        elif self._weightless:
-            raise RuntimeError(
-                f"{self._spec.signature.qualname} program was saved from a deferred model, "
-                "without weights; bind them with program.with_weights(materialized_module)"
-            )
-        else:
-            return None
-        _require_real(weights, self._spec.signature.qualname)
-        return weights
-
-    def _current_weights_or_none(self) -> dict[str, torch.Tensor] | None:
-        """The live weights if they all hold data, else ``None`` (for save)."""
-        try:
-            return self._current_weights()
-        except RuntimeError:
-            return None
+        weights = Weights(module=module, tensors=None if module is not None else dict(source))
+        return Program(backend=self.backend, qualname=self.qualname, params=self._params,
+                       ranges=self._ranges, weights=weights, builder=self._builder,
+                       runners={k: r.with_weights(weights) for k, r in self._variants.items()},
+                       output_descriptors=self._outputs)
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.input_descriptors.items())
-        return f"Program[{self.backend}]({self._spec.signature.qualname}: {inputs})"
+        return f"Program[{self.backend}]({self.qualname}: {inputs})"
 
 
-def script(
-    model_or_fn: torch.nn.Module | Callable[..., Any],
-    input_descriptors: Mapping[str, Any],
-    *,
-    backend: Backend = "export",
-) -> Program:
+def _frozen(fixed: dict) -> tuple:
+    return tuple(sorted(fixed.items(), key=repr))
+
+
+def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors: Mapping[str, Any],
+           *, backend: Backend = "export") -> Program:
     """Specialize a module or function to descriptions of its inputs.
 
     Args:
         model_or_fn: an ``nn.Module`` (its ``forward`` is specialized; the
             program runs with the module's live weights) or a function.
-        input_descriptors: parameter name -> :class:`MetaTensorType`, a plain
-            value (value specialization: ``flag=True``), a type (``int``), or
-            a tuple / list / dict of these shaped like the argument.
-            Undescribed parameters are fixed to their defaults.
-        backend: ``"export"`` (torch.export) or ``"jit"`` (TorchScript:
-            ``torch.jit.script``, or when that fails a ``torch.jit.trace``
-            checked against the eager model on lengths it was not traced with).
+        input_descriptors: parameter name -> :class:`MetaTensorType` (any
+            property may be ``None``: unknown), a plain value (value
+            specialization: ``flag=True``), a type (``int``, ``List[int]``,
+            ``Optional[MetaTensorType]``), or a tuple / list / dict of these
+            shaped like the argument. Undescribed parameters are fixed to
+            their defaults.
+        backend: ``"export"`` (``torch.export``, the default) or ``"jit"``
+            (TorchScript, which PyTorch is deprecating: ``torch.jit`` warns of
+            it from 2.15 on; the model must be scriptable).
 
     Returns:
         A :class:`Program` that checks each call, then runs the specialized graph.
 
     Raises:
         DescriptorConflict: the model's code contradicts a descriptor.
-        TypeError: a descriptor does not fit the signature or the backend, or
-            (jit) the model can neither be scripted nor traced faithfully.
+        TypeError: a descriptor does not fit the signature or the backend.
 
     Example:
         >>> import torch, torchdefer
@@ -192,47 +209,108 @@ def script(
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):
-        raise TypeError(
-            f"script() takes an nn.Module or a function, got {type(model_or_fn).__name__}"
-        )
-    spec = Specialization.build(fn, input_descriptors)
-    if backend == "export":
-        from torchdefer.descriptors.export_backend import build_export, complete_for_export
-
-        spec = complete_for_export(spec, _module_device(module))
-        runner, outputs = build_export(model_or_fn, spec)
+        raise TypeError("script() takes an nn.Module or a function, got "
+                        f"{type(model_or_fn).__name__}")
+    qualname, params = _parameters(fn, input_descriptors)
+    ranges = merge_ranges([leaf for p in params if p.node is not None for leaf in _tensors(p.node)])
+    weights = Weights(module=module, tensors=None if module is not None else {})
+    runners, outputs, build = {}, None, None
+    if backend == "jit":
+        runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
+        try:  # export names output lengths after the inputs'; the jit graph cannot
+            outputs = script(model_or_fn, input_descriptors).output_descriptors
+        except Exception:
+            outputs = None
     else:
-        from torchdefer.descriptors.jit_backend import build_jit
 
-        runner, outputs = build_jit(model_or_fn, spec)
-    return Program(
-        backend=backend, spec=spec, runner=runner, output_descriptors=outputs, module=module
-    )
+        def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
+            concrete = concrete_trees(params, facts, fixed)
+            return export_backend.build(model_or_fn, params, concrete, ranges, weights, qualname,
+                                        sizes)
+
+    program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
+                      runners=runners, weights=weights, builder=build, output_descriptors=outputs)
+    facts = _default_facts(params, _device(module)) if backend == "export" else None
+    if facts is not None:  # build now, so conflicts surface at script() time
+        program._add(facts, {name: ranges[name][0] for name in program._pinned})
+    return program
 
 
-def _module_device(module: torch.nn.Module | None) -> torch.device:
-    if module is not None:
-        for t in [*module.parameters(), *module.buffers()]:
-            return t.device
+def _parameters(fn: Callable[..., Any],
+                descriptors: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
+    """The callable's name and parameters, each with its descriptor tree."""
+    if not isinstance(descriptors, Mapping):
+        raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
+                        f"{type(descriptors).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"cannot read the signature of {fn!r}: {e}") from e
+    qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    accepted = [p for p in signature.parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
+    if unknown:
+        raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
+                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
+    params = []
+    for p in accepted:
+        plain = p.default is not p.empty and _is_plain(p.default)
+        default = p.default if plain else p.empty
+        if p.name in descriptors:
+            node = normalize(descriptors[p.name], p.name)
+        elif plain:
+            node = normalize(p.default, p.name)
+        elif p.default is not p.empty:
+            node = None  # a tensor or object default: the program keeps it
+        else:
+            raise TypeError(f"parameter {p.name!r} of {qualname}() has no default and no input "
+                            f"descriptor; add input_descriptors[{p.name!r}]")
+        params.append(Param(p.name, p.kind.name, node, default, p.name in descriptors))
+    return qualname, tuple(params)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_is_plain(v) for v in value.values())
+    return isinstance(value, SCALARS)
+
+
+def _tensors(node: Node) -> list[MetaTensorType]:
+    out = []
+    for _, leaf in _leaves(node, ""):
+        if isinstance(leaf, MetaTensorType):
+            out.append(leaf)
+        elif isinstance(leaf, (ListOf, OptionalOf)):
+            out += _tensors(leaf.element if isinstance(leaf, ListOf) else leaf.inner)
+    return out
+
+
+def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | None:
+    """The facts of the case built at script time -- unknown devices are the
+    module's, layouts strided -- or ``None`` if the descriptors leave a dtype,
+    rank, length or value open (then the first call builds its case)."""
+    facts: list[Any] = []
+
+    def fact(kind: str) -> Any:
+        if kind not in ("device", "layout"):
+            raise Unknown(kind)
+        facts.append(device if kind == "device" else torch.strided)
+        return facts[-1]
+
+    try:
+        for p in params:
+            if p.node is not None:
+                concretize(p.node, p.name, fact, {})
+    except Unknown:
+        return None
+    return tuple(facts)
+
+
+def _device(module: torch.nn.Module | None) -> torch.device:
+    for t in [*module.parameters(), *module.buffers()] if module is not None else []:
+        return t.device
     return torch.device("cpu")
 
-
-def _require_real(weights: Mapping[str, torch.Tensor], qualname: str) -> None:
-    for name, t in weights.items():
-        if t.is_meta or _is_deferred_tensor(t):
-            raise RuntimeError(
-                f"{qualname} program: weight {name!r} has no data (it is "
-                f"{'a meta tensor' if t.is_meta else 'deferred'}); call "
-                "torchdefer.materialize_module(model) first, or bind real weights with "
-                "program.with_weights(module_or_state_dict)"
-            )
-
-
-def _is_deferred_tensor(t: torch.Tensor) -> bool:
-    if type(t) in (torch.Tensor, torch.nn.Parameter):
-        return False
-    try:
-        from torchdefer.fake import is_fake
-    except ImportError:
-        return False
-    return bool(is_fake(t))

@@ -1,41 +1,40 @@
 """Descriptor trees: one argument's descriptor, nested like the argument itself.
 
 A user writes a descriptor per parameter: a :class:`MetaTensorType`, a plain
-Python value (value specialization), a type (``int``), or a tuple / list /
-dict of these shaped like the argument (seed 003's "spec formatted the way the
-function is called"). :func:`normalize` turns that into a tree whose leaves
-are :class:`MetaTensorType`, :class:`Value` or :class:`TypeOf`, and whose
-inner nodes are real ``tuple`` / ``list`` / ``dict`` objects, so the tree
-prints like the call. :func:`leaves` walks it in argument order with each
-leaf's path (``inp['b'][1]``), the order in which symbols are bound.
+Python value (value specialization), a typing object (``int``, ``List[int]``,
+``list[MetaTensorType]``, ``Optional[...]``, as the RFC lists), or a tuple /
+list / dict of these shaped like the argument (seed 003's "spec formatted the
+way the function is called"). :func:`normalize` turns it into a
+``torch.utils._pytree`` tree: the containers are the argument's own (any type
+registered with pytree, namedtuples included) and the leaves are
+
+* :class:`MetaTensorType` -- a tensor;
+* :class:`Value` -- exactly this value (its branches are specialized away);
+* :class:`TypeOf` -- any ``int`` / ``float`` / ``bool`` / ``str``;
+* :class:`ListOf` -- a list of any length, each element described alike;
+* :class:`OptionalOf` -- ``None`` or what the inner descriptor admits.
+
+Paths in messages are the parameter name plus ``pytree.keystr`` (``inp['b'][1]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 
-__all__ = [
-    "Leaf",
-    "Node",
-    "TypeOf",
-    "Value",
-    "from_json",
-    "is_constant",
-    "leaves",
-    "normalize",
-    "rebuild",
-    "to_json",
-]
+__all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json",
+           "value_from_json", "value_to_json"]
 
-# Scalar types a value leaf may hold; collections of them are trees of leaves.
-_SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
-# Types a TypeOf leaf may name: what TorchScript and torch.export can take.
+# Plain values a Value leaf may hold; collections of them are trees of leaves.
+SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -55,134 +54,148 @@ class TypeOf:
 
     type: type
 
-    def admits(self, value: Any) -> bool:
-        if self.type is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-        if self.type is int:
-            return isinstance(value, int) and not isinstance(value, bool)
-        return isinstance(value, self.type)
-
     def __repr__(self) -> str:
         return self.type.__name__
 
 
-Leaf: TypeAlias = MetaTensorType | Value | TypeOf
-Node: TypeAlias = Leaf | tuple[Any, ...] | list[Any] | dict[Any, Any]
+@dataclass(frozen=True, slots=True)
+class ListOf:
+    """A list of any length whose elements each satisfy ``element`` (``List[int]``)."""
+
+    element: Any
+
+    def __repr__(self) -> str:
+        return f"List[{self.element!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalOf:
+    """``None``, or what ``inner`` admits (``Optional[MetaTensorType]``)."""
+
+    inner: Any
+
+    def __repr__(self) -> str:
+        return f"Optional[{self.inner!r}]"
+
+
+LEAVES = (MetaTensorType, Value, TypeOf, ListOf, OptionalOf)
+Node: TypeAlias = Any
+"""A normalized descriptor: one of ``LEAVES`` or a pytree container of nodes."""
 
 
 def normalize(descriptor: Any, path: str) -> Node:
     """Turn a user's descriptor for the argument at ``path`` into a tree.
 
     Raises:
-        TypeError: for a tensor (use ``MetaTensorType``) or an unsupported object.
+        TypeError: for a tensor (use ``MetaTensorType``), an unsupported type or object.
+
+    Example:
+        >>> from typing import List, Optional
+        >>> normalize({"ids": List[int], "mask": Optional[MetaTensorType]}, "inp")
+        {'ids': List[int], 'mask': Optional[MetaTensorType()]}
     """
-    if isinstance(descriptor, (MetaTensorType, Value, TypeOf)):
-        return descriptor
-    if descriptor is torch.Tensor:
+    with_paths, spec = pytree.tree_flatten_with_path(descriptor, is_leaf=lambda x: x is None)
+    leaves = [_leaf(leaf, path + pytree.keystr(kp)) for kp, leaf in with_paths]
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _leaf(d: Any, path: str) -> Node:
+    if isinstance(d, LEAVES):
+        return d
+    if d is MetaTensorType or d is torch.Tensor:
         return MetaTensorType()
-    if isinstance(descriptor, type):
-        if descriptor not in _TYPES.values():
-            raise TypeError(
-                f"input descriptor for {path} is the type {descriptor.__name__}; supported "
-                f"types are {', '.join(_TYPES)} and torch.Tensor"
-            )
-        return TypeOf(descriptor)
-    if isinstance(descriptor, torch.Tensor):
+    origin, args = typing.get_origin(d), typing.get_args(d)
+    if origin is list and len(args) == 1:
+        return ListOf(normalize(args[0], f"{path}[i]"))
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return tuple(normalize(a, f"{path}[{i}]") for i, a in enumerate(args))
+    if origin in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
+        inner = next(a for a in args if a is not type(None))
+        return OptionalOf(normalize(inner, path))
+    if isinstance(d, type) and d.__name__ in _TYPES and _TYPES[d.__name__] is d:
+        return TypeOf(d)
+    if isinstance(d, torch.Tensor):
         raise TypeError(
             f"input descriptor for {path} is a tensor; describe tensors with MetaTensorType(...) "
             f"(MetaTensorType.from_examples(t) builds one from an example)"
         )
-    if isinstance(descriptor, (tuple, list)):
-        items = [normalize(d, f"{path}[{i}]") for i, d in enumerate(descriptor)]
-        return tuple(items) if isinstance(descriptor, tuple) else items
-    if isinstance(descriptor, dict):
-        return {k: normalize(d, f"{path}[{k!r}]") for k, d in descriptor.items()}
-    if isinstance(descriptor, _SCALARS):
-        return Value(descriptor)
+    if isinstance(d, SCALARS):
+        return Value(d)
     raise TypeError(
-        f"input descriptor for {path} is a {type(descriptor).__name__}; expected a "
-        "MetaTensorType, a type (int, float, bool, str), a plain value (None, bool, int, float, "
-        "str, torch.dtype, torch.device) or a tuple/list/dict of these"
+        f"input descriptor for {path} is {d!r}; expected a MetaTensorType, a type (int, float, "
+        "bool, str, torch.Tensor, List[...], Tuple[...], Optional[...]), a plain value (None, "
+        "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these"
     )
 
 
-def leaves(node: Node, path: str) -> Iterator[tuple[str, Leaf]]:
-    """Every leaf of ``node`` with its path, in argument order."""
-    if isinstance(node, (tuple, list)):
-        for i, child in enumerate(node):
-            yield from leaves(child, f"{path}[{i}]")
-    elif isinstance(node, dict):
-        for key, child in node.items():
-            yield from leaves(child, f"{path}[{key!r}]")
-    else:
-        yield path, node
-
-
-def is_constant(node: Node) -> bool:
-    """Whether every leaf is a :class:`Value` (the whole argument is fixed)."""
-    return all(isinstance(leaf, Value) for _, leaf in leaves(node, ""))
-
-
-def rebuild(node: Node, dynamic: Iterator[Any]) -> Any:
-    """The argument ``node`` describes, with values filled in and other leaves
-    taken in order from ``dynamic`` (the inverse of walking :func:`leaves`)."""
-    if isinstance(node, (tuple, list)):
-        items = [rebuild(child, dynamic) for child in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    if isinstance(node, dict):
-        return {key: rebuild(child, dynamic) for key, child in node.items()}
-    if isinstance(node, Value):
-        return node.value
-    return next(dynamic)
+def leaves_with_paths(node: Node, path: str) -> list[tuple[str, Node]]:
+    """Every leaf of ``node`` with its path, in argument (pytree) order."""
+    return [(path + pytree.keystr(kp), leaf) for kp, leaf in pytree.tree_flatten_with_path(node)[0]]
 
 
 # ------------------------------------------------------------------- JSON
 def to_json(node: Node) -> dict[str, Any]:
-    """A JSON-ready form of the tree; :func:`from_json` reads it back."""
-    if isinstance(node, MetaTensorType):
-        return {"kind": "tensor", "meta": node.to_json()}
-    if isinstance(node, TypeOf):
-        return {"kind": "type", "type": node.type.__name__}
-    if isinstance(node, Value):
-        return _value_to_json(node.value)
-    if isinstance(node, dict):
-        for key in node:
-            if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise TypeError(f"dict descriptor key {key!r} cannot be saved; use str or int keys")
-        return {"kind": "dict", "items": [[k, to_json(v)] for k, v in node.items()]}
-    kind = "tuple" if isinstance(node, tuple) else "list"
-    return {"kind": kind, "items": [to_json(v) for v in node]}
+    """A JSON-ready form of the tree; :func:`from_json` reads it back.
+
+    The containers are written with ``pytree.treespec_dumps`` (types by their
+    registered ``serialized_type_name``), the leaves as plain data.
+    """
+    leaves, spec = pytree.tree_flatten(node)
+    return {"spec": pytree.treespec_dumps(spec), "leaves": [_leaf_to_json(x) for x in leaves]}
 
 
 def from_json(data: dict[str, Any]) -> Node:
-    """Inverse of :func:`to_json`; builds only descriptor objects, never runs code."""
-    kind = data["kind"]
-    if kind == "tensor":
-        return MetaTensorType.from_json(data["meta"])
-    if kind == "type":
-        if data["type"] not in _TYPES:
-            raise ValueError(f"unknown type descriptor {data['type']!r} in saved program")
-        return TypeOf(_TYPES[data["type"]])
-    if kind == "value":
-        return Value(data["value"])
-    if kind == "dtype":
-        dtype = getattr(torch, data["value"], None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"unknown dtype {data['value']!r} in saved program")
-        return Value(dtype)
-    if kind == "device":
-        return Value(torch.device(data["value"]))
-    if kind == "dict":
-        return {k: from_json(v) for k, v in data["items"]}
-    if kind in ("tuple", "list"):
-        items = [from_json(v) for v in data["items"]]
-        return tuple(items) if kind == "tuple" else items
-    raise ValueError(f"unknown descriptor kind {kind!r} in saved program")
+    """Inverse of :func:`to_json`; builds only descriptor objects and containers
+    registered with pytree in this process, never runs code from ``data``."""
+    spec = pytree.treespec_loads(data["spec"])
+    return pytree.tree_unflatten([_leaf_from_json(x) for x in data["leaves"]], spec)
 
 
-def _value_to_json(value: Any) -> dict[str, Any]:
-    if isinstance(value, torch.dtype):
-        return {"kind": "dtype", "value": str(value).removeprefix("torch.")}
+def _leaf_to_json(leaf: Node) -> dict[str, Any]:
+    if isinstance(leaf, MetaTensorType):
+        return {"tensor": leaf.to_json()}
+    if isinstance(leaf, TypeOf):
+        return {"type": leaf.type.__name__}
+    if isinstance(leaf, ListOf):
+        return {"list": to_json(leaf.element)}
+    if isinstance(leaf, OptionalOf):
+        return {"optional": to_json(leaf.inner)}
+    return value_to_json(leaf.value)
+
+
+def value_to_json(value: Any) -> dict[str, Any]:
+    """A plain value (scalar, dtype, device, layout) as JSON; raises for others."""
+    for kind in (torch.dtype, torch.layout):
+        if isinstance(value, kind):
+            return {kind.__name__: str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
-        return {"kind": "device", "value": str(value)}
-    return {"kind": "value", "value": value}
+        return {"device": str(value)}
+    json.dumps(value)  # raises for what JSON cannot hold
+    return {"value": value}
+
+
+def value_from_json(data: dict[str, Any]) -> Any:
+    """Inverse of :func:`value_to_json`; looks names up on ``torch`` only."""
+    ((kind, payload),) = data.items()
+    if kind in ("dtype", "layout"):
+        found = getattr(torch, payload, None)
+        if isinstance(found, torch.dtype if kind == "dtype" else torch.layout):
+            return found
+    if kind == "device":
+        return torch.device(payload)
+    if kind == "value" and isinstance(payload, SCALARS):
+        return payload
+    raise ValueError(f"unknown value {data!r}")
+
+
+def _leaf_from_json(data: dict[str, Any]) -> Node:
+    (kind, payload), = data.items()
+    if kind == "tensor":
+        return MetaTensorType.from_json(payload)
+    if kind == "type" and payload in _TYPES:
+        return TypeOf(_TYPES[payload])
+    if kind == "list":
+        return ListOf(from_json(payload))
+    if kind == "optional":
+        return OptionalOf(from_json(payload))
+    return Value(value_from_json(data))

@@ -18,8 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
+from torchdefer.fake._grad import (
+    NOT_HANDLED,
+    call_without_autograd,
+    leafness,
+    touches_missing_device,
+)
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
 from torchdefer.fake.tensor import flat_tensors
@@ -29,8 +34,16 @@ __all__ = ["GUARDED", "call_grad_safe"]
 # Python bindings that take a device guard for their tensor argument before
 # dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
 # CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
+# Found by running every OpInfo sample on fake CUDA tensors (nonzero's binding
+# is handwritten, python_torch_functions_manual.cpp).
 GUARDED: frozenset[Callable[..., Any]] = frozenset(
-    {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.contiguous}
+    {
+        torch.Tensor.__getitem__,
+        torch.Tensor.__setitem__,
+        torch.Tensor.contiguous,
+        torch.nonzero,
+        torch.Tensor.nonzero,
+    }
 )
 
 
@@ -41,43 +54,41 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     and a CPU-only build has no CUDA guard (the process aborts). Such calls run
     under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
     """
+    answer = leafness(func, args, kwargs)
+    if answer is not NOT_HANDLED:
+        return answer
     # The Python bindings of copy_ and to() take a device guard before they
     # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
     # FakeTensorMode fails the same way); the ops themselves take none on the
     # way to our dispatch, so call them directly.
     if func is torch.Tensor.copy_:
         func = _copy_
+    elif func is torch.Tensor.type:
+        # .to() in disguise (a legacy type name such as torch.cuda.FloatTensor),
+        # whose binding initializes CUDA first.
+        as_to = _as_to(args, kwargs)
+        if as_to is not None:
+            rerouted = _to_missing_device(torch.Tensor.to, *as_to)
+            if rerouted is not None:
+                func, args, kwargs = rerouted
     elif func is torch.Tensor.to or func is torch.Tensor.cuda:
         rerouted = _to_missing_device(func, args, kwargs)
         if rerouted is not None:
             func, args, kwargs = rerouted
     elif func is torch.Tensor.new_tensor and not device_available(args[0].fake_device):
-        func, args, kwargs = _new_tensor, args, kwargs
+        return _new_tensor(*args, **kwargs)  # a new leaf: no autograd involved
     elif func in GUARDED and not STATE.guarded:
         STATE.guarded = True
         try:
             return call_grad_safe(func, args, kwargs)
         finally:
             STATE.guarded = False
-    if torch.is_grad_enabled():
-        needs_grad = False
-        missing_device = False
-        for t in flat_tensors(args, kwargs):
-            if t.requires_grad:
-                needs_grad = True
-            if hasattr(t, "fake_device") and not device_available(t.fake_device):
-                missing_device = True
-        if needs_grad and missing_device:
-            with torch.no_grad():
-                out = func(*args, **kwargs)
-
-            def mark(o: Any) -> Any:
-                if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex()):
-                    if not o.requires_grad and o._base is None:
-                        o.requires_grad_(True)
-                return o
-
-            return tree_map(mark, out)
+    if (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in flat_tensors(args, kwargs))
+        and touches_missing_device(args, kwargs)
+    ):
+        return call_without_autograd(func, args, kwargs)
     return func(*args, **kwargs)
 
 
@@ -94,6 +105,23 @@ def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires
 
 def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+
+def _as_to(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """``t.type(T)`` as ``t.to(...)`` arguments, or None (``t.type()`` asks a name)."""
+    self, rest = args[0], args[1:]
+    name = rest[0] if rest else kwargs.get("dtype")
+    if name is None:
+        return None  # t.type(): the type name, answered without a device
+    if isinstance(name, torch.dtype):
+        return (self, name), {}
+    name = name if isinstance(name, str) else f"{name.__module__}.{name.__name__}"
+    cuda = name.startswith("torch.cuda.")
+    legacy = getattr(torch.cuda if cuda else torch, name.rsplit(".", 1)[-1], None)
+    dtype = getattr(legacy, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    return (self,), {"device": torch.device("cuda" if cuda else "cpu"), "dtype": dtype}
 
 
 def _to_missing_device(func, args: tuple, kwargs: dict):

@@ -11,9 +11,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from torchdefer.fake.device import device_available, normalize
-from torchdefer.fake.tensor import FakeTensor, reported_device, run_on_meta, wrap_outputs
+from torchdefer.fake.tensor import (
+    FakeTensor,
+    FakeTensorError,
+    reported_device,
+    run_on_meta,
+    wrap_outputs,
+)
 
-__all__ = ["FakeMode", "FakeSlotMode", "check_device", "fake_mode", "faking", "to_meta"]
+_DATA_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
+
+__all__ = [
+    "FakeMode",
+    "FakeSlotMode",
+    "check_device",
+    "fake_mode",
+    "faking",
+    "no_fake_modes",
+    "to_meta",
+]
 
 
 class FakeSlotMode(TorchDispatchMode):
@@ -61,7 +77,16 @@ class FakeMode(FakeSlotMode):
         args, kwargs = tree_map(to_meta, (args, kwargs))
         if "device" in kwargs and kwargs["device"] is not None:
             check_device(torch.device(kwargs["device"]), self.fake_cuda, func)
-        out, device = run_on_meta(func, args, kwargs)
+        try:
+            out, device = run_on_meta(func, args, kwargs)
+        except (NotImplementedError, RuntimeError) as error:
+            if _DATA_TAGS.isdisjoint(func.tags):
+                raise
+            raise FakeTensorError(
+                f"{func} needs the data of its inputs (its result's shape or value depends "
+                "on them), and fake tensors have none. Use torchdefer.deferred_init, which "
+                "computes it from the recorded values, or call it on real tensors."
+            ) from error
         return wrap_outputs(out, device, FakeTensor)
 
 
@@ -116,3 +141,21 @@ def faking() -> Iterator[None]:
         return
     with FakeMode(fake_cuda=True):
         yield
+
+
+@contextlib.contextmanager
+def no_fake_modes() -> Iterator[None]:
+    """Run plain torch code while a fake or recording mode is active.
+
+    ``_disable_current_modes`` leaves PyTorch's FAKE mode slot alone, so the
+    mode there is taken out and put back here.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    mode = torch._C._unset_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        if mode is not None:
+            torch._C._set_dispatch_mode(mode)

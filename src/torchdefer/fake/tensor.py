@@ -15,11 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import _meta_registrations
 from torch.utils._pytree import tree_map
 
 from torchdefer.errors import TorchdeferError
+from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
+from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
 
@@ -81,6 +84,10 @@ class FakeTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
+        if func is torch.Tensor.data_ptr:
+            from torchdefer.fake.storage import data_ptr
+
+            return data_ptr(args[0])
         if func in DATA_READS:
             raise FakeTensorError(
                 f"{_name(func)} needs the data of a fake tensor, and fake tensors have "
@@ -89,9 +96,13 @@ class FakeTensor(torch.Tensor):
             )
         from torchdefer.fake._calls import call_grad_safe
         from torchdefer.fake.mode import faking
+        from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 
         with faking(), torch._C.DisableTorchFunctionSubclass():
-            return call_grad_safe(func, args, kwargs)
+            out = call_grad_safe(func, args, kwargs)
+        if func in STORAGE_GETTERS:
+            return adopt(out, args[0], args[0].fake_device)
+        return out
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
@@ -134,21 +145,64 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     """
     from torchdefer.fake.device import normalize, output_device
 
+    answer = ANSWERS.get(func)
+    if answer is not None:
+        return answer(*args, **kwargs), _CPU
     tensors = list(flat_tensors(args, kwargs))
+    if len(tensors) > 1 and _mixes_devices(tensors):
+        from torchdefer.fake._devices import check_devices
+
+        check_devices(func, args, kwargs, _device_of)
     device = output_device(kwargs, tensors)
     if "device" in kwargs:
         kwargs = {**kwargs, "device": torch.device("meta")}
     device = normalize(device)
     previous = torch._C._meta_in_tls_dispatch_include()
+    hint = _meta_registrations.device_hint
     STATE.in_kernel = True
     torch._C._set_meta_in_tls_dispatch_include(True)
+    # Meta kernels whose output layout differs by device (svd, eig, conv with
+    # channels_last, fft) ask device_hint(), which knows only PyTorch's own
+    # FakeTensor and says "cuda" for anything else on meta.
+    _meta_registrations.device_hint = _device_hint
     try:
         with torch._C._DisableTorchDispatch():
-            out = func(*args, **kwargs)
+            out = eager_layout(func, args, kwargs, func(*args, **kwargs))
     finally:
+        _meta_registrations.device_hint = hint
         STATE.in_kernel = False
         torch._C._set_meta_in_tls_dispatch_include(previous)
     return out, device
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    # fake_device, not .device: inside a kernel or a guarded binding a fake
+    # tensor reports meta or cpu.
+    return getattr(t, "fake_device", None) or t.device
+
+
+def _mixes_devices(tensors: list[torch.Tensor]) -> bool:
+    first = None
+    for t in tensors:
+        device = _device_of(t)
+        if device.type == "meta":
+            continue
+        if first is None:
+            first = device
+        elif device != first:
+            return True
+    return False
+
+
+_original_device_hint = _meta_registrations.device_hint
+
+
+def _device_hint(tensor: Any) -> str:
+    """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
+    device = getattr(tensor, "fake_device", None)
+    if device is not None:
+        return device.type
+    return _original_device_hint(tensor)
 
 
 def wrap_outputs(out: Any, device: torch.device, cls: type[FakeTensor]) -> Any:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torchdefer.recorder.graph import Graph, Storage, Value
+from torchdefer.recorder.graph import Graph, Storage, TensorMeta, Value
 
-__all__ = ["ReplayCache", "cache_for"]
+__all__ = ["ReplayCache", "cache_for", "rebuild"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    storage: Storage  # the record, held so its id is not reused
+    ref: StorageWeakRef
+    version: int
+    value: Value  # the value that was stored, and the layout it really had
+    real_meta: TensorMeta
 
 
 class ReplayCache:
@@ -17,24 +29,60 @@ class ReplayCache:
     user drops is freed; while it lives, tensors that shared its storage in
     eager code are rebuilt as views of it (shared storage stays shared, and
     nothing is computed twice).
+
+    A view is rebuilt from its recorded sizes and strides, which are the meta
+    kernels'. Where a replayed tensor of a storage came out with another layout
+    than recorded (a kernel whose layout the meta kernel does not know, or a
+    tensor recorded on CUDA replayed on the CPU), the recorded strides of its
+    views cannot be trusted: such a storage gives back only the value that was
+    stored (with its real layout), and other views are replayed from scratch.
     """
 
     def __init__(self) -> None:
-        # (storage, device key) -> (storage record, weak ref, version)
-        self._storages: dict[tuple[int, str], tuple[Storage, StorageWeakRef, int]] = {}
+        # (storage, device key) -> what is cached of it
+        self._storages: dict[tuple[int, str], _Entry] = {}
+        # (storage, device key) -> storage record: a replayed layout differed
+        self._diverged: dict[tuple[int, str], Storage] = {}
 
     def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
-        entry = self._storages.get((id(value.storage), device_key))
-        if entry is None or entry[2] != version or entry[1].expired():
+        key = (id(value.storage), device_key)
+        entry = self._storages.get(key)
+        if entry is None or entry.version != version or entry.ref.expired():
             return None
-        storage = torch.UntypedStorage._new_with_weak_ptr(entry[1].cdata)
-        meta = value.meta
-        out = torch.empty(0, dtype=meta.dtype, device=device)
-        return out.set_(storage, meta.offset, meta.size, meta.stride)
+        if key in self._diverged:
+            if value is not entry.value:
+                return None
+            meta = entry.real_meta
+        else:
+            meta = value.meta
+        storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
+        return rebuild(meta, storage, device)
 
     def store(self, value: Value, version: int, device_key: str, real: torch.Tensor) -> None:
         ref = StorageWeakRef(real.untyped_storage())
-        self._storages[(id(value.storage), device_key)] = (value.storage, ref, version)
+        real_meta = TensorMeta.of(real, real.device)
+        self._storages[(id(value.storage), device_key)] = _Entry(
+            value.storage, ref, version, value, real_meta
+        )
+
+    def check_layout(self, value: Value, real: Any, device_key: str) -> None:
+        """Note when a replayed tensor's layout differs from the recorded one."""
+        if not isinstance(real, torch.Tensor):
+            return
+        meta = value.meta
+        if real.stride() != meta.stride or real.storage_offset() != meta.offset:
+            self._diverged[(id(value.storage), device_key)] = value.storage
+
+
+def rebuild(meta: TensorMeta, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """The tensor ``meta`` describes, over ``storage``: sizes, strides, offset, lazy bits."""
+    out = torch.empty(0, dtype=meta.dtype, device=device)
+    out.set_(storage, meta.offset, meta.size, meta.stride)
+    if meta.conj:
+        out = out.conj()
+    if meta.neg:
+        out = torch._neg_view(out)
+    return out
 
 
 def cache_for(graph: Graph) -> ReplayCache:

@@ -9,6 +9,7 @@ __all__ = [
     "ExternalTensorModifiedError",
     "ReplayError",
     "SwapError",
+    "UntaggedRandomOpError",
     "with_context",
 ]
 
@@ -29,6 +30,10 @@ class DeviceUnavailableError(ReplayError):
 
 class ExternalTensorModifiedError(ReplayError):
     """A real tensor used during recording was changed before materialization."""
+
+
+class UntaggedRandomOpError(ReplayError):
+    """An op recorded as deterministic drew random numbers when replayed."""
 
 
 class SwapError(TorchdeferError, RuntimeError):

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from torchdefer.fake.device import device_available
+from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.errors import (
     DeviceUnavailableError,
@@ -30,6 +31,7 @@ from torchdefer.materialize.errors import (
 from torchdefer.materialize.plan import Substitute, make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
+from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
 from torchdefer.recorder.mode import suspended
 
@@ -75,12 +77,14 @@ class Replay:
         env: dict[int, torch.Tensor] = {}
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
-        with suspended(), torch.no_grad():
+        with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
             try:
                 for i, node in enumerate(plan.nodes):
+                    ambient.use(node.ambient)  # default dtype, deterministic mode
                     outs = self._run_checked(node, env, plan.cached)
                     for value in node.outputs:
                         env[id(value)] = outs[value.index]
+                        self.cache.check_layout(value, outs[value.index], self.device_key)
                     for value in node.inputs:
                         if last_use.get(id(value)) == i:
                             env.pop(id(value), None)
@@ -134,20 +138,23 @@ class Replay:
             return [leaves[0].detach()]
         args, kwargs = unflatten_call(leaves, node.spec)
         if kind == NodeKind.RANDOM:
-            out = self.rng.run(node, args, kwargs)
+            out = call_watching_writes(node, leaves, lambda: self.rng.run(node, args, kwargs))
         else:
-            out = call_checking_draws(node, args, kwargs)
+            out = call_watching_writes(
+                node, leaves, lambda: call_checking_draws(node, args, kwargs)
+            )
         return flatten_out(out)
 
     def _external(self, node: Node) -> torch.Tensor:
-        real, version = node.payload
-        if real._version != version:
+        ref = node.payload
+        real = ref.tensor
+        change = ref.changed()
+        if change is not None:
             raise ExternalTensorModifiedError(
                 f"The real tensor of shape {tuple(real.shape)} and dtype {real.dtype} used "
-                f"at {node.where()} was modified in place after it was recorded (version "
-                f"{version} then, {real._version} now), so replaying would give a value "
-                "eager code never saw. Materialize before modifying it, or pass a clone "
-                "(`t.clone()`) to the constructor."
+                f"at {node.where()} was {change} after it was recorded, so replaying would "
+                "give a value eager code never saw. Materialize before modifying it, or "
+                "pass a clone (`t.clone()`) to the constructor."
             )
         return real.to(self.map_device(real.device))
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer.materialize.errors import UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
 from torchdefer.recorder.states import set_call_runner
 from torchdefer.recorder.stream import Stream
+from torchdefer.rng.draws import TRUSTED_NAMESPACES
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
@@ -121,19 +123,15 @@ def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.
     return out, private.get_state()
 
 
-_TRUSTED_NAMESPACES = frozenset({"aten", "prims", "prim"})
-
-
 def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
     """Run a node recorded as deterministic; refuse if it drew from a default generator.
 
-    Ops of other libraries may draw without the ``nondeterministic_seeded``
-    tag; recorded as deterministic, replay would feed them whatever state the
-    global generator has now, a value eager code never saw (and move the
-    user's generator).
+    Ops of other libraries are recorded as random (``recorder.record``); what
+    is left here is a Python function marked ``composite(random=False)``
+    that draws after all: replay would feed it whatever state the global
+    generator has now, a value eager code never saw.
     """
-    namespace = getattr(node.op, "namespace", None)
-    if namespace in _TRUSTED_NAMESPACES:
+    if getattr(node.op, "namespace", None) in TRUSTED_NAMESPACES:
         return node.op(*args, **kwargs)
     generators = _default_generators()
     before = [g.get_state() for g in generators]
@@ -142,7 +140,7 @@ def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
     for g, s in zip(generators, before):
         g.set_state(s)
     if moved:
-        raise RuntimeError(
+        raise UntaggedRandomOpError(
             f"{node.name}, recorded at {node.where()}, drew random numbers from the default "
             f"{moved[0].device} generator, but it is not tagged as random "
             "(torch.Tag.nondeterministic_seeded), so it was recorded as deterministic and "

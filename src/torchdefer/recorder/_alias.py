@@ -1,18 +1,68 @@
-"""Which arguments an op writes and which inputs its outputs alias, from its schema."""
+"""Which arguments an op writes: its schema's ``(a!)``, and the writes it does not declare.
+
+A few native ops update inputs their schema does not mark as written: batch
+norm's running statistics (``native_batch_norm``, ``cudnn_batch_norm``,
+``miopen_batch_norm``, the sync-BN gather ops, ``batch_norm_update_stats``) and
+cuDNN/MIOpen RNN dropout states. Recorded as reads, the running stats of a
+"dry run to infer a size" forward pass would come out as their initial
+values. ``UNANNOTATED_WRITES`` lists them, from a scan of native_functions.yaml
+for torch 2.13 (``tests/recorder/test_unannotated_writes.py`` checks that the
+listed arguments still exist and are still unannotated); the kernels write
+these arguments in place without bumping their version counters, so replay
+cannot detect them afterwards.
+
+Which inputs its outputs alias is not read from the schema: ``recorder.record``
+compares storages after the meta kernel ran, which also covers ops whose
+annotations say less than they do (``Tensor(a)[]`` returns, ``unsafe_split``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AliasPlan", "alias_plan", "schema_values"]
+import torch
+
+__all__ = ["UNANNOTATED_WRITES", "AliasPlan", "alias_plan", "schema_values", "writes_of"]
+
+aten = torch.ops.aten
+
+
+def _when(flag: int, *, positive: int | None = None) -> Callable[[list[Any]], bool]:
+    """Written when argument ``flag`` is true (and argument ``positive`` > 0)."""
+    return lambda v: bool(v[flag]) and (positive is None or (v[positive] or 0) > 0)
+
+
+def _always(values: list[Any]) -> bool:
+    return True
+
+
+# op -> (indices of the arguments it writes without saying so, when it does)
+UNANNOTATED_WRITES: dict[Any, tuple[tuple[int, ...], Callable[[list[Any]], bool]]] = {
+    aten.native_batch_norm.default: ((3, 4), _when(5)),  # running_mean/var if training
+    aten.cudnn_batch_norm.default: ((3, 4), _when(5)),
+    aten.miopen_batch_norm.default: ((3, 4), _when(5)),
+    aten.batch_norm_update_stats.default: ((1, 2), _always),
+    aten.batch_norm_gather_stats.default: ((3, 4), _always),
+    aten.batch_norm_gather_stats_with_counts.default: ((3, 4), _always),
+    # Composite (decomposed before our dispatch sees them), listed for callers
+    # of torch.ops directly under another dispatch key.
+    aten.batch_norm.default: ((3, 4), _when(5)),
+    aten._batch_norm_impl_index.default: ((3, 4), _when(5)),
+    aten.instance_norm.default: ((3, 4), _when(5)),
+    aten._cudnn_rnn.default: ((15,), _when(12, positive=11)),  # dropout_state
+    aten.miopen_rnn.default: ((13,), _when(10, positive=9)),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class AliasPlan:
     names: tuple[str, ...]  # schema argument names, in order
     writes: tuple[int, ...]  # indices of arguments the op writes (`Tensor(a!)`)
-    returns: tuple[int | None, ...]  # per return: index of the argument it aliases
+    takes_storage: bool  # an argument is a Storage (set_.source_Storage)
+    # Arguments written without an annotation, and when (UNANNOTATED_WRITES).
+    hidden: tuple[tuple[int, ...], Callable[[list[Any]], bool]] | None = None
 
 
 _plans: dict[Any, AliasPlan] = {}
@@ -21,28 +71,27 @@ _plans: dict[Any, AliasPlan] = {}
 def alias_plan(func: Any) -> AliasPlan:
     plan = _plans.get(func)
     if plan is None:
-        plan = _plans[func] = _build(func._schema)
+        plan = _plans[func] = _build(func._schema, UNANNOTATED_WRITES.get(func))
     return plan
 
 
-def _build(schema: Any) -> AliasPlan:
+def _build(schema: Any, hidden: Any) -> AliasPlan:
     names = tuple(a.name for a in schema.arguments)
     writes = tuple(
         i
         for i, a in enumerate(schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
-    returns: list[int | None] = []
-    for r in schema.returns:
-        target = None
-        if r.alias_info is not None:
-            sets = set(r.alias_info.before_set)
-            for i, a in enumerate(schema.arguments):
-                if a.alias_info is not None and sets & set(a.alias_info.before_set):
-                    target = i
-                    break
-        returns.append(target)
-    return AliasPlan(names, writes, tuple(returns))
+    takes_storage = any("Storage" in str(a.type) for a in schema.arguments)
+    return AliasPlan(names, writes, takes_storage, hidden)
+
+
+def writes_of(plan: AliasPlan, values: list[Any]) -> tuple[int, ...]:
+    """Indices of the arguments this call writes (``values`` from ``schema_values``)."""
+    if plan.hidden is None:
+        return plan.writes
+    indices, when = plan.hidden
+    return plan.writes + indices if when(values) else plan.writes
 
 
 def schema_values(plan: AliasPlan, args: tuple, kwargs: dict) -> list[Any]:

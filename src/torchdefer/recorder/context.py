@@ -9,17 +9,18 @@ them to)::
 Inside the block every tensor created is fake and every op recorded, exactly
 as inside ``deferred_init(Model, cfg)``, which is this block around one call.
 Blocks nest: an inner ``deferred()`` or ``deferred_init`` records into the
-outer block's graph, so tensors built at both levels can be combined.
+outer block's graph, so tensors built at both levels can be combined, and
+restores the default dtype and device it found when it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
+from torchdefer._compat import default_device_context, restore_default_device
 from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
@@ -60,32 +61,29 @@ def deferred() -> Iterator[Graph]:
     True
     """
     active = torch._C._get_dispatch_mode(_FAKE)
-    if isinstance(active, RecordingMode):
-        yield active.graph
-        return
-    if active is not None:
+    if active is not None and not isinstance(active, RecordingMode):
         raise RecordingError(
             f"torchdefer.deferred() / deferred_init was entered inside {type(active).__name__}, "
             "which holds the same dispatch slot (torchdefer.fake_mode() or PyTorch's "
             "FakeTensorMode). Leave that mode first, or build everything inside one of them."
         )
-    graph = Graph()
     dtype = torch.get_default_dtype()
     # Not torch.get_default_device(): it builds a tensor, which fails under
     # `with torch.device("cuda")` on a host without CUDA.
-    device_context = _default_device_context()
+    device_context = default_device_context()
     try:
+        if isinstance(active, RecordingMode):  # nested: record into the outer graph
+            yield active.graph
+            return
+        graph = Graph()
         # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
         # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
         with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing():
             yield graph
     finally:
-        # The constructor may change defaults and fail before restoring them.
+        # The block may change defaults and fail before restoring them; a
+        # nested block restores what it found too, as deferred_init promises.
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
-        if _default_device_context() is not device_context:
-            torch.set_default_device(None if device_context is None else device_context.device)
-
-
-def _default_device_context() -> Any:
-    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+        if default_device_context() is not device_context:
+            restore_default_device(device_context)

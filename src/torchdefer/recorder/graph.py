@@ -26,7 +26,7 @@ class NodeKind:
     VIEW = "view"  # aliases an input's storage (view, t, slicing, detach)
     INPLACE = "inplace"  # writes an input's storage (add_, copy_, fill_)
     CALL = "call"  # any other op: new storage computed from inputs
-    CONSTANT = "constant"  # value captured from Python data (torch.tensor, from_numpy)
+    CONSTANT = "constant"  # value captured from Python data (torch.tensor)
     EXTERNAL = "external"  # a real tensor from outside, referenced and version-checked
     DATA_GET = "data_get"  # `t.data`
     DATA_SET = "data_set"  # `t.data = other`
@@ -42,10 +42,17 @@ class TensorMeta:
     offset: int
     dtype: torch.dtype
     device: torch.device
+    # The lazy conjugate / negative bits of views (`z.conj()`, `z.conj().imag`):
+    # a view rebuilt from its storage alone would lose them, and its values.
+    conj: bool = False
+    neg: bool = False
 
     @staticmethod
     def of(t: torch.Tensor, device: torch.device) -> TensorMeta:
-        return TensorMeta(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, device)
+        return TensorMeta(
+            tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, device,
+            t.is_conj(), t.is_neg(),
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +109,9 @@ class Node:
     source: tuple[str, int, str] | None = None  # (file, line, function)
     payload: Any = None  # constant / external tensor, or the observed value
     graph: Graph | None = None
+    # Settings the op read when recorded (default dtype, deterministic mode);
+    # replay re-applies them (recorder/ambient.py). None: the op runs no kernel.
+    ambient: Any = None
 
     def arguments(self) -> tuple[tuple, dict]:
         """The call's ``(args, kwargs)``, each input tensor shown as its :class:`Value`."""

@@ -7,22 +7,27 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
+from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
-from torchdefer.recorder._alias import alias_plan, schema_values
+from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
+from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
+from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.external import ExternalRef
+from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
-from torchdefer.rng.draws import known_random_op
+from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _ITEM = torch.ops.aten._local_scalar_dense.default
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -30,6 +35,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if func in _LIFT:
         if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
             return args[0]
+        if not args[0].untyped_storage().resizable():
+            # Memory torch does not own (from_numpy, as_tensor, frombuffer): eager
+            # tensors alias it and see later writes, so reference it, checked at
+            # replay, rather than copy it.
+            return _external(graph, args[0])
         return record_constant(graph, args[0])
     if func is _ITEM:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
@@ -39,16 +49,31 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     leaves = list(flat)
     inputs: list[Value] = []
     reads: list[int] = []
+    plan = alias_plan(func)
+    owners: list[DeferredTensor] = []  # of storage arguments
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
             x = flat[i] = _as_deferred(graph, x, func)
-            inputs.append(x._value)
-            reads.append(x._value.storage.version)
-            leaves[i] = x._value
+        elif plan.takes_storage and is_storage(x):
+            x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
+            owners.append(x)
+        else:
+            continue
+        inputs.append(x._value)
+        reads.append(x._value.storage.version)
+        leaves[i] = x._value
     args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
     if _needs_data(func, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
+    if is_question(func):  # a bool/int about metadata: nothing to replay
+        return run_on_meta(func, args, kwargs)[0]
+    writes: tuple[int, ...] = ()
+    written: list[Any] = []
+    if plan.writes or plan.hidden:
+        written = schema_values(plan, args, kwargs)
+        writes = writes_of(plan, written)
+    before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(
             func, args, _without_generator(kwargs)
@@ -66,19 +91,23 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # default at replay time (HF sets it while building, then restores it).
         args_v, kwargs_v = unflatten_call(leaves, spec)
         leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
-    node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, spec, tuple(inputs), tuple(reads))
+    op = StorageArgs(func) if owners else func
+    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
     node.graph = graph
-    plan = alias_plan(func)
-    if plan.writes:
-        node.writes = _record_writes(node, schema_values(plan, args, kwargs), plan.writes)
-    out, aliased = _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat)
+    node.ambient = current_ambient()
+    if writes:
+        node.writes = _record_writes(node, written, writes)
+    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
     generator = kwargs.get("generator")
     if generator is None:
         generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
-    if generator is not None and device.type != "meta":
-        # An op that takes a generator draws from it, tagged random or not.
+    if (generator is not None or may_draw_untagged(func)) and device.type != "meta":
+        # An op that takes a generator draws from it, tagged random or not; an
+        # op of another library may draw from a default generator untagged:
+        # placing it in that stream (its end reached by running it) keeps the
+        # stream and the values right either way.
         node.kind = NodeKind.RANDOM
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)
@@ -216,7 +245,8 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
         return known[1]
     node = Node(graph.next_seq(), NodeKind.EXTERNAL, None, [], None, (), ())
     node.source = user_frame(3)
-    node.payload = (real, real._version)
+    with suspended():  # the digest reads the real tensor's bytes
+        node.payload = ExternalRef.of(real)
     node.graph = graph
     fake = _new_output(graph, node, 0, _meta_like(real), real.device, None)
     graph.externals[id(real)] = (real, fake)
@@ -226,7 +256,7 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
 def record_constant(
     graph: Graph, real: torch.Tensor, device: torch.device | None = None
 ) -> DeferredTensor:
-    """A tensor built from Python data (``torch.tensor``, ``from_numpy``), kept by value.
+    """A tensor built from Python data (``torch.tensor``), kept by value.
 
     ``device`` is the device the fake reports when it differs from the real
     one (a value computed on the CPU for a fake CUDA tensor).
@@ -254,63 +284,92 @@ def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
     return fake
 
 
-def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
-    writes = []
+def _written_tensors(values: list[Any], written: tuple[int, ...]):
     for i in written:
         targets = values[i] if isinstance(values[i], (list, tuple)) else [values[i]]
         for t in targets:
-            if not isinstance(t, DeferredTensor):
-                continue
-            storage = t._value.storage
-            if storage.creator.kind == NodeKind.EXTERNAL:
-                raise RecordingError(
-                    f"{node.op} at {node.where()} writes in place to a real tensor created "
-                    "outside deferred_init; the write cannot be deferred. Clone it first "
-                    "(`t = t.clone()`) or do the update outside deferred_init."
-                )
-            if storage.materialized:
-                raise RecordingError(
-                    f"{node.op} at {node.where()} writes to a tensor whose storage was "
-                    "already materialized; the real tensor would not see the write. Do all "
-                    "in-place updates before materializing."
-                )
-            storage.version += 1
-            storage.writers.append(node)
-            writes.append((storage, storage.version))
+            if isinstance(t, DeferredTensor):
+                yield t
+
+
+def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
+    writes = []
+    for t in _written_tensors(values, written):
+        storage = t._value.storage
+        if storage.creator.kind == NodeKind.EXTERNAL:
+            raise RecordingError(
+                f"{node.op} at {node.where()} writes in place to a real tensor (one created "
+                "outside deferred_init, or one materialize_tensor/materialize_module returned "
+                "inside it); the write cannot be deferred. Clone it first (`t = t.clone()`), "
+                "or do the update outside deferred_init."
+            )
+        if storage.materialized:
+            raise RecordingError(
+                f"{node.op} at {node.where()} writes to a tensor whose storage was "
+                "already materialized; the real tensor would not see the write. Do all "
+                "in-place updates before materializing (if materialize_tensor or "
+                "materialize_module ran inside deferred_init, call it after deferred_init "
+                "returns; to read values while building, use .tolist() or .item())."
+            )
+        storage.version += 1
+        storage.writers.append(node)
+        writes.append((storage, storage.version))
     return tuple(writes)
 
 
-def _wrap_outputs(graph, node, out, device, plan, args, kwargs, flat_in):
-    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input)."""
+def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
+    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
+
+    An output aliases an input exactly when it shares that input's (meta)
+    storage: meta kernels alias as the real ones do, whatever the schema says
+    (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
+    carry no annotation, ``set_`` moves its target onto another storage).
+    ``before`` maps each tensor the op writes to its storage before the call.
+    """
     outs = flatten_out(out)
+    out_ids = {id(o) for o in outs}
+    # storage id -> record, for the inputs not returned in place (their storage
+    # may have changed under them) and for new storages as they are made.
+    storages: dict[int, Storage] = {}
+    for x in flat_in:
+        if isinstance(x, DeferredTensor) and id(x) not in out_ids:
+            storages[_storage_id(x)] = x._value.storage
     in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
-    values = None
     aliased = False
     for k, o in enumerate(outs):
         if not isinstance(o, torch.Tensor):
             continue
+        key = _storage_id(o)
+        storage = storages.get(key)
         if id(o) in in_ids and isinstance(o, DeferredTensor):
             # In place: the same object, now a new value (its metadata may have
-            # changed, as with t_()).
-            o._value = Value(node, k, o._value.storage, TensorMeta.of(o, o.fake_device))
+            # changed, as with t_(); its storage too, as with set_()).
+            if storage is None and key == before.get(id(o), key):
+                storage = o._value.storage
+            elif storage is None:
+                storage = storages[key] = graph.new_storage(node, _nbytes(o))
+            with torch._C.DisableTorchFunctionSubclass():  # plain metadata reads
+                meta = TensorMeta.of(o, o.fake_device)
+            o._value = Value(node, k, storage, meta)
             node.outputs.append(o._value)
             aliased = True
             continue
-        source = plan.returns[0 if len(plan.returns) == 1 else k]
-        storage = None
-        if source is not None:
-            if values is None:
-                values = schema_values(plan, args, kwargs)
-            base = values[source]
-            if isinstance(base, (list, tuple)):
-                base = next((b for b in base if isinstance(b, DeferredTensor)), None)
-            if isinstance(base, DeferredTensor):
-                storage = base._value.storage
-                aliased = True
+        aliased = aliased or storage is not None
         outs[k] = _new_output(graph, node, k, o, device, storage)
+        storages.setdefault(key, outs[k]._value.storage)
     if isinstance(out, torch.Tensor) or out is None:
         return outs[0], aliased
     return type(out)(outs), aliased
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.untyped_storage().nbytes()
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    # The storage's address; a fake tensor's storage is its meta storage.
+    return torch._C._storage_id(t)
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:
@@ -321,15 +380,15 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
             f"only (called at {_where()}). Create the tensor dense and convert it after "
             "materialization."
         )
-    if kwargs.get("pin_memory"):
+    if kwargs.get("pin_memory") or func is _PIN_MEMORY:
         raise RecordingError(
-            f"{func} asks for pin_memory=True, which needs real memory (called at "
-            f"{_where()}). Pin the tensor after materialization."
+            f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real "
+            f"memory (called at {_where()}). Pin the tensor after materialization."
         )
 
 
-def _where() -> str:
-    frame = user_frame(3)
+def _where(skip: int = 0) -> str:
+    frame = user_frame(3 + skip)
     return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
 
 

@@ -30,17 +30,20 @@ from typing import Any
 
 import torch
 
-from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Value
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
 from torchdefer.rng.gf2 import tensor_bytes
 
-__all__ = ["RngRecorder", "default_generator", "meta_call"]
+__all__ = ["RngRecorder", "default_generator"]
 
 _ARRAY = slice(24, 24 + 8 * 624)
-_MARKER_KEY = slice(24, 24 + 64)
+_CACHES = slice(24 + 8 * 624, None)
+
+
+def _marker_key(state: torch.Tensor) -> bytes:
+    """What tells markers apart: the first two words of the array (a count, a random word)."""
+    return tensor_bytes(state[24:40])
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -50,20 +53,6 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.default_generators[device.index or 0]
     return None
-
-
-def meta_call(node: Any) -> tuple[tuple, dict, torch.Tensor | None]:
-    """``node``'s call with meta tensors for its tensors, and the tensor it draws into."""
-
-    def meta(leaf: Any) -> Any:
-        if isinstance(leaf, Value):
-            m = leaf.meta
-            return torch.empty_strided(m.size, m.stride, dtype=m.dtype, device="meta")
-        return leaf
-
-    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
-    drawn = meta(node.outputs[0]) if node.outputs else None
-    return args, kwargs, drawn
 
 
 class RngRecorder:
@@ -81,16 +70,14 @@ class RngRecorder:
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
         self._markers: dict[bytes, tuple[Epoch, Position]] = {}
-        self._marker_base: torch.Tensor | None = None
         self._marker_count = 0
 
     # ----------------------------------------------------------- placing
 
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
         """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
-        from torchdefer.recorder.mode import suspended
-
-        with suspended():
+        # The generator states and the tensors below are real: no mode may see them.
+        with torch._C._DisableTorchDispatch():
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()
@@ -144,26 +131,30 @@ class RngRecorder:
         if stream.epochs and left is not None and left.shape == current.shape:
             if torch.equal(current, left):
                 return stream.epochs[-1]
-        restored = self._markers.get(tensor_bytes(current[_MARKER_KEY]))
+        restored = self._markers.get(_marker_key(current))
         stream.epochs.append(Epoch(restored if restored is not None else current))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
 
     def _leave_marker(self, stream: Stream, epoch: Epoch, real, current: torch.Tensor) -> None:
-        if self._marker_base is None:
+        """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump)."""
+        marker = stream.left
+        if marker is None or _marker_key(marker) not in self._markers:
+            # A new marker tensor for this stream: the real state's seed and
+            # fields, random words for the array.
+            marker = current.clone()
             source = torch.Generator()
             source.seed()
-            self._marker_base = torch.randint(
-                0, 1 << 32, (624,), dtype=torch.int64, generator=source
-            )
+            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
+            marker[_ARRAY].view(torch.int64).copy_(words)
+        else:  # the seed, position fields and cached samples of the real state
+            marker[:24] = current[:24]
+            marker[_CACHES] = current[_CACHES]
         self._marker_count += 1
-        marker = current.clone()
-        words = marker[_ARRAY].view(torch.int64)
-        words.copy_(self._marker_base)
-        words[0] = self._marker_count  # random words plus a count: unique per marker
+        marker[_ARRAY].view(torch.int64)[0] = self._marker_count  # unique per position
         layout = epoch.layouts[stream.model]  # type: ignore[index]
-        self._markers[tensor_bytes(marker[_MARKER_KEY])] = (epoch, layout.end)
+        self._markers[_marker_key(marker)] = (epoch, layout.end)
         real.set_state(marker)
         stream.left = marker
 
@@ -185,7 +176,7 @@ class RngRecorder:
                 # Moved by user code since (a reseed, a restore): that is the truth.
                 if current.shape != stream.left.shape or not torch.equal(current, stream.left):
                     continue
-                if tensor_bytes(current[_MARKER_KEY]) in self._markers:
+                if _marker_key(current) in self._markers:
                     self._sync(stream, stream.epochs[-1], real)
 
     def _lazy(self) -> bool:

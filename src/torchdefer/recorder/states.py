@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from torchdefer.recorder.stream import ANCHOR, Epoch, Layout, Position, advance
-from torchdefer.rng import draws, mt19937, philox
+from torchdefer.recorder.stream import ANCHOR, Epoch, Layout, Position, advance, call_effect
+from torchdefer.rng import mt19937, philox
 
 __all__ = ["RngStates", "set_call_runner"]
 
@@ -226,43 +226,3 @@ def _cache_key(position: Position) -> int:
 
 def _same_state(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
-
-
-def call_effect(node: Any, model: str) -> draws.Effect | int | None:
-    """What ``node`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
-    from torchdefer.recorder.rng import meta_call
-
-    func = node.op
-    if not hasattr(func, "_schema"):  # a composite node (a Python function)
-        return None
-    args, kwargs, drawn = meta_call(node)
-    if drawn is None:
-        return None
-    if model == "cpu":
-        return draws.effect(func, args, kwargs, drawn)
-    return _philox_effect(node, func, args, kwargs, drawn)
-
-
-def _philox_effect(node, func, args, kwargs, drawn) -> int | None:
-    stream = node.rng[0]
-    device = stream.device
-    if not torch.cuda.is_available():
-        return None
-    range_ = _int_range(func, args, kwargs, drawn)
-    unroll = philox.unroll_factor(func, drawn, range_)
-    if unroll is None:
-        return None
-    return philox.counter_increment(drawn.numel(), unroll, philox.DeviceShape.of(device))
-
-
-def _int_range(func, args, kwargs, drawn) -> int | None:
-    names = [a.name for a in func._schema.arguments]
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    if "high" in values:
-        return int(values["high"]) - int(values.get("low", 0) or 0)
-    if "to" in values and values.get("to") is not None:
-        return int(values["to"]) - int(values.get("from", 0) or 0)
-    if "from" in values:  # random_(from, None): up to the dtype's maximum
-        return 1 << 62 if values["from"] is not None else None
-    return None

@@ -22,9 +22,12 @@ from typing import Any
 
 import torch
 
-from torchdefer.rng.draws import Effect
+from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.graph import Value
+from torchdefer.rng import draws, philox
+from torchdefer.rng.draws import Effect, TensorInfo
 
-__all__ = ["ANCHOR", "Epoch", "Layout", "Position", "Stream", "advance"]
+__all__ = ["ANCHOR", "Epoch", "Layout", "Position", "Stream", "advance", "call_effect", "meta_call"]
 
 # The cached-normal state of a Position: None (none cached), ANCHOR (whatever
 # the anchor's state had), or an int w: the second normal of the pair drawn
@@ -105,3 +108,55 @@ class Stream:
     def __repr__(self) -> str:
         who = "default" if self.generator is None else f"Generator@{id(self.generator):x}"
         return f"Stream({who} on {self.device})"
+
+
+def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
+    """``node``'s call with the metadata of its tensors, and of the tensor it draws into."""
+
+    def meta(leaf: Any) -> Any:
+        if isinstance(leaf, Value):
+            m = leaf.meta
+            return TensorInfo(m.size, m.stride, m.dtype)
+        return leaf
+
+    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
+    drawn = meta(node.outputs[0]) if node.outputs else None
+    return args, kwargs, drawn
+
+
+def call_effect(node: Any, model: str) -> draws.Effect | int | None:
+    """What ``node`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
+    func = node.op
+    if not hasattr(func, "_schema"):  # a composite node (a Python function)
+        return None
+    args, kwargs, drawn = meta_call(node)
+    if drawn is None:
+        return None
+    if model == "cpu":
+        return draws.effect(func, args, kwargs, drawn)
+    return _philox_effect(node, func, args, kwargs, drawn)
+
+
+def _philox_effect(node, func, args, kwargs, drawn) -> int | None:
+    stream = node.rng[0]
+    device = stream.device
+    if not torch.cuda.is_available():
+        return None
+    range_ = _int_range(func, args, kwargs, drawn)
+    unroll = philox.unroll_factor(func, drawn, range_)
+    if unroll is None:
+        return None
+    return philox.counter_increment(drawn.numel(), unroll, philox.DeviceShape.of(device))
+
+
+def _int_range(func, args, kwargs, drawn) -> int | None:
+    names = [a.name for a in func._schema.arguments]
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    if "high" in values:
+        return int(values["high"]) - int(values.get("low", 0) or 0)
+    if "to" in values and values.get("to") is not None:
+        return int(values["to"]) - int(values.get("from", 0) or 0)
+    if "from" in values:  # random_(from, None): up to the dtype's maximum
+        return 1 << 62 if values["from"] is not None else None
+    return None

@@ -8,6 +8,8 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdefer.fake._calls import call_grad_safe
+from torchdefer.fake.storage import STORAGE_GETTERS, adopt
+from torchdefer.fake.storage import data_ptr as fake_data_ptr
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
 from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
 from torchdefer.recorder.graph import Graph, NodeKind, Value
@@ -51,6 +53,8 @@ class DeferredTensor(FakeTensor):
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
+        if func is torch.Tensor.data_ptr:
+            return fake_data_ptr(args[0])
         if func in DATA_READS:
             return data_read(func, args, kwargs)
         if func == _DATA_SET:
@@ -70,6 +74,8 @@ class DeferredTensor(FakeTensor):
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
             out._value.node.kind = NodeKind.DATA_GET
+        elif func in STORAGE_GETTERS:
+            return adopt(out, args[0], args[0].fake_device)
         return out
 
     @classmethod

@@ -26,6 +26,7 @@ then runs after the one before it, which is slow but needs no model at all.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,41 @@ import torch
 
 from torchdefer.rng import mt19937
 
-__all__ = ["Effect", "effect", "known_random_op", "words_between"]
+__all__ = [
+    "TRUSTED_NAMESPACES",
+    "Effect",
+    "TensorInfo",
+    "effect",
+    "known_random_op",
+    "may_draw_untagged",
+    "words_between",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """What the model reads of a tensor: sizes, strides, dtype (no tensor needed)."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    def numel(self) -> int:
+        return math.prod(self.size)
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        """As ``Tensor.is_contiguous()``: row-major strides, size-1 dims ignored."""
+        if 0 in self.size:
+            return True
+        expected = 1
+        for n, st in zip(reversed(self.size), reversed(self.stride)):
+            if n != 1 and st != expected:
+                return False
+            expected *= n
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +96,16 @@ _UNTAGGED_RANDOM = frozenset({_aten.random_, _aten.random})
 def known_random_op(func: Any) -> bool:
     """Whether ``func`` draws from a generator (tagged, or known to be untagged)."""
     return torch.Tag.nondeterministic_seeded in func.tags or func.overloadpacket in _UNTAGGED_RANDOM
+
+
+# PyTorch's own namespaces tag their random ops; other libraries' ops may
+# draw from a default generator without saying so.
+TRUSTED_NAMESPACES = frozenset({"aten", "prims", "prim"})
+
+
+def may_draw_untagged(func: Any) -> bool:
+    """Whether ``func`` comes from a library whose untagged ops may still draw."""
+    return getattr(func, "namespace", "aten") not in TRUSTED_NAMESPACES
 
 
 # Families of ops whose draws follow one shape. The float arguments named in
@@ -90,8 +135,8 @@ def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect 
     """The draws of ``func(*args, **kwargs)`` on a CPU generator, or None if unmodeled.
 
     ``drawn`` is the tensor the random numbers are written to (the output,
-    or ``self`` for in-place ops); tensors may be fake, only their metadata
-    is read.
+    or ``self`` for in-place ops). Tensors may be real, fake or
+    :class:`TensorInfo`: only their metadata is read.
     """
     packet = func.overloadpacket
     if os.environ.get("TORCHDEFER_RNG_JUMPS") == "0" or not mt19937.layout_known():
@@ -135,17 +180,28 @@ class _Key:
     drawn_dtype: torch.dtype
 
 
-def _class_key(func, args, kwargs, drawn, shape) -> _Key:
+_SKIPPED = frozenset({"generator", "device", "layout", "pin_memory", "size", "n"})
+
+
+@functools.cache
+def _arguments(func: Any) -> tuple[tuple[int, str, Any, bool], ...]:
+    """Per schema argument: (index, name, default, whether it can choose a code path)."""
     free = _PATH_FREE.get(func.overloadpacket, ())
+    return tuple(
+        (i, a.name, a.default_value if a.has_default_value() else None, a.name not in free)
+        for i, a in enumerate(func._schema.arguments)
+    )
+
+
+def _class_key(func, args, kwargs, drawn, shape) -> _Key:
     tensors, scalars = [], []
-    for i, argument in enumerate(func._schema.arguments):
-        value = args[i] if i < len(args) else kwargs.get(argument.name, argument.default_value)
-        if isinstance(value, torch.Tensor):
+    n_args = len(args)
+    for i, name, default, path in _arguments(func):
+        value = args[i] if i < n_args else kwargs.get(name, default)
+        if isinstance(value, (torch.Tensor, TensorInfo)):
             tensors.append((i, value.dtype))
-        elif argument.name in ("generator", "device", "layout", "pin_memory", "size", "n"):
-            continue
-        elif argument.name not in free:
-            scalars.append((argument.name, _hashable(value)))
+        elif path and name not in _SKIPPED:
+            scalars.append((name, _hashable(value)))
     # Normal samples are taken at sizes whose path is the class's own (below
     # 16 elements is the cached-normal path whatever the layout).
     contiguous = shape != "linear" or drawn.is_contiguous()

@@ -6,13 +6,13 @@ its characteristic polynomial ``P`` (Haramoto et al., "Efficient jump ahead
 for F2-linear random number generators", 2008), so a jump needs ``x**n mod P``.
 
 ``P`` has degree 19937 and only 135 terms (``EXPONENTS``, found by
-Berlekamp-Massey on the generator's output and checked by the tests). Powers
-are computed by repeated squaring: squaring over GF(2) only spreads the bits
-apart, and the reduction modulo ``P`` is Barrett's, whose one dense product
-(by the precomputed ``floor(x**(2*DEGREE) / P)``) runs as a float64 FFT
-convolution (exact: every coefficient sum is below 2**15) and whose product by
-the sparse ``P`` is 135 shifts. A power costs ~1.5 ms per bit of ``n`` above
-the 14th on one core.
+Berlekamp-Massey on the generator's output and checked by the tests). A power
+is a product of entries of a table of ``x**(d * 16**k * 2**15)``, one per
+hexadecimal digit of ``n``; products run as float64 FFT convolutions (exact:
+every coefficient sum is below 2**15) and the reduction modulo ``P`` is
+Barrett's: one dense product by the precomputed ``floor(x**(2*DEGREE) / P)``
+and a product by the sparse ``P`` (135 shifts). Squaring over GF(2) only
+spreads the bits apart. A multiplication costs ~3 ms on one core.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def reduce(r: int) -> int:
     high = r >> DEGREE
     if not high:
         return r
-    quotient = _clmul_spectrum(high, _barrett()) >> DEGREE
+    product = torch.fft.irfft(_spectrum(high) * _barrett(), n=_FFT_SIZE)
+    quotient = _from_parity(product[DEGREE - DEGREE % 8 :]) >> (DEGREE % 8)
     out = r ^ _times_p(quotient)
     if out >> DEGREE:
         raise ArithmeticError("Barrett reduction left a remainder of too high degree")
@@ -130,6 +131,39 @@ _SPREAD_LOW = bytes(_spread_nibble(b & 15) for b in range(256))
 _SPREAD_HIGH = bytes(_spread_nibble(b >> 4) for b in range(256))
 
 
+# x**n is assembled from a table of x**(d * 16**k * 2**15) mod P (d = 1..15),
+# whose entries are computed when first needed and kept with their spectra: a
+# power then costs one multiplication per hexadecimal digit of n above its
+# 15th bit (six for any distance in a 1T-parameter model), not one squaring
+# per bit.
+_LOW_BITS = 15  # x**(n mod 2**15) has degree < 2 * DEGREE: one reduction
+_table: dict[tuple[int, int], int] = {}  # 2.5 kB an entry, at most 15 per digit
+
+
+def _mulmod(a: int, b: int) -> int:
+    return reduce(clmul(a, b))
+
+
+def _entry(k: int, d: int) -> int:
+    """``x**(d * 16**k * 2**15) mod P``."""
+    found = _table.get((k, d))
+    if found is not None:
+        return found
+    if d == 1:
+        if k == 0:
+            value = reduce(1 << (1 << _LOW_BITS))
+        else:
+            value = _entry(k - 1, 1)
+            for _ in range(4):
+                value = reduce(_square(value))
+    elif d % 2 == 0:
+        value = reduce(_square(_entry(k, d // 2)))
+    else:
+        value = _mulmod(_entry(k, d - 1), _entry(k, 1))
+    _table[(k, d)] = value
+    return value
+
+
 @functools.lru_cache(maxsize=256)
 def x_power_mod(n: int) -> int:
     """``x**n mod P`` (cached: the same jump distances recur across layers)."""
@@ -137,17 +171,12 @@ def x_power_mod(n: int) -> int:
         raise ValueError(f"negative power {n}")
     if n < DEGREE:
         return 1 << n
-    # Left to right: the leading bits give a power below DEGREE for free; each
-    # later bit squares (and reduces), then multiplies by x if set.
-    bits = bin(n)[2:]
-    head = 0
-    while head < len(bits) and (int(bits[: head + 1], 2) < DEGREE):
-        head += 1
-    r = 1 << int(bits[:head], 2)
-    for bit in bits[head:]:
-        r = reduce(_square(r))
-        if bit == "1":
-            r <<= 1
-            if r >> DEGREE:
-                r ^= P
+    r = reduce(1 << (n & ((1 << _LOW_BITS) - 1)))
+    high, k = n >> _LOW_BITS, 0
+    while high:
+        digit = high & 15
+        if digit:
+            r = _mulmod(r, _entry(k, digit))
+        high >>= 4
+        k += 1
     return r

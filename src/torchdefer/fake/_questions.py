@@ -1,0 +1,58 @@
+"""Answers to ops that ask about tensors (bool/int results) which meta kernels get wrong.
+
+Most such ops (``is_same_size``, ``result_type``, ``can_cast``, ``is_contiguous``)
+are answered from metadata by their own kernels, on meta as on a real device.
+These are not:
+
+* ``is_set_to`` has no meta kernel: it compares storages, offsets, sizes and
+  strides, which fake tensors have (their meta storages alias as real ones do);
+* ``is_pinned`` says True on meta; pinning is refused while recording
+  (``pin_memory=True``, ``t.pin_memory()``), so a fake tensor is never pinned.
+
+Ops that need data (``equal``, ``is_nonzero``, ``item``) are not answered here:
+the recorder computes them from materialized values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["ANSWERS", "is_question"]
+
+aten = torch.ops.aten
+
+
+def _is_set_to(self: torch.Tensor, src: torch.Tensor) -> bool:
+    # aten/src/ATen/native/TensorProperties.cpp: same storage, offset, sizes, strides.
+    return (
+        torch._C._storage_id(self) == torch._C._storage_id(src)
+        and self.storage_offset() == src.storage_offset()
+        and self.shape == src.shape
+        and self.stride() == src.stride()
+    )
+
+
+def _is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    return False
+
+
+ANSWERS: dict[Any, Callable[..., Any]] = {
+    aten.is_set_to.default: _is_set_to,
+    aten.is_pinned.default: _is_pinned,
+}
+
+_questions: dict[Any, bool] = {}
+
+
+def is_question(func: Any) -> bool:
+    """An op that returns only plain values (bool, int, dtype) and writes nothing."""
+    known = _questions.get(func)
+    if known is None:
+        schema = func._schema
+        known = _questions[func] = bool(schema.returns) and not any(
+            "Tensor" in str(r.type) for r in schema.returns
+        ) and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    return known

@@ -1,0 +1,146 @@
+"""Minimal programs the fuzzer found, kept as regression tests (issue 9).
+
+Each case is a shrunk fuzz program, checked exactly as the fuzzer checks one
+(eager vs deferred, four materialization orders, generators afterwards). The
+ones that fail today for a class another branch is fixing are listed in
+``tests/known_failures.py``.
+"""
+
+import pytest
+
+from differential import check
+from program import Program
+
+CASES: dict[str, Program] = {
+    # list-of-views aliasing
+    "init_through_chunks_writes_the_base": Program(0, ((
+        "t1 = torch.zeros(6)",
+        "for i, p in enumerate(t1.chunk(3)): p.fill_(i + 1.0)",
+    ),)),
+    "unbind_outputs_share_the_base_storage": Program(0, ((
+        "t1 = torch.ones((4, 4))",
+        "t2, t3 = t1.chunk(3, 1)",
+    ),)),
+    "zeroing_a_split_with_sizes_view_writes_the_base": Program(0, ((
+        "t4 = torch.tensor([1.25, 1.5, 2.0, 1.75, 1.0, -2.25])",
+        "t5, t6 = t4.split_with_sizes([1, 5], 0)",
+        "with torch.no_grad(): t6.zero_()",
+    ),)),
+    # set_
+    "set_to_a_tensor_shares_its_storage": Program(0, ((
+        "t1 = torch.arange(35, dtype=torch.float32).reshape((5, 7)) * 3.0",
+        "t5 = torch.empty(0, dtype=t1.dtype).set_(t1)",
+    ),)),
+    "writes_after_set_are_seen_through_both": Program(0, ((
+        "t1 = torch.empty((4, 4)).fill_(0.1)",
+        "t9 = torch.empty(0).set_(t1)",
+        "t1.zero_()",
+    ),)),
+    "set_to_a_storage_offset_size_and_stride_replays": Program(0, ((
+        "t1 = torch.eye(5)",
+        "t5 = torch.empty(0, dtype=t1.dtype).set_(t1.untyped_storage(), 12, (11,))",
+    ),)),
+    # default dtype
+    "log_of_int_arange_under_float64_default_is_float64": Program(0, ((
+        "torch.set_default_dtype(torch.float64)",
+        "t3 = torch.log(torch.arange(1, 7))",
+    ),)),
+    "int_division_under_bfloat16_default_is_bfloat16": Program(0, ((
+        "torch.set_default_dtype(torch.bfloat16)",
+        "t1 = torch.arange(0, 8, 2) / 8",
+        "t2 = torch.exp(torch.arange(8) * -0.6)",
+    ),)),
+    # questions
+    "is_pinned_answers_as_eager": Program(0, ((
+        "t5 = torch.ones((2, 3))",
+        "v8 = t5.is_pinned()",
+    ),)),
+    "is_same_size_answers_as_eager": Program(0, ((
+        "t1 = torch.ones((17,))",
+        "t7 = torch.ones((2, 16))",
+        "v10 = t1.is_same_size(t7)",
+    ),)),
+    "promote_types_answers_as_eager": Program(0, ((
+        "t1 = torch.full((3, 11), 3.0)",
+        "v3 = torch.promote_types(t1.dtype, torch.float16)",
+    ),)),
+    # batch norm in train mode
+    "batch_norm_forward_updates_running_stats_as_eager": Program(0, ((
+        "t2 = torch.arange(15, dtype=torch.float32).reshape((3, 5)) * 3.0",
+        "m3 = nn.BatchNorm1d(5, affine=False)",
+        "t16 = m3(t2); t16 = m3(t2 * 2)",
+    ),)),
+    "functional_batch_norm_updates_the_stats_tensors": Program(0, ((
+        "t8 = torch.full((2, 3, 4), 0.1)",
+        "t16 = torch.ones((3,))",
+        "t25 = F.batch_norm(t8, t16, t16.abs() + 1, training=True, momentum=0.3)",
+    ),)),
+    # external tensors changed without a version bump
+    "external_changed_through_data_is_not_replayed_stale": Program(0, (("t13 = ext * 2",),),
+                                                                   mutation="ext.data.add_(1)"),
+    "numpy_array_changed_after_from_numpy_is_not_replayed_stale": Program(
+        0, (("t11 = torch.from_numpy(arr).float()",),), mutation="arr += 1"),
+    # strides of storages rebuilt from the cache (fake strides differ for size-1 dims)
+    "like_of_a_transposed_row_keeps_eager_strides_after_caching": Program(0, ((
+        "t1 = torch.zeros((1, 5))",
+        "t4 = torch.ones_like(t1.t())",
+        "t19 = t4.to(torch.float64)",
+    ),)),
+    "data_of_randn_like_keeps_eager_strides": Program(0, ((
+        "t1 = torch.zeros((1, 5), dtype=torch.float32)",
+        "t12 = torch.randn_like(t1.t(), memory_format=torch.preserve_format)",
+        "t13 = t12.data",
+    ),)),
+    # references held before materialize_module (a live view blocks swap_tensors)
+    "buffer_registered_from_a_tensor_with_a_view_stays_that_tensor": Program(0, ((
+        "t6 = torch.empty((37,)).fill_(3.0)",
+        "t17 = t6.unsqueeze(0)",
+        "m1 = nn.LayerNorm(4)",
+        "m1.register_buffer('buf', t6)",
+    ),)),
+    # random custom ops without the nondeterministic_seeded tag (class 11)
+    "an_untagged_random_custom_op_is_recorded_as_random_or_refused": Program(0, ((
+        "t1 = torch.zeros(5)",
+        "t2 = noise_untagged(t1)",
+    ),)),
+    # RNG: reseeds, restores, generators, consecutive deferred_init calls
+    "reseeding_to_the_seed_in_force_repeats_the_draws": Program(0, ((
+        "t4 = torch.randperm(16)",
+        "torch.manual_seed(torch.initial_seed())",
+        "t24 = torch.randn((3,))",
+    ),)),
+    "fork_rng_restores_the_state_around_recorded_draws": Program(0, ((
+        "with torch.random.fork_rng(devices=[]): t14 = torch.randn((17,))",
+        "t17 = torch.randn(3)",
+    ),)),
+    "generator_manual_seed_repeats_the_draws": Program(0, ((
+        "t1 = torch.multinomial(torch.linspace(0.1, 1, 3), 5, replacement=True, generator=g0)",
+        "g0.manual_seed(g0.initial_seed())",
+        "t5 = torch.bernoulli(torch.full((2, 16), 0.4), generator=g0)",
+    ),)),
+    "set_rng_state_restores_a_state_taken_before_recorded_draws": Program(0, ((
+        "s1 = ('cpu', torch.get_rng_state())",
+        "t2 = torch.rand(4)",
+        "torch.set_rng_state(s1[1])",
+        "t3 = torch.rand(4)",
+    ),)),
+    "the_global_generator_ends_where_eager_leaves_it": Program(0, (("m1 = nn.Linear(5, 5)",),)),
+    "an_explicit_generator_ends_where_eager_leaves_it": Program(0, ((
+        "t1 = torch.randn(17, generator=g0)",
+    ),)),
+    "exponential_geometric_cauchy_log_normal_take_a_generator": Program(0, ((
+        "t1 = torch.empty(17).exponential_(1.5, generator=g1)",
+        "t2 = torch.empty(17).geometric_(0.3, generator=g1)",
+        "t3 = torch.empty(17).cauchy_(generator=g0)",
+        "t4 = torch.empty(17).log_normal_(generator=g0)",
+    ),)),
+    "three_deferred_init_calls_in_a_row_draw_as_eager": Program(
+        0, (("t1 = torch.randn(3)",), ("t1 = torch.randn(3)",), ("t1 = torch.rand(20)",)),
+        eager_draw_between=(False, True)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_found_case_matches_eager(case):
+    outcome = check(CASES[case])
+    assert outcome.status in ("ok", "refused"), f"{outcome.order}: {outcome.detail}"

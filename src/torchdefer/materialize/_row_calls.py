@@ -14,8 +14,7 @@ import torch
 from torchdefer.materialize.rng import draw, model_of
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.states import call_effect
-from torchdefer.recorder.stream import Position
+from torchdefer.recorder.stream import Position, call_effect
 from torchdefer.rng import draws, ranges
 
 if TYPE_CHECKING:
@@ -64,7 +63,9 @@ def creator_step(rows: RowReplay, node: Node, created: Value, span: Span) -> Ste
             fill = _schema_value(node, "fill_value")
             if isinstance(fill, Value):
                 raise NotSliceable(node, "its fill value is a tensor")
-        return (lambda buf: None) if fill is None else (lambda buf: buf.fill_(fill))  # type: ignore[return-value]
+        if fill is not None:
+            return lambda buf: buf.fill_(fill)  # type: ignore[return-value]
+        return lambda buf: _uninitialized(rows, node, buf)
     if not _in_order(created, span):
         raise NotSliceable(node, "its output is not laid out in order")
     if node.kind == NodeKind.RANDOM:
@@ -92,6 +93,7 @@ def _elementwise_creator(rows: RowReplay, node: Node, created: Value, span: Span
     def step(buf: torch.Tensor) -> None:
         leaves = rows.real_leaves(node, inputs, None)
         args, kwargs = unflatten_call(leaves, node.spec)
+        rows.use(node)
         buf.copy_(node.op(*args, **kwargs))
 
     return step
@@ -130,6 +132,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
 
     def run(out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         rows.drawn += out.numel()
+        rows.use(node)
         return call.run(out, state)
 
     def step(buf: torch.Tensor) -> None:
@@ -179,6 +182,14 @@ class _LocalCall:
         drawn = torch.empty(n, dtype=self.dtype, device="meta")
         args, kwargs = self._call(drawn)
         return draws.effect(self.node.op, args, kwargs, drawn)
+
+
+def _uninitialized(rows: RowReplay, node: Node, buf: torch.Tensor) -> None:
+    """What ``torch.empty`` gave: nothing to do, unless deterministic mode filled it."""
+    ambient = node.ambient
+    if ambient is not None and ambient.deterministic and ambient.fill_uninitialized_memory:
+        rows.use(node)
+        buf.copy_(torch.empty(buf.shape, dtype=buf.dtype, device=buf.device))
 
 
 def _with_size(func: Any, args: tuple, kwargs: dict, size: list[int]) -> tuple[tuple, dict]:
@@ -231,7 +242,10 @@ def _in_order(value: Value, span: Span) -> bool:
 
 
 def contiguous_range(meta: TensorMeta) -> tuple[int, int] | None:
-    """``[start, stop)`` if ``meta`` views consecutive elements of its storage in order."""
+    """``[start, stop)`` if ``meta`` views consecutive elements of its storage in order
+    (and plainly: no lazy conjugate or negative bit)."""
+    if meta.conj or meta.neg:
+        return None
     numel = math.prod(meta.size)
     expected = 1
     for size, stride in zip(reversed(meta.size), reversed(meta.stride)):

@@ -50,6 +50,7 @@ from torchdefer.materialize._row_calls import (
     random_step,
 )
 from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 
@@ -107,6 +108,7 @@ class RowReplay:
         self.replay = replay
         self.drawn = 0  # elements random ops drew (the span's and partial blocks')
         self._why: dict[int, str] = {}  # id(value) -> why it was not computed here
+        self._ambient: AmbientSwitch | None = None  # while computing
         # (id(storage), version) -> (lo, hi): the elements the targets cover
         self._cover: dict[tuple[int, int], tuple[int, int]] = {}
         # (id(storage), version) -> (lo, hi, their elements), computed in this run
@@ -122,11 +124,19 @@ class RowReplay:
         if version != value.storage.version:
             return None  # a later write could go through the substitute
         try:
-            with suspended(), torch.no_grad():
+            with suspended(), torch.no_grad(), AmbientSwitch() as self._ambient:
                 return self._substitute(value, version)
         except NotSliceable as e:
             self._why[id(value)] = str(e)
             return None
+        finally:
+            self._ambient = None
+
+    def use(self, node: Any) -> None:
+        """Run what follows under the settings ``node`` was recorded with (default dtype,
+        deterministic mode), as replay does."""
+        if self._ambient is not None:
+            self._ambient.use(node.ambient)
 
     def answered(self, value: Value) -> bool:
         """Whether this run computed ``value``'s elements here rather than by replay."""
@@ -152,18 +162,21 @@ class RowReplay:
             return None
         storage, version, meta, (lo, hi) = found
         known = self._found(value, value.storage.version)
+        stored = False
         if known is None:
             cover = self._cover.get((id(storage), version), (lo, hi))
             if not (cover[0] <= lo and hi <= cover[1]):
                 cover = (lo, hi)
             real = self.span(storage, version, *cover).compute()
             self._computed.setdefault((id(storage), version), []).append((*cover, real))
-            if cover == (0, _elements(storage)) and version == storage.version:
-                self.replay.cache.store(value, version, self.replay.device_key, real)
+            stored = cover == (0, _elements(storage)) and version == storage.version
             known = (meta, *cover, real)
         meta, a, _, real = known
         out = torch.empty(0, dtype=meta.dtype, device=real.device)
-        return out.set_(real.untyped_storage(), meta.offset - a, meta.size, meta.stride)
+        out.set_(real.untyped_storage(), meta.offset - a, meta.size, meta.stride)
+        if stored:  # the whole storage: later replays find it, as they find replayed ones
+            self.replay.cache.store(value, version, self.replay.device_key, out)
+        return out
 
     # ------------------------------------------------------------ analysis
 
@@ -251,6 +264,7 @@ class RowReplay:
                 return
             leaves = self.real_leaves(node, inputs, part)
             args, kwargs = unflatten_call(leaves, node.spec)
+            self.use(node)
             node.op(*args, **kwargs)
 
         return step

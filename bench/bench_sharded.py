@@ -22,8 +22,9 @@ The report (``results/sharded.md``, ``sharded.json``) gives the ratios of one
 run, and extrapolates to Llama 3.1 70B on 8 and 64 ranks (method in the
 report).
 
-    python bench/bench_sharded.py [--layers 22 --hidden 2048 --intermediate 5632
-        --vocab 32000 --worlds 1 2 4 --stages 4 --before --out bench/results]
+    python bench/bench_sharded.py [--layers 8 --hidden 4096 --intermediate 11008
+        --heads 32 --kv-heads 32 --vocab 32000 --worlds 1 2 4 --stages 4 --before
+        --out bench/results]
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def _eager(shape: dict, worlds: list[int], out: str) -> None:
                                                        whole=whole)))
 
 
-def _fsdp_rank(rank: int, world: int, port: int, shape: dict, out: str, rows: bool) -> None:
+def _fsdp_rank(
+    rank: int, world: int, port: int, shape: dict, out: str, rows: bool, repeats: int
+) -> None:
     if not rows:
         os.environ["TORCHDEFER_SHARD_ROWS"] = "0"
     import torch.distributed as dist
@@ -118,29 +121,38 @@ def _fsdp_rank(rank: int, world: int, port: int, shape: dict, out: str, rows: bo
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = torchdefer.deferred_init(_build, shape)
-    largest = max(p.numel() * p.element_size() for p in model.parameters())
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    row: dict = {}
-    for turn in range(world):
-        dist.barrier()
-        if turn != rank:
-            continue
+    runs = []
+    for _ in range(repeats):
+        model = None
         gc.collect()
-        base = _reset_peak()
-        wall, cpu = time.perf_counter(), time.process_time()
-        with observe() as seen:
-            torchdefer.distributed.materialize_module(model)
-        row = dict(wall=time.perf_counter() - wall, cpu=time.process_time() - cpu,
-                   peak=_peak() - base, rows=sum(s.rows for s in seen), params=len(seen),
-                   drawn=sum(s.drawn for s in seen), fallbacks=[s.reason for s in seen
-                                                                if not s.rows][:3])
-    dist.barrier()
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(_build, shape)
+        largest = max(p.numel() * p.element_size() for p in model.parameters())
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        for turn in range(world):  # one rank at a time; the others wait in the barrier
+            dist.barrier()
+            if turn != rank:
+                continue
+            gc.collect()
+            base = _reset_peak()
+            wall, cpu = time.perf_counter(), time.process_time()
+            with observe() as seen:
+                torchdefer.distributed.materialize_module(model)
+            runs.append(dict(
+                wall=time.perf_counter() - wall, cpu=time.process_time() - cpu,
+                peak=_peak() - base, rows=sum(s.rows for s in seen), params=len(seen),
+                drawn=sum(s.drawn for s in seen),
+                fallbacks=[s.reason for s in seen if not s.rows][:3],
+            ))
+        dist.barrier()
     params = dict(model.named_parameters())
-    row.update(
+    row = dict(
+        runs[len(runs) // 2] if repeats % 2 else runs[-1],
+        wall=_median([r["wall"] for r in runs]), cpu=_median([r["cpu"] for r in runs]),
+        first=runs[0]["cpu"], walls=[r["wall"] for r in runs], cpus=[r["cpu"] for r in runs],
+        peak=max(r["peak"] for r in runs),
         rank=rank, world=world, path="rows" if rows else "full", largest=largest,
         shards=sum(p.to_local().untyped_storage().nbytes() for p in params.values()),
         digests={n: _digest(p.to_local()) for n, p in params.items()},
@@ -149,45 +161,74 @@ def _fsdp_rank(rank: int, world: int, port: int, shape: dict, out: str, rows: bo
     dist.destroy_process_group()
 
 
-def last_stage(model, stages: int):
-    """The last pipeline stage as torchtitan builds it: a deep copy, other layers deleted.
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def stage_layers(stage: int, stages: int, layers: int) -> tuple[range, bool, bool]:
+    """The layers of pipeline ``stage`` and whether it has the embedding and the head,
+    as torchtitan's ``generate_llm_fqn_per_model_part`` splits with its default weights
+    (the embedding and the norm + output head each count as one layer)."""
+    effective = layers + 2
+    per, extra = divmod(effective, stages)
+    counts = [per + (1 if i < extra else 0) for i in range(stages)]
+    counts[0] -= 1
+    counts[-1] -= 1
+    first = sum(counts[:stage])
+    return range(first, min(layers, first + counts[stage])), stage == 0, stage == stages - 1
+
+
+def split_stage(model, stage: int, stages: int):
+    """Pipeline ``stage`` as torchtitan's ``pipeline_module_split`` builds it: a deep copy
+    of the model, the other stages' layers dropped, unused ends set to None.
 
     Returns the stage and ``{stage parameter name: model parameter name}``.
     """
-    layers = len(model.model.layers)
-    first = layers - layers // stages  # the last stage's share of the layers
-    stage = copy.deepcopy(model)
-    for i in reversed(range(first)):
-        del stage.model.layers[i]
-    stage.model.embed_tokens = None
+    from torch import nn
+
+    keep, embedding, head = stage_layers(stage, stages, len(model.model.layers))
+    part = copy.deepcopy(model)
+    part.model.layers = nn.ModuleList([part.model.layers[i] for i in keep])
+    if not embedding:
+        part.model.embed_tokens = None
+    if not head:
+        part.model.norm = None
+        part.lm_head = None
     names = {}
-    for name, _ in stage.named_parameters():
+    for name, _ in part.named_parameters():
+        original = name
         if name.startswith("model.layers."):
             _, _, index, rest = name.split(".", 3)
-            names[name] = f"model.layers.{int(index) + first}.{rest}"
-        else:
-            names[name] = name
-    return stage, names
+            original = f"model.layers.{keep[int(index)]}.{rest}"
+        names[name] = original
+    return part, names
 
 
-def _pipeline(shape: dict, stages: int, which: str, out: str) -> None:
+def _pipeline(shape: dict, stages: int, which: str, repeats: int, out: str) -> None:
     import torchdefer
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torchdefer.deferred_init(_build, shape)
-    target, names = model, {n: n for n, _ in model.named_parameters()}
-    if which == "stage":
-        target, names = last_stage(model, stages)
-    params = sum(p.numel() for p in target.parameters())
-    gc.collect()
-    base = _reset_peak()
-    start = time.perf_counter()
-    torchdefer.materialize_module(target)
-    seconds = time.perf_counter() - start
+    runs = []
+    for _ in range(repeats):
+        target = model = None
+        gc.collect()
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(_build, shape)
+        target, names = model, {n: n for n, _ in model.named_parameters()}
+        if which == "stage":
+            target, names = split_stage(model, stages - 1, stages)
+        gc.collect()
+        base = _reset_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        torchdefer.materialize_module(target)
+        runs.append((time.perf_counter() - wall, time.process_time() - cpu, _peak() - base))
     digests = {names[n]: _digest(p) for n, p in target.named_parameters()}
     Path(out, f"{which}.json").write_text(json.dumps(dict(
-        seconds=seconds, peak=_peak() - base, params=params, digests=digests)))
+        wall=_median([r[0] for r in runs]), cpu=_median([r[1] for r in runs]),
+        walls=[r[0] for r in runs], cpus=[r[1] for r in runs], peak=max(r[2] for r in runs),
+        params=sum(p.numel() for p in target.parameters()), digests=digests,
+    )))
 
 
 def _jumps(out: str) -> None:
@@ -228,15 +269,17 @@ def _process(target, *args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=22)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--intermediate", type=int, default=5632)
+    # Llama 2 7B's shapes, 8 of its 32 layers (1.9B parameters, 7.5 GB in fp32).
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--intermediate", type=int, default=11008)
     parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--before", action="store_true", help="also time the full-replay path")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per rank (median)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     shape = dict(
@@ -244,18 +287,20 @@ def main() -> None:
         intermediate_size=args.intermediate, num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
     )  # fmt: skip
-    # Large blocks by mmap: freed full parameters leave RSS at once (bench/README.md).
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    # glibc's default allocator, as users run. (MALLOC_MMAP_THRESHOLD_=65536, which the
+    # memory benchmarks set, makes every jump-ahead page-fault its ~25 MB of temporaries.)
     os.environ["OMP_NUM_THREADS"] = "1"
     tmp = tempfile.mkdtemp()
     load = [os.getloadavg()]
     _process(_eager, shape, args.worlds, tmp)
     _process(_jumps, tmp)
     for rows in [True, False] if args.before else [True]:
+        repeats = args.repeats if rows else 1  # the path before: one run, for scale
         for world in args.worlds:
-            mp.spawn(_fsdp_rank, args=(world, _free_port(), shape, tmp, rows), nprocs=world)
+            mp.spawn(_fsdp_rank, args=(world, _free_port(), shape, tmp, rows, repeats),
+                     nprocs=world)
     for which in ("whole", "stage"):
-        _process(_pipeline, shape, args.stages, which, tmp)
+        _process(_pipeline, shape, args.stages, which, args.repeats, tmp)
     load.append(os.getloadavg())
     results = _collect(Path(tmp), args, shape, load)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +330,7 @@ def _collect(tmp: Path, args, shape: dict, load) -> dict:
         pipeline[which] = row
     return dict(
         command=" ".join(["python", *sys.argv]), shape=shape, stages=args.stages,
+        repeats=args.repeats,
         eager_seconds=eager["seconds"], fsdp=fsdp, pipeline=pipeline,
         jumps=json.loads((tmp / "jumps.json").read_text()), load=load,
         machine=f"{platform.machine()}, {psutil.cpu_count()} cores, "

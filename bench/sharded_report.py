@@ -5,12 +5,12 @@ from __future__ import annotations
 MiB = 1 << 20
 
 
-def _per_world(rows: list[dict], path: str) -> dict[int, float]:
-    """The slowest rank's materialization time (wall) per world size, for one path."""
+def _per_world(rows: list[dict], path: str, key: str = "cpu") -> dict[int, float]:
+    """The slowest rank's materialization time (median CPU or wall) per world size."""
     out: dict[int, float] = {}
     for row in rows:
         if row["path"] == path:
-            out[row["world"]] = max(out.get(row["world"], 0.0), row["wall"])
+            out[row["world"]] = max(out.get(row["world"], 0.0), row[key])
     return out
 
 
@@ -37,9 +37,12 @@ def report(r: dict) -> str:
         f"layers, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, "
         f"vocabulary {shape['vocab_size']}): {model['elements'] / 1e9:.2f}B fp32 parameters "
         f"in {model['params']} tensors. {r['machine']}; load average "
-        f"{r['load'][0][0]:.1f} at start, {r['load'][1][0]:.1f} at the end. One thread per "
-        "process; the ranks of a world materialize one after the other (a barrier between "
-        "turns), so each rank's time and peak memory are its own on this 2-core machine.",
+        f"{r['load'][0][0]:.1f} at start, {r['load'][1][0]:.1f} at the end (other tenants share "
+        "this machine). One thread per process; the ranks of a world materialize one after "
+        "the other (the others wait in a barrier, asleep), so each rank's time and peak memory "
+        f"are its own. Each rank materializes a fresh model {r['repeats']} times; times are "
+        "medians. Ratios use CPU time, what a rank pays; wall time on this shared 2-vCPU "
+        "machine also counts other tenants' load.",
         "",
         f"Command: `{r['command']}` (method: the module docstring of `bench/bench_sharded.py`).",
         "",
@@ -50,26 +53,38 @@ def report(r: dict) -> str:
         "`peak`: RSS high-water mark over the RSS before materializing. `bitwise`: every "
         "local shard equals the slice of the eagerly built parameter.",
         "",
-        "| path | world | rank | time (s) | CPU (s) | peak (MiB) | local shards (MiB) "
+        "| path | world | rank | CPU (s) | wall (s) | peak (MiB) | local shards (MiB) "
         "| largest parameter (MiB) | params from rows | bitwise |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in sorted(r["fsdp"], key=lambda x: (x["path"] != "rows", x["world"], x["rank"])):
         lines.append(
-            f"| {row['path']} | {row['world']} | {row['rank']} | {row['wall']:.2f} | "
-            f"{row['cpu']:.2f} | {row['peak'] / MiB:.0f} | {row['shards'] / MiB:.0f} | "
+            f"| {row['path']} | {row['world']} | {row['rank']} | {row['cpu']:.2f} | "
+            f"{row['wall']:.2f} | {row['peak'] / MiB:.0f} | {row['shards'] / MiB:.0f} | "
             f"{row['largest'] / MiB:.0f} | {row['rows']}/{row['params']} | "
             f"{'yes' if row['bitwise'] else '**NO**'} |"
         )
     rows, full = _per_world(r["fsdp"], "rows"), _per_world(r["fsdp"], "full")
-    one = rows.get(1)
-    lines += ["", "Per-rank time (slowest rank) against one rank, in this run:", ""]
-    lines += ["| world | rows (s) | rows / rows at 1 rank | ideal | full path (s) |",
-              "|---|---|---|---|---|"]
+    walls = _per_world(r["fsdp"], "rows", "wall")
+    firsts = _per_world(r["fsdp"], "rows", "first")
+    one, one_wall, one_first = rows.get(1), walls.get(1), firsts.get(1)
+    lines += [
+        "", "Per-rank time of the slowest rank against one rank, in this run. *First run*: "
+        "the first of the repeats, with cold caches (each new jump distance computes its "
+        "polynomial once per process; later runs, like later layers of a deep model, reuse "
+        "them).", "",
+        "| world | rows, CPU (s) | / 1 rank | wall (s) | / 1 rank | first run, CPU (s) "
+        "| / 1 rank | ideal | full path, CPU (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for world, seconds in sorted(rows.items()):
-        ratio = f"{seconds / one:.2f}" if one else "-"
+        ratio = f"**{seconds / one:.2f}**" if one else "-"
+        wall, first = walls[world], firsts[world]
+        wall_ratio = f"{wall / one_wall:.2f}" if one_wall else "-"
+        first_ratio = f"{first / one_first:.2f}" if one_first else "-"
         before = f"{full[world]:.2f}" if world in full else "-"
-        lines.append(f"| {world} | {seconds:.2f} | {ratio} | {1 / world:.2f} | {before} |")
+        lines.append(f"| {world} | {seconds:.2f} | {ratio} | {wall:.2f} | {wall_ratio} | "
+                     f"{first:.2f} | {first_ratio} | {1 / world:.2f} | {before} |")
     lines += _pipeline(r)
     lines += _extrapolation(r, rows, full)
     return "\n".join(lines) + "\n"
@@ -80,23 +95,27 @@ def _pipeline(r: dict) -> list[str]:
     share = stage["params"] / whole["params"]
     return [
         "",
-        f"## Pipeline stages ({r['stages']} stages, torchtitan-style split)",
+        f"## Pipeline stages ({r['stages']} stages, split as torchtitan splits)",
         "",
-        "`whole`: `materialize_module(model)`; `last stage`: a `copy.deepcopy` of the "
-        "deferred model with the other stages' layers deleted and the embedding dropped "
-        "(as torchtitan's `pipeline_module_split` does), then `materialize_module(stage)`.",
+        "`whole`: `materialize_module(model)`; `last stage`: what torchtitan's "
+        "`pipeline_module_split` builds for the last of the stages "
+        "`generate_llm_fqn_per_model_part` assigns with its default weights (the embedding "
+        "and the norm + head count as one layer each): a `copy.deepcopy` of the deferred "
+        "model with the other layers dropped and the embedding set to None, then "
+        "`materialize_module(stage)`.",
         "",
-        "| what | parameters | time (s) | peak (MiB) | bitwise |",
-        "|---|---|---|---|---|",
-        f"| whole model | {whole['params'] / 1e6:.0f}M | {whole['seconds']:.2f} | "
-        f"{whole['peak'] / MiB:.0f} | {'yes' if whole['bitwise'] else '**NO**'} |",
+        "| what | parameters | CPU (s) | wall (s) | peak (MiB) | bitwise |",
+        "|---|---|---|---|---|---|",
+        f"| whole model | {whole['params'] / 1e6:.0f}M | {whole['cpu']:.2f} | "
+        f"{whole['wall']:.2f} | {whole['peak'] / MiB:.0f} | "
+        f"{'yes' if whole['bitwise'] else '**NO**'} |",
         f"| last stage | {stage['params'] / 1e6:.0f}M ({share:.2f} of the model) | "
-        f"{stage['seconds']:.2f} | {stage['peak'] / MiB:.0f} | "
+        f"{stage['cpu']:.2f} | {stage['wall']:.2f} | {stage['peak'] / MiB:.0f} | "
         f"{'yes' if stage['bitwise'] else '**NO**'} |",
         "",
-        f"Last stage / whole model: **{stage['seconds'] / whole['seconds']:.2f}** of the time "
-        f"for {share:.2f} of the parameters (eager construction of the whole model: "
-        f"{r['eager_seconds']:.2f} s).",
+        f"Last stage / whole model: **{stage['cpu'] / whole['cpu']:.2f}** of the CPU time "
+        f"({stage['wall'] / whole['wall']:.2f} of the wall time) for {share:.2f} of the "
+        f"parameters (eager construction of the whole model: {r['eager_seconds']:.2f} s).",
     ]
 
 

@@ -2,7 +2,9 @@
 
 ``torch.distributed`` is the sharding engine (FSDP2 ``fully_shard``, DTensor,
 FSDP1); this package only makes deferred tensors flow through it so that each
-rank replays one full parameter at a time, keeps its slice, and frees the rest.
+rank computes its own slice of each parameter: from its own rows where the
+parameter's init allows it (``shard.py``), else through the full parameter,
+freed at once.
 
 FSDP2 takes deferred modules as they are: ``fully_shard`` slices each deferred
 parameter, and the slicing is *recorded*, so each local shard is a deferred
@@ -13,7 +15,7 @@ tensor that knows how to compute exactly its slice of the eager value.
     for block in model.layers:
         fully_shard(block)
     fully_shard(model)
-    torchdefer.distributed.materialize_module(model)        # shards + one full param
+    torchdefer.distributed.materialize_module(model)        # each rank: its own rows
 
 The core :func:`torchdefer.materialize_module` never imports
 ``torch.distributed``; when it meets sharded deferred parameters it hands the

@@ -20,11 +20,12 @@ def materialize_dtensor(
 ) -> DTensor:
     """The DTensor that ``distribute_tensor`` would make of the eager tensor, made locally.
 
-    Each rank replays the full tensor once, keeps its slice for ``placements``
-    (``Shard(dim)``: its chunk, as ``torch.chunk`` splits it; ``Replicate()``:
-    all of it) and frees the rest. No data is sent between ranks: every rank
-    must have built ``tensor`` with the same seed, which makes the result the
-    same as scattering the eager tensor from rank 0.
+    Each rank makes its slice for ``placements`` (``Shard(dim)``: its chunk,
+    as ``torch.chunk`` splits it; ``Replicate()``: all of it): a ``Shard(0)``
+    chunk from its own rows where the tensor's history allows it, any other
+    by replaying the full tensor and keeping the slice. No data is sent
+    between ranks: every rank must have built ``tensor`` with the same seed,
+    which makes the result the same as scattering the eager tensor from rank 0.
 
     Args:
         tensor: a deferred tensor holding the *full* (global) value. A real

@@ -21,9 +21,10 @@ def materialize_module(module: nn.Module) -> nn.Module:
 
     Handles, in this order:
 
-    1. parameters sharded by FSDP2 ``fully_shard``: each rank replays one full
-       parameter at a time and keeps only its padded shard (what FSDP2 would
-       have made from the eager parameter, bit for bit);
+    1. parameters sharded by FSDP2 ``fully_shard``: each rank makes only its
+       padded shard (what FSDP2 would have made from the eager parameter, bit
+       for bit), from its own rows where the parameter's init allows it, else
+       through the full parameter (see :mod:`torchdefer.distributed.shard`);
     2. other DTensor parameters and buffers whose local tensor is deferred
        (``distribute_tensor``, ``parallelize_module(..., src_data_rank=None)``);
     3. everything still deferred (buffers, unsharded parameters, tensors kept
@@ -34,10 +35,10 @@ def materialize_module(module: nn.Module) -> nn.Module:
     src_data_rank=None)``. With the default ``src_data_rank=0`` those raise at
     once (they would scatter rank 0's data, which no rank has yet).
 
-    Peak memory per rank is its shards plus the largest single parameter (and
-    the unsharded tensors). Every rank must have built the model with the same
-    seed; no communication is needed, so the global model is the same
-    whatever the world size.
+    Peak memory per rank is its shards (and the unsharded tensors), plus the
+    largest parameter that cannot come from its rows. Every rank must have
+    built the model with the same seed; no communication is needed, so the
+    global model is the same whatever the world size.
 
     Tensors are created on the device they report: the FSDP2 mesh's device
     for shards (``fully_shard`` records the move there), the recorded device

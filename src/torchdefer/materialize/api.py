@@ -84,8 +84,8 @@ def materialize_module(
     closure) see the real tensors. Parameters keep their class (a subclass of
     ``nn.Parameter`` included) and the attributes set on them. A module
     sharded with FSDP2 ``fully_shard`` or DTensor parameters is handed to
-    :func:`torchdefer.distributed.materialize_module` (each rank replays one
-    full parameter at a time and keeps its shard).
+    :func:`torchdefer.distributed.materialize_module` (each rank makes only
+    its shards).
 
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.

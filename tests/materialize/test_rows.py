@@ -249,3 +249,32 @@ def test_shared_storage_of_a_padded_shard_stays_shared():
     real_flat, real_local = replay.run(targets, substitute=rows)
     assert torch.equal(real_local, eager[5:10]) and torch.equal(real_flat[5:], torch.zeros(7, 3))
     assert real_local.untyped_storage().data_ptr() == real_flat.untyped_storage().data_ptr()
+
+
+def _rows_on(t: torch.Tensor, device: torch.device | None) -> tuple[torch.Tensor, RowReplay]:
+    replay = Replay(t._graph, device)
+    targets = [(t._value, t._value.storage.version)]
+    rows = RowReplay(replay, targets)
+    return replay.run(targets, substitute=rows)[0], rows
+
+
+def test_a_tensor_recorded_on_cuda_and_replayed_on_the_cpu_slices_with_the_cpu_generator():
+    """On the CPU, a CUDA-recorded stream is replayed with the CPU generator (as
+    materialize_tensor(t, device="cpu") does); its rows follow the same model."""
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(lambda: torch.randn(40, 9, device="cuda").mul_(2))
+    local = full[10:25].clone()
+    real, rows = _rows_on(local, torch.device("cpu"))
+    assert rows.answered(local._value), rows.why_not(local._value)
+    assert torch.equal(real, torchdefer.materialize_tensor(full, device="cpu")[10:25])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rows_replayed_on_cuda_fall_back_to_the_full_parameter():
+    """Philox gives each thread its own offsets, not each element its own words."""
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(lambda: torch.randn(40, 9, device="cuda"))
+    local = full[10:25].clone()
+    real, rows = _rows_on(local, None)
+    assert not rows.answered(local._value)
+    assert torch.equal(real, torchdefer.materialize_tensor(full)[10:25])

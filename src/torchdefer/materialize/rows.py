@@ -16,7 +16,7 @@ computes such a value from its own elements instead: a *span* (elements
   random op whose elements take their own words (``rng.ranges``: ``uniform_``,
   ``normal_``'s Box-Muller blocks ...) drawn from the state jumped to their
   first word; ``fill_``/``zero_``/``copy_`` and pointwise in-place ops whose
-  other arguments are scalars, 0-dim tensors or spans of the same shape.
+  other arguments are scalars, one-element tensors or spans of the same shape.
 
 Writers before the last one that overwrites the whole span (``normal_`` after
 ``kaiming_uniform_``, as Hugging Face models do) are skipped: with jump-ahead
@@ -26,9 +26,10 @@ call) makes the hook answer None, and the plan replays the value as recorded.
 
 The hook computes a value only if no later write to its storage was recorded
 (its version is the storage's last), so nothing replayed afterwards can write
-through the substitute. A value covering its whole storage is computed once
-per run and shares that storage with the other values of it (FSDP2's padded
-flat shard and its unpadded view).
+through the substitute. The targets of a run that share a storage are
+computed as one range and share it (FSDP2's padded flat shard and its
+unpadded view); a whole storage is left in the replay cache, as replayed ones
+are.
 
 Elements drawn are counted in ``drawn``, so tests can see that a rank drew its
 rows and not the parameter.
@@ -63,12 +64,6 @@ _aten = torch.ops.aten
 # In-place ops that write every element they cover from their arguments alone.
 _FILLS = frozenset({_aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default})
 _COPY = _aten.copy_.default
-# Ops whose outputs are views of their input, recorded by older recorders
-# with storages of their own (a `Tensor(a)[]` return).
-_LIST_VIEWS = frozenset(
-    {_aten.split, _aten.split_with_sizes, _aten.chunk, _aten.unbind, _aten.unsafe_split,
-     _aten.unsafe_split_with_sizes, _aten.tensor_split}
-)  # fmt: skip
 
 Step = Callable[[torch.Tensor], None]
 
@@ -280,7 +275,7 @@ class RowReplay:
             version = next(reads)
             if leaf is skip:
                 continue
-            storage, read, meta = source(leaf, version)
+            storage, read, meta = leaf.storage, version, leaf.meta
             rng = contiguous_range(meta)
             if meta.size == shape and ordered and rng and meta.dtype == _storage_dtype(storage):
                 inputs[i] = self.span(storage, read, rng[0] + shift[0], rng[0] + shift[1])
@@ -309,27 +304,10 @@ class RowReplay:
         return leaves
 
 
-def source(value: Value, version: int) -> tuple[Storage, int, TensorMeta]:
-    """The storage ``value`` reads, at which version, and its metadata in that storage.
-
-    Recorders before the aliasing fix gave ``split``'s outputs a storage of their
-    own; their metadata is still that of views of the input's storage.
-    """
-    node = value.node
-    if (
-        node.kind == NodeKind.CALL
-        and value.storage.creator is node
-        and not value.storage.writers
-        and getattr(node.op, "overloadpacket", None) in _LIST_VIEWS
-    ):
-        return node.inputs[0].storage, node.reads[0], value.meta
-    return value.storage, version, value.meta
-
-
 def _range_of(value: Value, version: int):
     """(storage, version, metadata, element range) that ``value`` reads, if in order."""
+    storage, meta = value.storage, value.meta
     try:
-        storage, version, meta = source(value, version)
         if meta.dtype != _storage_dtype(storage):
             return None
     except NotSliceable:

@@ -160,9 +160,12 @@ def _report(eager: dict, rows: list[dict], shape: tuple[int, int, int]) -> str:
         "",
         "`peak` is an upper bound (RSS high-water mark minus RSS before materializing); "
         "`sampled` is the highest RSS seen by a 1 ms sampler. `bound` is local shards + the "
-        "largest parameter: the most a rank should need. Ranks materialize the root's "
-        "parameters (embeddings, lm_head) first, while few shards exist yet, so the peak "
-        "usually stays under the bound. Produced by `python bench/bench_fsdp_memory.py`.",
+        "largest parameter: the most a rank needs when parameters are built whole and "
+        "sliced (the fallback path). Every parameter of this model comes from the rank's "
+        "own rows (`materialize/rows.py`), so the peak is the shards. The ranks of a world "
+        "run at once on this machine's cores: their times are not per-rank costs (see "
+        "`bench/bench_sharded.py` for those). Produced by "
+        "`python bench/bench_fsdp_memory.py`.",
         "",
         "| setup | rank | local shards + buffers (MiB) | bound (MiB) | peak (MiB) "
         "| sampled (MiB) | peak / full model | time (s) |",

@@ -6,14 +6,17 @@ Run (GPUs, nccl)::    torchrun --nproc-per-node 2 examples/fsdp_llama.py
 The backend follows the hardware (nccl with CUDA, gloo without). Each rank
 builds the same deferred model from the same seed, applies ``fully_shard`` to
 every decoder layer and the root as for a meta-device model, then
-``torchdefer.distributed.materialize_module`` replays one full parameter at a
-time and keeps its shard. Every rank prints the memory it used, then checks its
+``torchdefer.distributed.materialize_module`` makes each rank's shards: on the
+CPU from the rank's own rows (no full parameter is allocated), on CUDA by
+building one full parameter at a time and keeping the slice. Every rank prints
+the memory it used, then checks its
 shards against the model built eagerly (``--no-check`` skips that, for models
 too big to build eagerly), and runs a forward, backward and optimizer step.
 
-On the CPU, glibc may keep freed full parameters mapped, which inflates the
-RSS printed; ``MALLOC_MMAP_THRESHOLD_=65536 torchrun ...`` makes RSS follow
-frees (bench/bench_fsdp_memory.py does that).
+Where full parameters are built (CUDA, or an init that mixes elements), glibc
+may keep them mapped after they are freed, which inflates the RSS printed;
+``MALLOC_MMAP_THRESHOLD_=65536 torchrun ...`` makes RSS follow frees
+(bench/bench_fsdp_memory.py does that).
 
 Options: ``--layers N --hidden H --vocab V`` (defaults: a ~45M-parameter model).
 """

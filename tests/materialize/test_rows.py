@@ -52,6 +52,7 @@ CREATORS = {
     "full": lambda shape, dtype: torch.full(shape, 0.25, dtype=dtype),
     "randn": lambda shape, dtype: torch.randn(shape, dtype=dtype),
     "rand": lambda shape, dtype: torch.rand(shape, dtype=dtype),
+    "normal": lambda shape, dtype: torch.normal(0.5, 2.0, shape, dtype=dtype),
 }
 
 
@@ -117,7 +118,7 @@ def test_rows_of_any_init_program_are_the_eager_slice(creator, steps, dtype, row
 
     numel = math.prod(shape)
     sliceable = all(STEPS[s][1] is True or numel >= 16 for s in steps)
-    if creator == "randn":
+    if creator in ("randn", "normal"):
         sliceable = sliceable and numel >= 16
     eager, full = _build_both(build)
     local = _slice(full, a, b, how)

@@ -48,7 +48,7 @@ _PER_ELEMENT = frozenset(
     {_aten.uniform_, _aten.rand, _aten.rand_like, _aten.random_, _aten.randint,
      _aten.randint_like, _aten.exponential_, _aten.geometric_, _aten.cauchy_, _aten.bernoulli_}
 )  # fmt: skip
-_BLOCKS = frozenset({_aten.normal_, _aten.randn, _aten.randn_like})
+_BLOCKS = frozenset({_aten.normal_, _aten.normal, _aten.randn, _aten.randn_like})
 _LIKE = frozenset({_aten.rand_like, _aten.randn_like, _aten.randint_like})
 # Out-of-place elementwise ops besides the pointwise-tagged ones.
 _ELEMENTWISE = frozenset({_aten._to_copy.default, _aten.clone.default})

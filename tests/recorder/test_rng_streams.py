@@ -205,3 +205,21 @@ def test_without_the_draw_model_every_position_is_reached_by_running_the_draws_b
         return a, b, nn.Linear(9, 9), torch.empty(5).bernoulli_(0.5)
 
     check(lambda defer: defer(build))
+
+
+def test_a_marker_read_directly_then_restored_after_a_sync_is_resolved():
+    def program(defer):
+        g = torch.Generator().manual_seed(309)
+
+        def build():
+            a = torch.randint(3, (17,), dtype=torch.float32, generator=g)
+            saved = g.get_state()  # a marker while recording: the read is not seen
+            with torch.random.fork_rng(devices=[]):  # reads torch.get_rng_state: syncs
+                torch.manual_seed(3)
+                b = torch.rand(5)
+            g.set_state(saved)
+            return a, b
+
+        return defer(build), g, torch.randn(5, generator=g)
+
+    check(program)

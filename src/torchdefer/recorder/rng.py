@@ -98,7 +98,9 @@ class RngRecorder:
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
         if generator is not None:
-            key: Any = ("explicit", id(generator))
+            # By the C++ generator: the dispatcher hands ops a new Python wrapper of
+            # the generator the user passed, so the wrapper identity differs.
+            key: Any = ("explicit", generator._cdata)
             device = generator.device
         else:
             key = ("default", device.type, device.index or 0)

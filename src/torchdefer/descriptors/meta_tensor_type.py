@@ -23,7 +23,7 @@ import torch
 
 from torchdefer.descriptors.errors import DescriptorMismatch
 
-__all__ = ["Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
+__all__ = ["SCALARS", "Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
 
 Dim = int | str | None
 """One shape entry: static length, symbolic name, or any length."""
@@ -31,14 +31,12 @@ Dim = int | str | None
 DimRange = tuple[int, int | None]
 """Inclusive ``(min, max)`` bounds of a symbolic length; ``max=None`` is unbounded."""
 
-# Python scalar types accepted as dtypes, as the RFC writes ``dtype=float``;
-# they map to what ``torch.empty(..., dtype=float)`` produces.
-_PYTHON_DTYPES: dict[type, torch.dtype] = {
-    float: torch.float64,
-    int: torch.int64,
-    bool: torch.bool,
-    complex: torch.complex128,
-}
+SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+"""Plain values a descriptor may fix (value specialization)."""
+
+# The RFC writes ``dtype=float``; each maps to what ``torch.empty(..., dtype=float)`` makes.
+_PYTHON_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool,
+                  complex: torch.complex128}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +85,10 @@ requires_grad=False, layout=torch.strided)
             set_(self, "device", torch.device(self.device))
         if self.rank is not None and (type(self.rank) is not int or self.rank < 0):
             raise ValueError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
-        if self.shape is not None and self.rank not in (None, len(self.shape)):
-            raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
-                             f"{list(self.shape)}; give one of them or make them agree")
         if self.shape is not None:
+            if self.rank not in (None, len(self.shape)):
+                raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
+                                 f"{list(self.shape)}; give one of them or make them agree")
             set_(self, "rank", len(self.shape))
         if self.requires_grad not in (None, True, False):
             raise ValueError("MetaTensorType: requires_grad must be a bool or None, got "
@@ -99,12 +97,10 @@ requires_grad=False, layout=torch.strided)
             raise ValueError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
         set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges))
 
-    # ----------------------------------------------------------------- views
     @property
     def symbols(self) -> tuple[str, ...]:
         """The symbolic names in ``shape``, in order of first appearance."""
-        seen = dict.fromkeys(d for d in (self.shape or ()) if isinstance(d, str))
-        return tuple(seen)
+        return tuple(dict.fromkeys(d for d in (self.shape or ()) if isinstance(d, str)))
 
     @property
     def ranges(self) -> dict[str, DimRange]:
@@ -124,21 +120,17 @@ requires_grad=False, layout=torch.strided)
             return False
         return True
 
-    # ------------------------------------------------------- lattice moves
     @classmethod
     def from_examples(cls, *tensors: torch.Tensor) -> MetaTensorType:
         """The most specific descriptor that every example satisfies.
 
         Properties equal in all examples are kept; a dimension whose length
-        differs becomes symbolic, and dimensions whose lengths are equal in
-        every example share one name (``d0``, ``d1``, ...).
+        differs becomes symbolic (with no range: a length seen to vary is taken
+        to vary freely), and dimensions whose lengths are equal in every example
+        share one name (``d0``, ``d1``, ...).
 
         Args:
             *tensors: one or more example tensors.
-
-        Returns:
-            The descriptor. Symbolic names get no range: a length seen to vary
-            is taken to vary freely.
 
         Example:
             >>> MetaTensorType.from_examples(torch.zeros(2, 2), torch.zeros(3, 3)).shape
@@ -189,7 +181,6 @@ requires_grad=False, layout=torch.strided)
             dim_ranges=ranges,
         )
 
-    # --------------------------------------------------------------- codecs
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_json` reads it back."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -225,16 +216,11 @@ requires_grad=False, layout=torch.strided)
 class TensorCheck:
     """One descriptor compiled for the check every call runs (kept lean: ~1 us).
 
-    Args:
-        desc: the descriptor.
-        ranges: ``(min, max)`` per symbolic name, merged over the program.
-        specialize: also bind ``None`` dims (under ``(path, dim)``) and record
-            the properties ``desc`` leaves unknown, for backends that build
-            one program per concrete dtype/rank/... (export).
-
-    Calling it checks ``t`` at ``path``: symbols are bound in ``env`` (name ->
-    length) with ``where`` (name -> (path, dim)) for messages; unknown
-    properties are appended to ``facts`` (dtype, device, layout, rank order).
+    ``ranges`` are merged over the program; ``specialize`` (export, one graph
+    per concrete dtype/rank/...) also binds ``None`` dims under ``(path, dim)``
+    and appends the properties ``desc`` leaves unknown to ``facts``. Symbols
+    are bound in ``env`` (name -> length), with ``where`` (name -> (path, dim))
+    for messages.
     """
 
     __slots__ = ("device", "dtype", "free", "layout", "named", "rank", "requires_grad", "static",
@@ -306,12 +292,11 @@ def describe_value(value: Any) -> str:
         return f"a Tensor of shape {list(value.shape)}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of length {len(value)}"
-    if isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+    if isinstance(value, SCALARS):
         return f"{type(value).__name__} {value!r}"
     return f"a {type(value).__name__}"
 
 
-# ------------------------------------------------------------------ helpers
 def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
         raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
@@ -339,11 +324,11 @@ def _common(values: Iterable[Any]) -> Any:
 
 
 def _join_devices(devices: Iterable[torch.device | None]) -> torch.device | None:
-    devices = list(devices)
-    if any(d is None for d in devices):
+    devices = set(devices)
+    if None in devices:
         return None
-    if len(set(devices)) == 1:
-        return devices[0]
+    if len(devices) == 1:
+        return devices.pop()
     types = {d.type for d in devices}
     return torch.device(types.pop()) if len(types) == 1 else None
 
@@ -364,17 +349,10 @@ def examples_descriptor(tensors: Sequence[torch.Tensor],
                           layout=_common(t.layout for t in tensors))
 
 
-def _widen_shape(
-    shape: tuple[Dim, ...], ranges: dict[str, DimRange], sizes: tuple[int, ...]
-) -> tuple[tuple[Dim, ...], dict[str, DimRange]]:
+def _widen_shape(shape: tuple[Dim, ...], ranges: dict[str, DimRange],
+                 sizes: tuple[int, ...]) -> tuple[tuple[Dim, ...], dict[str, DimRange]]:
     taken = {d for d in shape if isinstance(d, str)}
-    counter = itertools.count()
-
-    def fresh() -> str:
-        name = next(n for n in (f"w{i}" for i in counter) if n not in taken)
-        taken.add(name)
-        return name
-
+    fresh = (n for n in map("w{}".format, itertools.count()) if n not in taken)
     out: list[Dim] = []
     first_size: dict[str, int] = {}
     split: dict[tuple[str, int], str] = {}
@@ -382,15 +360,16 @@ def _widen_shape(
     for d, size in zip(shape, sizes, strict=True):
         if d is None or d == size:
             out.append(d)
-        elif isinstance(d, int):
-            out.append(fresh())
-        else:
-            bound = first_size.setdefault(d, size)
-            name = d if bound == size else split.setdefault((d, size), fresh())
-            if name != d and d in ranges:
-                ranges[name] = ranges[d]
-            out.append(name)
-            if name in ranges:
-                lo, hi = ranges[name]
-                ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+            continue
+        if isinstance(d, int):
+            out.append(next(fresh))
+            continue
+        bound = first_size.setdefault(d, size)
+        name = d if bound == size else split.setdefault((d, size), next(fresh))
+        if name != d and d in ranges:
+            ranges[name] = ranges[d]
+        if name in ranges:
+            lo, hi = ranges[name]
+            ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+        out.append(name)
     return tuple(out), ranges

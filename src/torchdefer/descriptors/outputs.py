@@ -23,7 +23,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
 from torchdefer.descriptors.tree import TypeOf
 
 __all__ = ["OutputRecipe", "describe_output"]
@@ -66,7 +66,7 @@ class OutputRecipe:
             if isinstance(leaf, _SYMBOLIC):
                 flat.append(leaf)
                 slots.append(_GRAPH)
-            elif isinstance(leaf, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+            elif isinstance(leaf, SCALARS):
                 slots.append(_Const(leaf))
             elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
                 sub, recipe = cls.capture(dict(vars(leaf)))

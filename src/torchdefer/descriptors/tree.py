@@ -28,13 +28,11 @@ from typing import Any, TypeAlias
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
+from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 
 __all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json",
            "value_from_json", "value_to_json"]
 
-# Plain values a Value leaf may hold; collections of them are trees of leaves.
-SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 

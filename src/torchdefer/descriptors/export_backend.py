@@ -38,11 +38,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torchdefer.descriptors import _torch
 from torchdefer.descriptors._conflict import conflict
 from torchdefer.descriptors._expr import parse
-from torchdefer.descriptors.checker import Key, Param, is_dynamic, show_key
+from torchdefer.descriptors.checker import Key, Param, show_key
 from torchdefer.descriptors.errors import DescriptorConflict
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.outputs import OutputRecipe, describe_output
-from torchdefer.descriptors.tree import Node, TypeOf, Value, leaves_with_paths
+from torchdefer.descriptors.tree import Node, TypeOf, Value
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Coverage", "ExportRunner", "build"]
@@ -124,8 +124,8 @@ class ExportRunner:
         metas = [(t.dtype, tuple(t.shape)) for t in self.held.values()]
         self.resolve = weights.resolver(list(self.held), metas, qualname)
         self.constants = [lifted_constants[s.target] for s in constants]
-        self.picks = _picks(params, self.concrete)
-        self.symbols = _symbols(_sizes(program, _graph_inputs(params, self.concrete)))
+        self.picks, leaves = _inputs(params, self.concrete)
+        self.symbols = _symbols(_sizes(program, leaves))
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         module, traced = self.weights.module, self.training
@@ -162,11 +162,26 @@ class ExportRunner:
         return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def _graph_inputs(params: tuple[Param, ...],
-                  concrete: Mapping[str, Node]) -> list[tuple[str, Node]]:
-    """``(path, leaf)`` of every graph input, in the graph's order."""
-    return [(path, leaf) for p in params if p.name in concrete
-            for path, leaf in leaves_with_paths(concrete[p.name], p.name) if is_dynamic(leaf)]
+def _is_dynamic(leaf: Node) -> bool:
+    """Whether a concrete leaf is a graph input (not baked in)."""
+    return isinstance(leaf, MetaTensorType) or (isinstance(leaf, TypeOf) and leaf.type is int)
+
+
+def _inputs(params: tuple[Param, ...],
+            concrete: Mapping[str, Node]) -> tuple[list[tuple], list[tuple[str, Node]]]:
+    """The graph inputs of a case: per parameter feeding the graph ``(index,
+    pytree spec or None for a bare leaf, positions of its graph inputs)``, and
+    ``(path, leaf)`` of every graph input, in the graph's order."""
+    picks, leaves = [], []
+    for i, p in enumerate(params):
+        if p.name not in concrete:
+            continue
+        flat, spec = pytree.tree_flatten_with_path(concrete[p.name])
+        positions = [j for j, (_, leaf) in enumerate(flat) if _is_dynamic(leaf)]
+        if positions:
+            picks.append((i, None if spec.is_leaf() else spec, positions))
+            leaves += [(p.name + pytree.keystr(flat[j][0]), flat[j][1]) for j in positions]
+    return picks, leaves
 
 
 def _sizes(program: ExportedProgram, leaves: list[tuple[str, Node]]) -> list[tuple[Key, Any]]:
@@ -195,21 +210,6 @@ def _symbols(sizes: list[tuple[Key, Any]]) -> dict[Any, Key]:
     return out
 
 
-def _picks(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> list[tuple]:
-    """Per parameter feeding the graph: (index, None, ()) for a leaf, or (index,
-    pytree spec, positions of its dynamic leaves)."""
-    picks = []
-    for i, p in enumerate(params):
-        node = concrete.get(p.name)
-        if node is None or isinstance(node, Value):
-            continue
-        leaves, spec = pytree.tree_flatten(node)
-        positions = [j for j, leaf in enumerate(leaves) if is_dynamic(leaf)]
-        if positions:
-            picks.append((i, None, ()) if spec.is_leaf() else (i, spec, positions))
-    return picks
-
-
 # ------------------------------------------------------------------- build
 def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],
           ranges: Mapping[str, DimRange], weights: Weights, qualname: str,
@@ -228,7 +228,7 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
         DescriptorConflict: the code contradicts a symbolic dimension, or
             tracing failed (the message names the model's line).
     """
-    leaves = _graph_inputs(params, concrete)
+    _, leaves = _inputs(params, concrete)
     plan = _Plan(leaves, ranges, sizes or {})
     recipes: list[OutputRecipe] = []  # filled by the traced call
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
@@ -307,22 +307,22 @@ class _Plan:
         self.leaves, self.ranges = leaves, ranges
         self.names = _identifiers([path for path, _ in leaves])
         self.hints: dict[Key, int] = {}
+        dims: dict[str, Any] = {}
         taken = {d for _, leaf in leaves if isinstance(leaf, MetaTensorType)
                  for d in leaf.shape if isinstance(d, int)}
         for key in [k for path, leaf in leaves for k in _keys(path, leaf)]:
             if key in self.hints:
                 continue
-            lo, hi = ranges.get(key, (0, None)) if isinstance(key, str) else (0, None)
+            lo, hi = ranges.get(key, (0, None))
             value = max(lo, 2)
             while value in taken and (hi is None or value < hi):
                 value += 1
             given = sizes.get(key, 0)
             self.hints[key] = given if given >= 2 else value if hi is None else min(value, hi)
             taken.add(self.hints[key])
-        dims = {k: Dim(k if k.isidentifier() and not keyword.iskeyword(k) else f"d{i}",
-                       min=ranges.get(k, (0, None))[0],
-                       **({} if ranges.get(k, (0, None))[1] is None else {"max": ranges[k][1]}))
-                for i, k in enumerate(self.hints) if isinstance(k, str)}
+            if isinstance(key, str):
+                ok = key.isidentifier() and not keyword.iskeyword(key)
+                dims[key] = Dim(key if ok else f"d{len(self.hints) - 1}", min=lo, max=hi)
         self.specs = [Dim.AUTO if isinstance(leaf, TypeOf) else
                       {i: dims[d] if isinstance(d, str) else Dim.AUTO
                        for i, d in enumerate(leaf.shape) if not isinstance(d, int)} or None

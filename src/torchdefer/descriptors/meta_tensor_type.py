@@ -168,18 +168,13 @@ requires_grad=False, layout=torch.strided)
             rank = self.rank
             if shape is not None:
                 shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
-        return replace(
-            self,
-            shape=shape,
-            rank=rank,
-            dtype=self.dtype if self.dtype in (None, tensor.dtype) else None,
-            device=_join_devices([self.device, tensor.device]) if self.device else None,
-            requires_grad=(
-                self.requires_grad if self.requires_grad in (None, tensor.requires_grad) else None
-            ),
-            layout=self.layout if self.layout in (None, tensor.layout) else None,
-            dim_ranges=ranges,
-        )
+        def kept(name: str) -> Any:
+            mine = getattr(self, name)
+            return mine if mine in (None, getattr(tensor, name)) else None
+
+        return replace(self, shape=shape, rank=rank, dtype=kept("dtype"), layout=kept("layout"),
+                       device=_join_devices([self.device, tensor.device]) if self.device else None,
+                       requires_grad=kept("requires_grad"), dim_ranges=ranges)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_json` reads it back."""

@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchdefer.descriptors import export_backend, jit_backend
 from torchdefer.descriptors.checker import (
     Checker,
     Param,
-    Unknown,
     concrete_trees,
     concretize,
     merge_ranges,
@@ -34,7 +34,6 @@ from torchdefer.descriptors.checker import (
 )
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, normalize
-from torchdefer.descriptors.tree import leaves_with_paths as _leaves
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Backend", "Program", "script"]
@@ -280,12 +279,16 @@ def _is_plain(value: Any) -> bool:
 
 def _tensors(node: Node) -> list[MetaTensorType]:
     out = []
-    for _, leaf in _leaves(node, ""):
+    for leaf in pytree.tree_leaves(node):
         if isinstance(leaf, MetaTensorType):
             out.append(leaf)
         elif isinstance(leaf, (ListOf, OptionalOf)):
             out += _tensors(leaf.element if isinstance(leaf, ListOf) else leaf.inner)
     return out
+
+
+class _Unknown(Exception):
+    """A fact the descriptors leave open and no call has told yet."""
 
 
 def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | None:
@@ -296,7 +299,7 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
 
     def fact(kind: str) -> Any:
         if kind not in ("device", "layout"):
-            raise Unknown(kind)
+            raise _Unknown(kind)
         facts.append(device if kind == "device" else torch.strided)
         return facts[-1]
 
@@ -304,7 +307,7 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
         for p in params:
             if p.node is not None:
                 concretize(p.node, p.name, fact, {})
-    except Unknown:
+    except _Unknown:
         return None
     return tuple(facts)
 

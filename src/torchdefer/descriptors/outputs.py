@@ -45,13 +45,9 @@ class _Object:
 
 @dataclass(frozen=True, slots=True)
 class OutputRecipe:
-    """How to rebuild a model's output from a graph's flat outputs.
-
-    Args:
-        spec: the output's pytree structure (unregistered objects are leaves).
-        slots: per pytree leaf, ``"graph"`` (the next graph output), a
-            constant, or an unregistered object to rebuild.
-    """
+    """How to rebuild a model's output from a graph's flat outputs: its pytree
+    structure (unregistered objects are leaves) and, per leaf, ``"graph"`` (the
+    next graph output), a constant, or an unregistered object to rebuild."""
 
     spec: pytree.TreeSpec
     slots: tuple[Any, ...]
@@ -92,13 +88,9 @@ class OutputRecipe:
                 leaves.append(obj)
         return pytree.tree_unflatten(leaves, self.spec)
 
-    # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:
-        """JSON form; refuses what a file cannot name safely (unregistered classes).
-
-        Raises:
-            TypeError: with what to register, or to return instead.
-        """
+        """JSON form; raises ``TypeError`` for what a file cannot name safely
+        (unregistered classes), saying what to register or return instead."""
         slots = []
         for slot in self.slots:
             if isinstance(slot, _Object):
@@ -133,13 +125,8 @@ class OutputRecipe:
 
 def describe_output(val: Any, names: Mapping[str, str | None],
                     ranges: Mapping[str, DimRange]) -> Any:
-    """The descriptor of one graph output (its fake value), in the inputs' names.
-
-    Args:
-        val: a fake tensor or symbolic int.
-        names: export symbol name -> descriptor name (``None`` for an any-length dim).
-        ranges: the program's ranges, kept for names the output uses.
-    """
+    """The descriptor of one graph output (its fake value), in the inputs' names
+    (``names``: export symbol -> descriptor name, ``None`` for an any-length dim)."""
     if isinstance(val, torch.Tensor):
         shape = [_dim(s, names) for s in val.shape]
         named = {d for d in shape if isinstance(d, str)}

@@ -59,8 +59,7 @@ class Program:
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
                  builder: Builder | None = None, output_descriptors: Any = None) -> None:
-        self.backend = backend
-        self.qualname = qualname
+        self.backend, self.qualname, self.output_descriptors = backend, qualname, output_descriptors
         self._params, self._ranges, self._weights = params, dict(ranges), weights
         self._check = Checker(qualname, params, ranges, specialize=backend == "export")
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
@@ -69,7 +68,6 @@ class Program:
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
-        self._outputs = output_descriptors
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values, env, facts = self._check(args, kwargs)
@@ -109,17 +107,13 @@ class Program:
         self._variants[(facts, _frozen(fixed))] = runner
         if not fixed:
             self._fast[facts] = runner
-        if self._outputs is None:
-            self._outputs = runner.output_descriptors(self._ranges)
+        if self.output_descriptors is None:
+            self.output_descriptors = runner.output_descriptors(self._ranges)
         return runner
 
     @property
     def input_descriptors(self) -> dict[str, Node]:
         return {p.name: p.node for p in self._params if p.described}
-
-    @property
-    def output_descriptors(self) -> Any:
-        return self._outputs
 
     @property
     def graph(self) -> str:
@@ -156,7 +150,7 @@ class Program:
         return Program(backend=self.backend, qualname=self.qualname, params=self._params,
                        ranges=self._ranges, weights=weights, builder=self._builder,
                        runners={k: r.with_weights(weights) for k, r in self._variants.items()},
-                       output_descriptors=self._outputs)
+                       output_descriptors=self.output_descriptors)
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.input_descriptors.items())
@@ -313,7 +307,6 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
 
 
 def _device(module: torch.nn.Module | None) -> torch.device:
-    for t in [*module.parameters(), *module.buffers()] if module is not None else []:
-        return t.device
-    return torch.device("cpu")
+    tensors = [*module.parameters(), *module.buffers()] if module is not None else []
+    return tensors[0].device if tensors else torch.device("cpu")
 

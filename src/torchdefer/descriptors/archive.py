@@ -119,8 +119,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             code that runs while it is loaded; only for files you trust.
 
     Returns:
-        The program; if it was saved without weights (deferred model), bind
-        them with :meth:`Program.with_weights` before calling it.
+        The program; bind weights with :meth:`Program.with_weights` if it was
+        saved without (from a deferred model).
 
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
@@ -185,7 +185,6 @@ def _export_runners(header: dict[str, Any], members: dict[str, bytes], params: t
     return weights, runners
 
 
-# ------------------------------------------------------------------ export
 def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[str, Any]], bool]:
     weights: dict[str, torch.Tensor] = {}
     variants = []
@@ -246,18 +245,11 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
 
 def _expressions(data: Any) -> Iterator[str]:
     """Every ``expr_str`` in torch.export's graph JSON (the texts it sympifies)."""
-    if isinstance(data, dict):
-        for k, v in data.items():
-            if k == "expr_str":
-                yield v
-            else:
-                yield from _expressions(v)
-    elif isinstance(data, list):
-        for v in data:
-            yield from _expressions(v)
+    if isinstance(data, (dict, list)):
+        for k, v in data.items() if isinstance(data, dict) else enumerate(data):
+            yield from [v] if k == "expr_str" else _expressions(v)
 
 
-# ------------------------------------------------------------- file access
 @contextmanager
 def _reading(name: str, part: str) -> Iterator[None]:
     """Turn what a damaged or crafted file raises into one clear error."""
@@ -312,7 +304,6 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     return buffer.getvalue()
 
 
-# -------------------------------------------------------------- JSON parts
 def _param_to_json(p: Param) -> dict[str, Any]:
     empty = p.default is inspect.Parameter.empty
     default = None if empty else to_json(normalize(p.default, p.name))

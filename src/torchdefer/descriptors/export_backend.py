@@ -87,29 +87,20 @@ class Coverage:
 
 
 class ExportRunner:
-    """Runs one exported graph on checked calls, with weights read per call.
+    """Runs one exported graph (its own weights may be fake or meta) on checked
+    calls, with weights read per call.
 
-    Args:
-        program: the exported program (its own weights may be fake or meta).
-        params: the program's parameters; ``concrete`` the tree per parameter
-            it was built for (``checker.concretize``).
-        recipe: how to rebuild the model's output from the graph's outputs.
-        coverage: the calls it is sound for.
-        weights: where to read the weights on each call.
-        qualname: the program's name, for messages.
-        training: the module's ``training`` flag when traced (dropout, batch
-            norm statistics are baked in), checked on every call; ``None``
-            when unknown.
+    ``concrete`` is the tree per parameter it was built for; ``training`` the
+    module's flag when traced (dropout, batch norm statistics are baked in),
+    checked on every call (``None``: unknown).
     """
 
     def __init__(self, program: ExportedProgram, params: tuple[Param, ...],
                  concrete: Mapping[str, Node], recipe: OutputRecipe, coverage: Coverage,
                  weights: Weights, qualname: str, training: bool | None = None) -> None:
-        self.training = training
         self.program, self.params, self.concrete = program, params, dict(concrete)
         self.recipe, self.coverage, self.qualname = recipe, coverage, qualname
-        self.weights = weights
-        self.gm = program.graph_module
+        self.weights, self.training, self.gm = weights, training, program.graph_module
         specs, outputs = program.graph_signature.input_specs, program.graph_signature.output_specs
         lifted = [s for s in specs if s.kind is not InputKind.USER_INPUT]
         held = [s for s in lifted if s.kind in (InputKind.PARAMETER, InputKind.BUFFER)]
@@ -210,19 +201,12 @@ def _symbols(sizes: list[tuple[Key, Any]]) -> dict[Any, Key]:
     return out
 
 
-# ------------------------------------------------------------------- build
 def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],
           ranges: Mapping[str, DimRange], weights: Weights, qualname: str,
           sizes: Mapping[Key, int] | None = None) -> ExportRunner:
-    """Export ``target`` for one concrete case.
-
-    Args:
-        target: the module or function; ``params`` its parameters.
-        concrete: the tree per accepted parameter (``checker.concretize``).
-        ranges: ``(min, max)`` per symbolic name.
-        weights: where the runner reads weights; ``qualname`` for messages.
-        sizes: the sizes of the call this case is built for, used as examples
-            (when >= 2) so the trace sees inputs the code accepts.
+    """Export ``target`` for one concrete case (``concrete``: the tree per
+    accepted parameter). ``sizes``, those of the call the case is built for,
+    are the examples where >= 2, so the trace sees inputs the code accepts.
 
     Raises:
         DescriptorConflict: the code contradicts a symbolic dimension, or

@@ -1,10 +1,5 @@
 """``MetaTensorType``: what is known about a tensor argument, without any tensor.
 
-A descriptor states a subset of a tensor's properties; ``None`` means unknown.
-Shapes are lists whose entries are an ``int`` (static length), a ``str``
-(a symbolic length: the same string is the same length across every
-descriptor of one call) or ``None`` (any length, independent of the rest).
-
 Descriptors form a lattice ordered by "admits more tensors":
 :meth:`MetaTensorType.from_examples` gives the most specific descriptor that
 admits its examples, and :meth:`MetaTensorType.widen` moves up just enough to
@@ -44,8 +39,9 @@ class MetaTensorType:
     """Known properties of a tensor argument; ``None`` means "not known".
 
     Args:
-        shape: list of ``int`` (static), ``str`` (symbolic, shared by name) or
-            ``None`` (any length) entries; ``None`` for an unknown shape.
+        shape: list of ``int`` (static), ``str`` (symbolic: one name is one
+            length across a call's descriptors) or ``None`` (any length)
+            entries; ``None`` for an unknown shape.
         dtype: a ``torch.dtype`` (or ``float``/``int``/``bool``/``complex``).
         rank: number of dimensions, for rank-only descriptors (``rank=3``).
         device: ``"cuda"`` admits every CUDA device, ``"cuda:1"`` only that one.
@@ -138,11 +134,9 @@ requires_grad=False, layout=torch.strided)
         """
         if not tensors:
             raise ValueError("MetaTensorType.from_examples needs at least one example tensor")
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"MetaTensorType.from_examples takes tensors, got {type(t).__name__}"
-                )
+        bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
+        if bad:
+            raise TypeError(f"MetaTensorType.from_examples takes tensors, got {bad[0]}")
         return examples_descriptor(tensors, {})
 
     def widen(self, tensor: torch.Tensor) -> MetaTensorType:

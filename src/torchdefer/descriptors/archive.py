@@ -149,8 +149,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
                 f"{name!r} holds a TorchScript program (backend='jit'): loading it runs the "
                 "TorchScript code inside the file, so it is refused by default; pass "
                 "allow_torchscript=True if you trust where the file comes from, or save a "
-                "program built with backend='export'"
-            )
+                "program built with backend='export'")
         with _reading(name, "program.ts"):
             data = io.BytesIO(_need(members, "program.ts", name))
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,

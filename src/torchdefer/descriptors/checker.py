@@ -224,8 +224,7 @@ def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
             if new_hi is not None and new_lo > new_hi:
                 raise ValueError(
                     f"dim_ranges for {name!r} do not overlap: ({old_lo}, {old_hi}) and "
-                    f"({lo}, {hi}); give one range per name"
-                )
+                    f"({lo}, {hi}); give one range per name")
             merged[name] = (new_lo, new_hi)
     return merged
 

@@ -101,16 +101,14 @@ class OutputRecipe:
                     "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...) "
                     "(for transformers caches: transformers.integrations.executorch."
                     "register_dynamic_cache_export_support()) before script(), or return "
-                    "tensors"
-                )
+                    "tensors")
             if isinstance(slot, _Const):
                 try:
                     json.dumps(slot.value)
                 except TypeError:
                     raise TypeError(
                         f"the program's outputs hold the constant {slot.value!r}, which cannot be "
-                        "saved as JSON"
-                    ) from None
+                        "saved as JSON") from None
                 slots.append({"const": slot.value})
             else:
                 slots.append(_GRAPH)

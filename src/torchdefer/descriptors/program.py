@@ -101,8 +101,7 @@ class Program:
                 f"({case}): each export graph covers the sizes and values it was traced for "
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
                 "model; script it again, or call the scripted program with such inputs once "
-                "before save() so the file holds it"
-            )
+                "before save() so the file holds it")
         runner = self._builder(facts, fixed, self._weights, sizes or {})
         self._variants[(facts, _frozen(fixed))] = runner
         if not fixed:

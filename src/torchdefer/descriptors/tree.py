@@ -109,15 +109,13 @@ def _leaf(d: Any, path: str) -> Node:
     if isinstance(d, torch.Tensor):
         raise TypeError(
             f"input descriptor for {path} is a tensor; describe tensors with MetaTensorType(...) "
-            f"(MetaTensorType.from_examples(t) builds one from an example)"
-        )
+            f"(MetaTensorType.from_examples(t) builds one from an example)")
     if isinstance(d, SCALARS):
         return Value(d)
     raise TypeError(
         f"input descriptor for {path} is {d!r}; expected a MetaTensorType, a type (int, float, "
         "bool, str, torch.Tensor, List[...], Tuple[...], Optional[...]), a plain value (None, "
-        "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these"
-    )
+        "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these")
 
 
 # ------------------------------------------------------------------- JSON

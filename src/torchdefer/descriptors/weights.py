@@ -59,21 +59,18 @@ class Weights:
                     raise RuntimeError(
                         f"{qualname} program: its weight {name!r} is missing from {source}; "
                         "bind weights with every name the program needs, or script the model "
-                        "again after changing its structure"
-                    ) from None
+                        "again after changing its structure") from None
                 if t is None or (type(t) not in _PLAIN and not has_data(t)) or t.is_meta:
                     raise RuntimeError(
                         f"{qualname} program: weight {name!r} has no data (it is "
                         f"{'deferred' if t is not None and not t.is_meta else 'meta or None'}); "
                         "call torchdefer.materialize_module(model) first, or bind real weights "
-                        "with program.with_weights(module_or_state_dict)"
-                    )
+                        "with program.with_weights(module_or_state_dict)")
                 if t.dtype is not dtype or t.shape != shape:
                     raise RuntimeError(
                         f"{qualname} program: weight {name!r} is now {t.dtype} {list(t.shape)}, "
                         f"but the program was built for {dtype} {list(shape)}; script the model "
-                        "again after changing its weights' dtype or shape"
-                    )
+                        "again after changing its weights' dtype or shape")
                 out.append(t)
             return out
 

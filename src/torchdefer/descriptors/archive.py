@@ -127,8 +127,11 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             program, or holds something loading would have to execute.
     """
     name = os.fspath(path)
+    members: dict[str, bytes] = {}
     with _reading(name, "the archive"), zipfile.ZipFile(path) as zf:
-        members = {n: _member(zf, n, name) for n in zf.namelist()}
+        for member in zf.namelist():
+            with _reading(name, member):
+                members[member] = zf.read(member)
     if "torchdefer.json" not in members:
         raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json)")
     header = _json(members, "torchdefer.json", name)
@@ -265,11 +268,6 @@ def _reading(name: str, part: str) -> Iterator[None]:
     except Exception as e:  # whatever torch's deserializer or json raise on bad content
         raise ProgramFileError(f"{name!r}: {part} is not what torchdefer wrote "
                                f"({type(e).__name__}: {e}); save the program again") from None
-
-
-def _member(zf: zipfile.ZipFile, member: str, name: str) -> bytes:
-    with _reading(name, member):
-        return zf.read(member)
 
 
 def _need(mapping: dict[str, Any], key: str, name: str) -> Any:

@@ -49,15 +49,10 @@ Check = Callable[[Any, str, dict, dict, "list | None"], None]
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """One parameter of the scripted callable.
-
-    Args:
-        name: its name.
-        kind: ``POSITIONAL_ONLY``, ``POSITIONAL_OR_KEYWORD`` or ``KEYWORD_ONLY``.
-        node: its descriptor tree; ``None`` when not accepted (see ``NOT_ACCEPTED``).
-        default: its default if it has a plain one, else ``inspect.Parameter.empty``.
-        described: whether the user described it (else it is fixed to its default).
-    """
+    """One parameter of the scripted callable: ``kind`` is an ``inspect`` kind's
+    name; ``node`` is ``None`` when not accepted (see ``NOT_ACCEPTED``);
+    ``default`` is ``inspect.Parameter.empty`` unless a plain value; an
+    undescribed parameter is fixed to its default."""
 
     name: str
     kind: str
@@ -230,19 +225,13 @@ def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
 
 
 def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping[Any, int]) -> Node:
-    """The tree one variant is built for: open properties filled from ``fact``.
+    """The tree one variant is built for: only ``MetaTensorType`` (rank, dtype,
+    device, layout known), ``Value`` and ``TypeOf(int)`` leaves.
 
-    Args:
-        node: a parameter's descriptor tree.
-        path: the parameter's name.
-        fact: returns the next fact, given its kind (``dtype``, ``device``,
-            ``layout``, ``rank``, ``len``, ``none``, ``value``), in the order
-            :class:`Checker` records them; it may raise to give up.
-        fixed: symbols this variant fixes (0/1 sizes, values a guard needs):
-            names, ``(path, dim)`` and ``(path,)`` keys as the checker binds them.
-
-    The result has only ``MetaTensorType`` (rank, dtype, device, layout
-    known), ``Value`` and ``TypeOf(int)`` leaves.
+    ``fact(kind)`` gives the next open property (``dtype``, ``device``,
+    ``layout``, ``rank``, ``len``, ``none``, ``value``) in the order the
+    :class:`Checker` records them, and may raise to give up; ``fixed`` holds
+    the sizes this variant fixes (0/1, values a guard needs) by checker key.
     """
     if isinstance(node, MetaTensorType):
         dtype, device, layout, rank = (fact(k) if getattr(node, k) is None else getattr(node, k)

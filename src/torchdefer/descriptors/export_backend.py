@@ -1,9 +1,8 @@
 """The ``torch.export`` backend: one exported graph per concrete case, each run
 only on the calls it is sound for.
 
-* **No real tensor is touched.** Example inputs and the module's weights are
-  fake tensors, so scripting a 70B or a deferred model allocates nothing; at
-  call time the graph reads the live weights by name (``weights.py``).
+* **No real tensor is touched**: example inputs and weights are fake, so
+  scripting a 70B or a deferred model allocates nothing.
 * **Names are shared ``Dim`` objects** with the merged ``dim_ranges``; ``None``
   dims and ``int`` arguments are ``Dim.AUTO`` (the code may tie or fix them).
   Examples are the call's own sizes when a call triggers the build, else
@@ -13,10 +12,7 @@ only on the calls it is sound for.
 * **Coverage is explicit.** Export assumes symbolic sizes are >= 2 and keeps
   the guards it relied on (``n != 1``): a graph traced at ``b=2`` may answer
   wrongly at ``b=1``. The ShapeEnv's value ranges and guards become the
-  graph's :class:`Coverage`, checked on every call (``program.py`` builds a
-  graph with the offending sizes fixed for calls outside it).
-* **Contradictions** are written from the ShapeEnv's guard records, in the
-  descriptors' names, with the model line that added each guard (``_conflict``).
+  graph's :class:`Coverage`, checked on every call.
 """
 
 from __future__ import annotations

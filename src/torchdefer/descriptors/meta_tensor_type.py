@@ -224,12 +224,9 @@ class TensorCheck:
         self.named = [(i, d, *ranges.get(d, (0, None)))
                       for i, d in enumerate(shape) if isinstance(d, str)]
         # None dims are bound too under export: each is a symbol whose coverage
-        # (0/1, guards) is checked per call; with the rank unknown, every dim is.
-        self.free: list[int] | None = [i for i, d in enumerate(shape) if d is None]
-        if not specialize:
-            self.free = []
-        elif desc.rank is None:
-            self.free = None
+        # (0/1, guards) is checked per call; with the rank unknown (None), every dim is.
+        free = [i for i, d in enumerate(shape) if d is None]
+        self.free = [] if not specialize else None if desc.rank is None else free
         unknown = [n for n, v in (("dtype", desc.dtype), ("device", desc.device),
                                   ("layout", desc.layout), ("ndim", desc.rank)) if v is None]
         self.unknown = operator.attrgetter(*unknown, "ndim") if specialize and unknown else None

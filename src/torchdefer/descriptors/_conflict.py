@@ -34,14 +34,9 @@ _FIX = ("  Fix the code, or describe the dimension with the length it needs "
 
 
 def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tuple[str, list[str]]:
-    """The message and dims of a ``DescriptorConflict`` for ``error``.
-
-    Args:
-        error: what ``torch.export.export`` raised.
-        shape_env: the ShapeEnv it traced with.
-        plan: the export plan (input names, leaves, example sizes, ranges).
-        qualname: the program's name.
-    """
+    """The message and dims of a ``DescriptorConflict`` for what ``torch.export``
+    raised, traced with ``shape_env`` on ``plan`` (input names, leaves, example
+    sizes, ranges)."""
     display: dict[str, str] = {}  # export symbol -> descriptor name
     bounds: dict[str, tuple[int, int | None]] = {}  # descriptor name of a tensor dim -> range
     inputs = dict(zip(plan.names, plan.leaves))

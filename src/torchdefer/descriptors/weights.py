@@ -38,18 +38,13 @@ class Weights:
         order) as they are now, checked against the ``(dtype, shape)`` traced."""
         if not names:
             return list
-        if self.module is None and self.tensors is None:
-            message = self.missing
-
-            def refuse() -> list[torch.Tensor]:
-                raise RuntimeError(message)
-
-            return refuse
         slots = [(name, name.split(".")[:-1], name.rpartition(".")[2], dtype, torch.Size(shape))
                  for name, (dtype, shape) in zip(names, metas)]
-        module, tensors = self.module, self.tensors
+        module, tensors, missing = self.module, self.tensors, self.missing
 
         def resolve() -> list[torch.Tensor]:
+            if module is None and tensors is None:
+                raise RuntimeError(missing)
             out = []
             for name, owner, attr, dtype, shape in slots:
                 try:

@@ -14,36 +14,7 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_tensor
-
-
-def eager(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
-def check(program):
-    """Run ``program(defer)`` eagerly and deferred; compare outputs and generator states."""
-    torch.manual_seed(0)
-    ref = program(eager)
-    ref_state = torch.get_rng_state()
-    torch.manual_seed(0)
-    got = program(torchdefer.deferred_init)
-    got_state = torch.get_rng_state()
-    assert torch.equal(got_state, ref_state), "the default CPU generator ended elsewhere"
-    for i, (r, g) in enumerate(zip(_flat(ref), _flat(got), strict=True)):
-        if isinstance(r, torch.Generator):
-            assert torch.equal(g.get_state(), r.get_state()), f"generator {i} ended elsewhere"
-        else:
-            assert_same_tensor(torchdefer.materialize_tensor(g), r, f"output {i}")
-
-
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _flat(y)
-    elif isinstance(x, nn.Module):
-        yield from (t for _, t in sorted(x.state_dict(keep_vars=True).items()))
-    else:
-        yield x
+from parity import check_program as check
 
 
 def test_reseeding_to_the_seed_already_in_force_repeats_the_draws():

@@ -66,3 +66,41 @@ def check_module_parity(fn: Callable[..., nn.Module], *args: Any, **kwargs: Any)
     torchdefer.materialize_module(deferred)
     assert_same_module(deferred, eager)
     return deferred
+
+
+def eager(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The ``defer`` of :func:`check_program` that builds eagerly."""
+    return fn(*args, **kwargs)
+
+
+def check_program(program: Callable[[Callable[..., Any]], Any], order: list[int] | None = None):
+    """Run ``program(defer)`` eagerly and deferred from seed 0; compare everything.
+
+    Every tensor it returns (also inside lists, tuples and modules) is
+    materialized (in ``order`` of the flattened outputs if given) and must
+    equal eager's; every generator it returns, and the default CPU one, must
+    end where eager leaves them.
+    """
+    torch.manual_seed(0)
+    ref = list(_flat(program(eager)))
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    got = list(_flat(program(torchdefer.deferred_init)))
+    assert torch.equal(torch.get_rng_state(), ref_state), "the default CPU generator ended elsewhere"
+    assert len(got) == len(ref)
+    for i in order or range(len(ref)):
+        r, g = ref[i], got[i]
+        if isinstance(r, torch.Generator):
+            assert torch.equal(g.get_state(), r.get_state()), f"generator {i} ended elsewhere"
+        else:
+            assert_same_tensor(torchdefer.materialize_tensor(g), r, f"output {i}")
+
+
+def _flat(x: Any):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    elif isinstance(x, nn.Module):
+        yield from (t for _, t in sorted(x.state_dict(keep_vars=True).items()))
+    else:
+        yield x

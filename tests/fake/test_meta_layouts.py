@@ -2,8 +2,11 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchdefer
+from parity import assert_same_tensor
 
 FACTORS = {
     "svd_vh": lambda a: torch.linalg.svd(a)[2],
@@ -21,3 +24,49 @@ def test_layout_of_linear_algebra_results_on_cpu_is_eagers(name):
     with torchdefer.fake_mode():
         fake = FACTORS[name](torch.randn(4, 4))
     assert fake.stride() == eager.stride() and fake.is_contiguous() == eager.is_contiguous()
+
+
+def _permuted(size, perm, narrow_dim):
+    t = torch.ones([size[p] for p in perm]).permute([perm.index(i) for i in range(len(size))])
+    if narrow_dim is not None and t.shape[narrow_dim] > 1:
+        t = t.narrow(narrow_dim, 0, t.shape[narrow_dim] - 1)
+    return t
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_batch_norm_outputs_take_the_kernels_layout_for_any_input_layout(data):
+    size = data.draw(st.lists(st.integers(1, 3), min_size=2, max_size=5))
+    size[1] = data.draw(st.integers(2, 3))
+    perm = data.draw(st.permutations(range(len(size))))
+    narrow = data.draw(st.none() | st.integers(0, len(size) - 1))
+    channels = _permuted(size, perm, narrow).shape[1]
+    if _permuted(size, perm, narrow).numel() // channels < 2:
+        return
+
+    def build():
+        x = _permuted(size, perm, narrow)
+        out = torch.ops.aten.native_batch_norm.default(
+            x, None, None, torch.zeros(channels), torch.ones(channels), True, 0.1, 1e-5
+        )[0]
+        return out, out.t().contiguous() if out.dim() == 2 else out.flatten(1).contiguous()
+
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    for e, d in zip(eager, deferred, strict=True):
+        assert d.stride() == e.stride()  # what user code sees while building
+        assert_same_tensor(torchdefer.materialize_tensor(d), e)
+
+
+def test_like_factories_keep_the_strides_of_size_one_dims_as_eager():
+    def build():
+        t = torch.zeros(1, 5).t()
+        return torch.randn_like(t), torch.empty_like(t).fill_(1), t.clone(), t.double()
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    for e, d in zip(eager, deferred, strict=True):
+        assert d.stride() == e.stride()
+        assert_same_tensor(torchdefer.materialize_tensor(d), e)

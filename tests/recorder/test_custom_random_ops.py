@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torchdefer
-from parity import assert_same_tensor
+from parity import check_program
 from torchdefer.materialize.errors import UntaggedRandomOpError
 
 
@@ -53,15 +53,7 @@ def _build(op, **kwargs):
 
 
 def test_a_tagged_custom_random_op_matches_eager_and_keeps_the_stream():
-    build = _build(tagged_noisy_)
-    torch.manual_seed(0)
-    ref = build()
-    ref_state = torch.get_rng_state()
-    torch.manual_seed(0)
-    got = torchdefer.deferred_init(build)
-    assert torch.equal(torch.get_rng_state(), ref_state)
-    for r, g in zip(ref, got, strict=True):
-        assert_same_tensor(torchdefer.materialize_tensor(g), r)
+    check_program(lambda defer: defer(_build(tagged_noisy_)))
 
 
 def test_a_custom_op_taking_a_generator_is_recorded_as_random():
@@ -71,24 +63,11 @@ def test_a_custom_op_taking_a_generator_is_recorded_as_random():
         noisy_with(a, generator=g)
         return a, g
 
-    torch.manual_seed(0)
-    ref, ref_g = build()
-    torch.manual_seed(0)
-    got, g = torchdefer.deferred_init(build)
-    assert torch.equal(g.get_state(), ref_g.get_state())
-    assert_same_tensor(torchdefer.materialize_tensor(got), ref)
+    check_program(lambda defer: defer(build))
 
 
 def test_an_untagged_custom_op_drawing_from_the_default_generator_matches_eager():
-    build = _build(noisy_)
-    torch.manual_seed(0)
-    ref = build()
-    ref_state = torch.get_rng_state()
-    torch.manual_seed(0)
-    got = torchdefer.deferred_init(build)
-    assert torch.equal(torch.get_rng_state(), ref_state)
-    for i in (1, 0):
-        assert_same_tensor(torchdefer.materialize_tensor(got[i]), ref[i])
+    check_program(lambda defer: defer(_build(noisy_)), order=[1, 0])
 
 
 def test_a_function_marked_not_random_that_draws_is_refused_at_replay():

@@ -14,36 +14,7 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_tensor
-
-
-def eager(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
-def check(program):
-    """Run ``program(defer)`` eagerly and deferred; compare outputs and generator states."""
-    torch.manual_seed(0)
-    ref = program(eager)
-    ref_state = torch.get_rng_state()
-    torch.manual_seed(0)
-    got = program(torchdefer.deferred_init)
-    got_state = torch.get_rng_state()
-    assert torch.equal(got_state, ref_state), "the default CPU generator ended elsewhere"
-    for i, (r, g) in enumerate(zip(_flat(ref), _flat(got), strict=True)):
-        if isinstance(r, torch.Generator):
-            assert torch.equal(g.get_state(), r.get_state()), f"generator {i} ended elsewhere"
-        else:
-            assert_same_tensor(torchdefer.materialize_tensor(g), r, f"output {i}")
-
-
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _flat(y)
-    elif isinstance(x, nn.Module):
-        yield from (t for _, t in sorted(x.state_dict(keep_vars=True).items()))
-    else:
-        yield x
+from parity import check_program as check
 
 
 def test_reseeding_to_the_seed_already_in_force_repeats_the_draws():
@@ -205,3 +176,21 @@ def test_without_the_draw_model_every_position_is_reached_by_running_the_draws_b
         return a, b, nn.Linear(9, 9), torch.empty(5).bernoulli_(0.5)
 
     check(lambda defer: defer(build))
+
+
+def test_a_marker_read_directly_then_restored_after_a_sync_is_resolved():
+    def program(defer):
+        g = torch.Generator().manual_seed(309)
+
+        def build():
+            a = torch.randint(3, (17,), dtype=torch.float32, generator=g)
+            saved = g.get_state()  # a marker while recording: the read is not seen
+            with torch.random.fork_rng(devices=[]):  # reads torch.get_rng_state: syncs
+                torch.manual_seed(3)
+                b = torch.rand(5)
+            g.set_state(saved)
+            return a, b
+
+        return defer(build), g, torch.randn(5, generator=g)
+
+    check(program)

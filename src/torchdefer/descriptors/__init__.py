@@ -13,15 +13,11 @@ every call::
     program.output_descriptors                          # e.g. MetaTensorType(['b', 3], ...)
     torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
 
-Each module's docstring says how its part works and why, in import order:
-``errors``; ``meta_tensor_type`` (descriptors, symbolic dims and ranges,
-``from_examples``/``widen``); ``tree`` (descriptor trees, typing objects);
-``checker`` (binding, the checks run on every call, concrete cases);
-``_expr`` (shape expressions parsed without ``eval``); ``weights``;
-``outputs``; ``_conflict``, ``export_backend`` and ``jit_backend``;
-``program`` (``Program``, ``script``); ``archive`` (``save``/``load`` that run
-no code from the file); ``describe``. Private and version-sensitive torch
-APIs are confined to ``_torch``; no module imports one later in this list.
+Each module's docstring says how its part works and why. Modules import only
+those before them in this order: ``errors``, ``_torch``, ``_expr``,
+``meta_tensor_type``, ``tree``, ``checker``, ``weights``, ``outputs``,
+``_conflict``, the backends, ``program``, ``archive``, ``describe``. Private
+and version-sensitive torch APIs are confined to ``_torch``.
 """
 
 from torchdefer.descriptors.archive import load, save
@@ -30,14 +26,5 @@ from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.program import Program, script
 
-__all__ = [
-    "DescriptorConflict",
-    "DescriptorMismatch",
-    "MetaTensorType",
-    "Program",
-    "ProgramFileError",
-    "describe",
-    "load",
-    "save",
-    "script",
-]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "Program",
+           "ProgramFileError", "describe", "load", "save", "script"]

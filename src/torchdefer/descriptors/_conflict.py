@@ -21,15 +21,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import sympy
-import torch
 
 from torchdefer.descriptors import _torch
 from torchdefer.descriptors.checker import show_key
 
 __all__ = ["conflict"]
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _SAMPLES = (2, 3, 4, 5, 7, 8, 16, 31, 64, 97, 128, 1000)
 _FIX = ("  Fix the code, or describe the dimension with the length it needs "
@@ -37,14 +34,9 @@ _FIX = ("  Fix the code, or describe the dimension with the length it needs "
 
 
 def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tuple[str, list[str]]:
-    """The message and dims of a ``DescriptorConflict`` for ``error``.
-
-    Args:
-        error: what ``torch.export.export`` raised.
-        shape_env: the ShapeEnv it traced with.
-        plan: the export plan (input names, leaves, example sizes, ranges).
-        qualname: the program's name.
-    """
+    """The message and dims of a ``DescriptorConflict`` for what ``torch.export``
+    raised, traced with ``shape_env`` on ``plan`` (input names, leaves, example
+    sizes, ranges)."""
     display: dict[str, str] = {}  # export symbol -> descriptor name
     bounds: dict[str, tuple[int, int | None]] = {}  # descriptor name of a tensor dim -> range
     inputs = dict(zip(plan.names, plan.leaves))
@@ -55,12 +47,11 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
             key = (path,) if dim is None else d if isinstance(d, str) else (path, dim)
             display[symbol.name] = show_key(key)
             if dim is not None:
-                bounds[display[symbol.name]] = plan.ranges.get(key, (0, None)) if isinstance(
-                    key, str) else (0, None)
+                bounds[display[symbol.name]] = plan.ranges.get(key, (0, None))
     if _torch.is_constraint_violation(error):
         return _violation(error, shape_env, display, bounds, qualname)
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith((_TORCH_DIR, _OWN_DIR, "<"))
+              if not f.filename.startswith(_torch.LIBRARY_FILES)
               and not (f.filename.startswith(_STDLIB) and "-packages" not in f.filename)]
     where = _line(frames[-1].filename, frames[-1].lineno or 0, frames[-1].name) if frames else (
         "<no user frame>")

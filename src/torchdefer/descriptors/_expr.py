@@ -33,11 +33,9 @@ _MAX_LENGTH, _MAX_DEPTH, _MAX_EXPONENT = 4096, 64, 64
 _S = sympy
 _FUNCTIONS: dict[str, Any] = {n: f for n, f in vars(_fns).items() if not n.startswith("_")
                               and isinstance(f, type) and issubclass(f, _S.Basic)}
-_FUNCTIONS.update(Eq=_S.Eq, Ne=_S.Ne, Lt=_S.Lt, Le=_S.Le, Gt=_S.Gt, Ge=_S.Ge, And=_S.And,
-                  Or=_S.Or, Not=_S.Not, Abs=_S.Abs, floor=_S.floor, ceiling=_S.ceiling,
-                  Add=_S.Add, Mul=_S.Mul, Pow=_S.Pow, Equality=_S.Eq, Unequality=_S.Ne,
-                  StrictLessThan=_S.Lt, LessThan=_S.Le, StrictGreaterThan=_S.Gt,
-                  GreaterThan=_S.Ge)
+_FUNCTIONS.update({n: getattr(_S, n) for n in (  # fixed names: nothing the file chose
+    "Eq Ne Lt Le Gt Ge And Or Not Abs floor ceiling Add Mul Pow Equality Unequality "
+    "StrictLessThan LessThan StrictGreaterThan GreaterThan").split()})
 _CONSTANTS = {"oo": _S.oo, "int_oo": int_oo, "zoo": _S.zoo, "nan": _S.nan, "True": _S.true,
               "False": _S.false, "true": _S.true, "false": _S.false}
 _ASSUMPTIONS = frozenset(("integer", "positive", "negative", "nonnegative", "nonpositive", "real",

@@ -1,8 +1,7 @@
 """Every private or version-sensitive torch API this package uses, in one place.
 
 Kept together so that they can move to the project's single compat module
-and be checked against each torch release at once. Each helper says which
-torch internals it leans on.
+and be checked against each torch release at once.
 """
 
 from __future__ import annotations
@@ -24,39 +23,25 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer._compat import serialize_exported_program
 
-__all__ = [
-    "FakeTensor",
-    "deserialize",
-    "evaluate",
-    "export_tracing",
-    "fake_mode",
-    "int_oo",
-    "is_constraint_violation",
-    "jit_function",
-    "prefix_str",
-    "reparametrize",
-    "serialize",
-    "symbol_sources",
-    "sympy_functions",
-]
+__all__ = ["LIBRARY_FILES", "FakeTensor", "deserialize", "evaluate", "export_tracing", "fake_mode",
+           "int_oo", "is_constraint_violation", "jit_fold", "jit_function", "prefix_str",
+           "reparametrize", "serialize", "symbol_sources", "sympy_functions"]
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+LIBRARY_FILES = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+                 os.path.dirname(os.path.abspath(__file__)) + os.sep, "<")
+"""Prefixes of files that are torch's or ours (or generated): never the user's line."""
 
 
 class _ShapeEnv(ShapeEnv):
     """A ShapeEnv whose guard records point at the model's line, not torch's.
 
     ``ShapeEnv`` stamps each guard with the first frame outside a short list of
-    its own files, which is often a torch decomposition (``infer_size``);
-    we skip every torch frame (and ours) so the record names the user's line.
+    its own files, which is often a torch decomposition (``infer_size``).
     """
 
     def _get_user_frame(self) -> Any:
         frame = inspect.currentframe()
-        while frame is not None and (
-            frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR, "<"))
-        ):
+        while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_FILES):
             frame = frame.f_back
         return frame
 
@@ -72,13 +57,10 @@ def export_tracing() -> Iterator[ShapeEnv]:
 
     Non-strict export makes its own fake mode unless a ``TracingContext`` holds
     one (the path dynamo uses); giving it ours lets us read the guard records
-    (``shape_env.guards``) and symbol sources also when export fails.
+    and symbol sources also when export fails.
     """
-    mode = FakeTensorMode(
-        shape_env=_ShapeEnv(tracked_fakes=[], trace_asserts=True),
-        allow_non_fake_inputs=True,
-        export=True,
-    )
+    mode = FakeTensorMode(shape_env=_ShapeEnv(tracked_fakes=[], trace_asserts=True),
+                          allow_non_fake_inputs=True, export=True)
     with tracing(TracingContext(mode)):
         yield mode.shape_env
 
@@ -99,8 +81,7 @@ def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:
 
 
 def evaluate(expr: Any, values: Mapping[Any, int]) -> Any:
-    """``expr`` computed with Python's int semantics for ``values`` (symbol ->
-    int), by torch's own sympy interpreter; ``None`` where it cannot."""
+    """``expr`` with Python's int semantics for ``values``; ``None`` where it cannot."""
     from torch.utils._sympy.interp import sympy_interp
     from torch.utils._sympy.reference import PythonReferenceAnalysis
 
@@ -141,14 +122,10 @@ def serialize(program: torch.export.ExportedProgram, twin: Callable[[Any], Any])
         program._state_dict, program._constants, program._example_inputs = old
 
 
-def deserialize(
-    graph: bytes, state: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
-) -> torch.export.ExportedProgram:
-    """Inverse of :func:`serialize`, given weights already read as tensors.
-
-    Passing dicts (not bytes) keeps torch's deserializer away from its own
-    ``torch.load(weights_only=False)`` fallback.
-    """
+def deserialize(graph: bytes, state: dict[str, torch.Tensor],
+                constants: dict[str, torch.Tensor]) -> torch.export.ExportedProgram:
+    """Inverse of :func:`serialize`, given weights already read as tensors (dicts,
+    not bytes, keep torch away from its ``torch.load(weights_only=False)`` fallback)."""
     return _serde.deserialize(_serde.SerializedArtifact(graph, state, constants, b""))
 
 

@@ -119,16 +119,19 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             code that runs while it is loaded; only for files you trust.
 
     Returns:
-        The program; if it was saved without weights (deferred model), bind
-        them with :meth:`Program.with_weights` before calling it.
+        The program; bind weights with :meth:`Program.with_weights` if it was
+        saved without (from a deferred model).
 
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
             program, or holds something loading would have to execute.
     """
     name = os.fspath(path)
+    members: dict[str, bytes] = {}
     with _reading(name, "the archive"), zipfile.ZipFile(path) as zf:
-        members = {n: _member(zf, n, name) for n in zf.namelist()}
+        for member in zf.namelist():
+            with _reading(name, member):
+                members[member] = zf.read(member)
     if "torchdefer.json" not in members:
         raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json)")
     header = _json(members, "torchdefer.json", name)
@@ -149,8 +152,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
                 f"{name!r} holds a TorchScript program (backend='jit'): loading it runs the "
                 "TorchScript code inside the file, so it is refused by default; pass "
                 "allow_torchscript=True if you trust where the file comes from, or save a "
-                "program built with backend='export'"
-            )
+                "program built with backend='export'")
         with _reading(name, "program.ts"):
             data = io.BytesIO(_need(members, "program.ts", name))
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
@@ -185,7 +187,6 @@ def _export_runners(header: dict[str, Any], members: dict[str, bytes], params: t
     return weights, runners
 
 
-# ------------------------------------------------------------------ export
 def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[str, Any]], bool]:
     weights: dict[str, torch.Tensor] = {}
     variants = []
@@ -246,18 +247,11 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
 
 def _expressions(data: Any) -> Iterator[str]:
     """Every ``expr_str`` in torch.export's graph JSON (the texts it sympifies)."""
-    if isinstance(data, dict):
-        for k, v in data.items():
-            if k == "expr_str":
-                yield v
-            else:
-                yield from _expressions(v)
-    elif isinstance(data, list):
-        for v in data:
-            yield from _expressions(v)
+    if isinstance(data, (dict, list)):
+        for k, v in data.items() if isinstance(data, dict) else enumerate(data):
+            yield from [v] if k == "expr_str" else _expressions(v)
 
 
-# ------------------------------------------------------------- file access
 @contextmanager
 def _reading(name: str, part: str) -> Iterator[None]:
     """Turn what a damaged or crafted file raises into one clear error."""
@@ -274,11 +268,6 @@ def _reading(name: str, part: str) -> Iterator[None]:
     except Exception as e:  # whatever torch's deserializer or json raise on bad content
         raise ProgramFileError(f"{name!r}: {part} is not what torchdefer wrote "
                                f"({type(e).__name__}: {e}); save the program again") from None
-
-
-def _member(zf: zipfile.ZipFile, member: str, name: str) -> bytes:
-    with _reading(name, member):
-        return zf.read(member)
 
 
 def _need(mapping: dict[str, Any], key: str, name: str) -> Any:
@@ -312,7 +301,6 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     return buffer.getvalue()
 
 
-# -------------------------------------------------------------- JSON parts
 def _param_to_json(p: Param) -> dict[str, Any]:
     empty = p.default is inspect.Parameter.empty
     default = None if empty else to_json(normalize(p.default, p.name))

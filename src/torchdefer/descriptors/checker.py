@@ -1,20 +1,15 @@
 """``Checker``: binds each call to parameters and checks every argument.
 
 Binding is Python's own (``inspect.Signature.bind``, with an all-positional
-fast path); the descriptors are compiled once into small check functions that
-walk the argument in pytree order, binding each symbolic name to the first
-length it meets and remembering where (``x.shape[1]``), so a later conflict
-names both places: ``'b' is 7 from x.shape[1]``. ``torch.export`` checks
-shapes on its own, but not dtype, device, rank, ``requires_grad``, values or
-structure, and cannot point at the first binding; hence this pass, run
-before every call.
-
-For backends that build one program per concrete case (``specialize=True``,
-export), the check also returns the call's *facts* -- the properties the
-descriptors leave open (a dtype, a list's length, whether an ``Optional`` is
-``None``, a ``float``'s value) -- and binds ``None`` dims and ``int``
-arguments, so the program can pick, or build, the variant that covers the
-call. :func:`concretize` reads facts back in the same order.
+fast path). The descriptors are compiled once into small checks that walk the
+argument in pytree order, binding each symbolic name to the first length it
+meets and remembering where, so a later conflict names both places (``'b' is
+7 from x.shape[1]``): ``torch.export`` checks shapes, but not dtype, device,
+rank, ``requires_grad``, values or structure, and cannot point at the first
+binding. With ``specialize=True`` (export: one graph per concrete case) a
+check also binds ``None`` dims and ``int`` arguments and returns the call's
+*facts* -- what the descriptors leave open (a dtype, a list's length, whether
+an ``Optional`` is ``None``) -- which :func:`concretize` reads back in order.
 """
 
 from __future__ import annotations
@@ -28,12 +23,13 @@ import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.errors import DescriptorMismatch
 from torchdefer.descriptors.meta_tensor_type import (
+    SCALARS,
     DimRange,
     MetaTensorType,
     TensorCheck,
     describe_value,
 )
-from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, TypeOf, Value
+from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
 
 __all__ = ["NOT_ACCEPTED", "Checker", "Key", "Param", "concrete_trees", "concretize",
            "merge_ranges", "show_key"]
@@ -46,23 +42,17 @@ NOT_ACCEPTED = object()
 """Stands for a parameter whose default is not a plain value (a tensor): the
 program uses the default and refuses a passed value."""
 
-_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
-                              inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                              inspect.Parameter.KEYWORD_ONLY)}
+_KINDS = {k: getattr(inspect.Parameter, k)
+          for k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")}
 Check = Callable[[Any, str, dict, dict, "list | None"], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Param:
-    """One parameter of the scripted callable.
-
-    Args:
-        name: its name.
-        kind: ``POSITIONAL_ONLY``, ``POSITIONAL_OR_KEYWORD`` or ``KEYWORD_ONLY``.
-        node: its descriptor tree; ``None`` when not accepted (see ``NOT_ACCEPTED``).
-        default: its default if it has a plain one, else ``inspect.Parameter.empty``.
-        described: whether the user described it (else it is fixed to its default).
-    """
+    """One parameter of the scripted callable: ``kind`` is an ``inspect`` kind's
+    name; ``node`` is ``None`` when not accepted (see ``NOT_ACCEPTED``);
+    ``default`` is ``inspect.Parameter.empty`` unless a plain value; an
+    undescribed parameter is fixed to its default."""
 
     name: str
     kind: str
@@ -72,13 +62,7 @@ class Param:
 
 
 class Checker:
-    """Binds and checks calls for one program.
-
-    Args:
-        qualname: the callable's name, for messages.
-        params: every parameter, in order.
-        ranges: ``(min, max)`` per symbolic name.
-        specialize: also return facts and bind ``None`` dims / ints (export).
+    """Binds and checks calls for one program (``specialize``: see the module).
 
     Calling it returns ``(values, env, facts)``: every parameter's value in
     order (defaults applied, ``NOT_ACCEPTED`` where the default stands), the
@@ -87,15 +71,12 @@ class Checker:
 
     def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
                  specialize: bool) -> None:
-        self.qualname = qualname
+        self.qualname, self.params, self.specialize = qualname, params, specialize
+        self.ranges = dict(ranges)
         self.signature = inspect.Signature([
             inspect.Parameter(p.name, _KINDS[p.kind],
                               default=NOT_ACCEPTED if p.node is None else p.default)
-            for p in params
-        ])
-        self.params = params
-        self.ranges = dict(ranges)
-        self.specialize = specialize
+            for p in params])
         self.checks = [None if p.node is None else self.compile(p.node) for p in params]
         # All-positional calls with every parameter given skip inspect's binding (~4 us).
         self.fast = len(params) if all(p.kind != "KEYWORD_ONLY" and p.node is not None
@@ -105,7 +86,7 @@ class Checker:
         if kwargs or len(args) != self.fast:
             args = self.bind(args, kwargs)
         env: dict = {}
-        where: dict = {}
+        where: dict = {}  # name -> (path, dim) of its first binding, for messages
         facts: list | None = [] if self.specialize else None
         for param, check, value in zip(self.params, self.checks, args):
             if check is not None:
@@ -123,8 +104,7 @@ class Checker:
             raise TypeError(
                 f"{self.qualname}() program does not accept {passed}: their defaults are not "
                 "plain values, so the program was built with the defaults; describe them in "
-                "input_descriptors to pass them"
-            )
+                "input_descriptors to pass them")
         bound.apply_defaults()
         return tuple(bound.arguments.values())
 
@@ -138,15 +118,15 @@ class Checker:
         if isinstance(node, TypeOf):
             return _check_type(node.type, self.specialize)
         if isinstance(node, ListOf):
-            return self._check_list(self.compile(node.element))
+            return _check_list(self.compile(node.element))
         if isinstance(node, OptionalOf):
-            return self._check_optional(self.compile(node.inner))
+            return _check_optional(self.compile(node.inner))
         return self._check_container(node)
 
     def _check_container(self, node: Node) -> Check:
         """One level of a tuple / list / dict / pytree-registered container."""
-        kind, n = type(node), len(pytree.tree_flatten(node, is_leaf=lambda x: x is not node)[0])
         level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        kind, n = type(node), len(level)
         keys = [kp[0].key for kp, _ in level] if kind is dict else None
         checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
         flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
@@ -174,26 +154,27 @@ class Checker:
 
         return check_container
 
-    def _check_list(self, element: Check) -> Check:
-        def check_list(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
-            if type(value) is not list:
-                raise DescriptorMismatch(path, "type", "a list", describe_value(value))
-            if facts is not None:
-                facts.append(len(value))
-            for i, item in enumerate(value):
-                element(item, f"{path}[{i}]", env, where, facts)
 
-        return check_list
+def _check_list(element: Check) -> Check:
+    def check_list(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if type(value) is not list:
+            raise DescriptorMismatch(path, "type", "a list", describe_value(value))
+        if facts is not None:
+            facts.append(len(value))
+        for i, item in enumerate(value):
+            element(item, f"{path}[{i}]", env, where, facts)
 
-    def _check_optional(self, inner: Check) -> Check:
-        def check_optional(value: Any, path: str, env: dict, where: dict,
-                           facts: list | None) -> None:
-            if facts is not None:
-                facts.append(value is None)
-            if value is not None:
-                inner(value, path, env, where, facts)
+    return check_list
 
-        return check_optional
+
+def _check_optional(inner: Check) -> Check:
+    def check_optional(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
+        if facts is not None:
+            facts.append(value is None)
+        if value is not None:
+            inner(value, path, env, where, facts)
+
+    return check_optional
 
 
 def _check_value(want: Any) -> Check:
@@ -227,55 +208,36 @@ def _check_type(kind: type, specialize: bool) -> Check:
 
 
 def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
-    """Intersect the ranges that several descriptors give one name.
-
-    Raises:
-        ValueError: when the intersection is empty.
-    """
+    """Intersect the ranges that several descriptors give one name; raises
+    ``ValueError`` when the intersection is empty."""
     merged: dict[str, DimRange] = {}
     for desc in descs:
         for name, (lo, hi) in desc.ranges.items():
             old_lo, old_hi = merged.get(name, (0, None))
-            new_hi = hi if old_hi is None else (old_hi if hi is None else min(hi, old_hi))
-            new_lo = max(lo, old_lo)
+            new_lo, new_hi = max(lo, old_lo), min((h for h in (hi, old_hi) if h is not None),
+                                                  default=None)
             if new_hi is not None and new_lo > new_hi:
                 raise ValueError(
                     f"dim_ranges for {name!r} do not overlap: ({old_lo}, {old_hi}) and "
-                    f"({lo}, {hi}); give one range per name"
-                )
+                    f"({lo}, {hi}); give one range per name")
             merged[name] = (new_lo, new_hi)
     return merged
 
 
-# ------------------------------------------------------------- concretize
-class Unknown(Exception):
-    """A fact the descriptors leave open and no call has told yet."""
-
-
 def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping[Any, int]) -> Node:
-    """The tree one variant is built for: open properties filled from ``fact``.
+    """The tree one variant is built for: only ``MetaTensorType`` (rank, dtype,
+    device, layout known), ``Value`` and ``TypeOf(int)`` leaves.
 
-    Args:
-        node: a parameter's descriptor tree.
-        path: the parameter's name.
-        fact: returns the next fact, given its kind (``dtype``, ``device``,
-            ``layout``, ``rank``, ``len``, ``none``, ``value``), in the order
-            :class:`Checker` records them; raises :class:`Unknown` if it cannot.
-        fixed: symbols this variant fixes (0/1 sizes, values a guard needs):
-            names, ``(path, dim)`` and ``(path,)`` keys as the checker binds them.
-
-    The result has only ``MetaTensorType`` (rank, dtype, device, layout
-    known), ``Value`` and ``TypeOf(int)`` leaves.
+    ``fact(kind)`` gives the next open property (``dtype``, ``device``,
+    ``layout``, ``rank``, ``len``, ``none``, ``value``) in the order the
+    :class:`Checker` records them, and may raise to give up; ``fixed`` holds
+    the sizes this variant fixes (0/1, values a guard needs) by checker key.
     """
     if isinstance(node, MetaTensorType):
-        dtype = node.dtype if node.dtype is not None else fact("dtype")
-        device = node.device if node.device is not None else fact("device")
-        layout = node.layout if node.layout is not None else fact("layout")
-        rank = node.rank if node.rank is not None else fact("rank")
-        shape = [
-            fixed.get(d if isinstance(d, str) else (path, i), d) if not isinstance(d, int) else d
-            for i, d in enumerate(node.shape if node.shape is not None else (None,) * rank)
-        ]
+        dtype, device, layout, rank = (fact(k) if getattr(node, k) is None else getattr(node, k)
+                                       for k in ("dtype", "device", "layout", "rank"))
+        shape = [d if isinstance(d, int) else fixed.get(d if isinstance(d, str) else (path, i), d)
+                 for i, d in enumerate(node.shape if node.shape is not None else (None,) * rank)]
         return replace(node, shape=shape, rank=rank, dtype=dtype, device=device, layout=layout,
                        dim_ranges=[r for r in node.dim_ranges if r[0] in shape])
     if isinstance(node, TypeOf):
@@ -290,8 +252,7 @@ def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping
         return node
     with_paths, spec = pytree.tree_flatten_with_path(node)
     return pytree.tree_unflatten(
-        [concretize(leaf, path + pytree.keystr(kp), fact, fixed) for kp, leaf in with_paths], spec
-    )
+        [concretize(leaf, path + pytree.keystr(kp), fact, fixed) for kp, leaf in with_paths], spec)
 
 
 def concrete_trees(params: tuple[Param, ...], facts: tuple, fixed: Mapping[Key, int]) -> dict:
@@ -307,9 +268,4 @@ def show_key(key: Key) -> str:
     if isinstance(key, str):
         return key
     return f"{key[0]}.shape[{key[1]}]" if len(key) == 2 else key[0]
-
-
-def is_dynamic(leaf: Node) -> bool:
-    """Whether a concrete leaf is a graph input (not baked in)."""
-    return isinstance(leaf, MetaTensorType) or (isinstance(leaf, TypeOf) and leaf.type is int)
 

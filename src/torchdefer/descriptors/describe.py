@@ -1,11 +1,4 @@
-"""``describe``: input descriptors for a whole signature, from example calls.
-
-Per tensor, properties equal in every call are kept (as in
-:meth:`MetaTensorType.from_examples`); across tensors, lengths that vary but
-are equal to each other in every call share one symbolic name, so
-``x: (b, 10)`` and ``mask: (b,)`` come out as ``["d0", 10]`` and ``["d0"]``.
-Non-tensor arguments equal in every call become values; otherwise types.
-"""
+"""``describe``: input descriptors for a whole signature, from example calls."""
 
 from __future__ import annotations
 
@@ -23,6 +16,12 @@ __all__ = ["describe"]
 
 def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> dict[str, Any]:
     """The most specific input descriptors that every example call satisfies.
+
+    Per tensor, properties equal in every call are kept (as in
+    :meth:`MetaTensorType.from_examples`); lengths that vary but are equal to
+    each other in every call share one name across tensors (the example's
+    ``x`` and ``mask``). Other arguments equal in every call become values,
+    else types.
 
     Args:
         fn: a module (its ``forward``) or a function.

@@ -16,9 +16,7 @@ _TENSOR_ATTRIBUTES = frozenset({"ndim", "dtype", "device", "layout", "requires_g
 class DescriptorMismatch(TorchdeferError, TypeError):
     """An argument does not satisfy the input descriptor a program was scripted for.
 
-    The message names the argument path (``inp['b'][1]``), the property
-    (``shape[1]``, ``dtype``, ...), what the descriptor expected and what the
-    call passed; for a symbolic dimension it also says where the name was bound
+    For a symbolic dimension the message also says where the name was bound
     (``'b' is 7 from x.shape[1]``).
 
     Attributes:
@@ -33,8 +31,7 @@ class DescriptorMismatch(TorchdeferError, TypeError):
         self.detail = detail
         tensor_attribute = property.startswith("shape[") or property in _TENSOR_ATTRIBUTES
         where = f"{path}.{property}" if tensor_attribute else f"{path} ({property})"
-        detail = f"; {detail}" if detail else ""
-        super().__init__(f"{where}: expected {expected}, got {got}{detail}")
+        super().__init__(f"{where}: expected {expected}, got {got}{detail and '; ' + detail}")
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str, str, str]]:
         return (type(self), (self.path, self.property, self.expected, self.got, self.detail))
@@ -43,10 +40,9 @@ class DescriptorMismatch(TorchdeferError, TypeError):
 class DescriptorConflict(TorchdeferError, ValueError):
     """The model's code contradicts its input descriptors (found at ``script()`` time).
 
-    Raised, for example, when a dimension described as symbolic (``"b"``) is
-    forced to one value by the code (``x.view(4, -1)``, ``if x.shape[0] != 4:
-    raise``). The message names the dimension, the condition the code imposed
-    (in the descriptors' names) and the user's source line that imposed it.
+    E.g. a dimension described as symbolic (``"b"``) that the code forces to
+    one value (``x.view(4, -1)``); the message names the dimension, the
+    condition in the descriptors' names and the user's line that imposed it.
 
     Attributes:
         dims: the descriptor names (``"b"``, or ``"x.shape[1]"`` for a ``None``

@@ -1,9 +1,8 @@
 """The ``torch.export`` backend: one exported graph per concrete case, each run
 only on the calls it is sound for.
 
-* **No real tensor is touched.** Example inputs and the module's weights are
-  fake tensors, so scripting a 70B or a deferred model allocates nothing; at
-  call time the graph reads the live weights by name (``weights.py``).
+* **No real tensor is touched**: example inputs and weights are fake, so
+  scripting a 70B or a deferred model allocates nothing.
 * **Names are shared ``Dim`` objects** with the merged ``dim_ranges``; ``None``
   dims and ``int`` arguments are ``Dim.AUTO`` (the code may tie or fix them).
   Examples are the call's own sizes when a call triggers the build, else
@@ -13,10 +12,7 @@ only on the calls it is sound for.
 * **Coverage is explicit.** Export assumes symbolic sizes are >= 2 and keeps
   the guards it relied on (``n != 1``): a graph traced at ``b=2`` may answer
   wrongly at ``b=1``. The ShapeEnv's value ranges and guards become the
-  graph's :class:`Coverage`, checked on every call (``program.py`` builds a
-  graph with the offending sizes fixed for calls outside it).
-* **Contradictions** are written from the ShapeEnv's guard records, in the
-  descriptors' names, with the model line that added each guard (``_conflict``).
+  graph's :class:`Coverage`, checked on every call.
 """
 
 from __future__ import annotations
@@ -38,11 +34,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torchdefer.descriptors import _torch
 from torchdefer.descriptors._conflict import conflict
 from torchdefer.descriptors._expr import parse
-from torchdefer.descriptors.checker import Key, Param, is_dynamic, show_key
+from torchdefer.descriptors.checker import Key, Param, show_key
 from torchdefer.descriptors.errors import DescriptorConflict
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.outputs import OutputRecipe, describe_output
-from torchdefer.descriptors.tree import Node, TypeOf, Value, leaves_with_paths
+from torchdefer.descriptors.tree import Node, TypeOf, Value
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Coverage", "ExportRunner", "build"]
@@ -87,29 +83,20 @@ class Coverage:
 
 
 class ExportRunner:
-    """Runs one exported graph on checked calls, with weights read per call.
+    """Runs one exported graph (its own weights may be fake or meta) on checked
+    calls, with weights read per call.
 
-    Args:
-        program: the exported program (its own weights may be fake or meta).
-        params: the program's parameters; ``concrete`` the tree per parameter
-            it was built for (``checker.concretize``).
-        recipe: how to rebuild the model's output from the graph's outputs.
-        coverage: the calls it is sound for.
-        weights: where to read the weights on each call.
-        qualname: the program's name, for messages.
-        training: the module's ``training`` flag when traced (dropout, batch
-            norm statistics are baked in), checked on every call; ``None``
-            when unknown.
+    ``concrete`` is the tree per parameter it was built for; ``training`` the
+    module's flag when traced (dropout, batch norm statistics are baked in),
+    checked on every call (``None``: unknown).
     """
 
     def __init__(self, program: ExportedProgram, params: tuple[Param, ...],
                  concrete: Mapping[str, Node], recipe: OutputRecipe, coverage: Coverage,
                  weights: Weights, qualname: str, training: bool | None = None) -> None:
-        self.training = training
         self.program, self.params, self.concrete = program, params, dict(concrete)
         self.recipe, self.coverage, self.qualname = recipe, coverage, qualname
-        self.weights = weights
-        self.gm = program.graph_module
+        self.weights, self.training, self.gm = weights, training, program.graph_module
         specs, outputs = program.graph_signature.input_specs, program.graph_signature.output_specs
         lifted = [s for s in specs if s.kind is not InputKind.USER_INPUT]
         held = [s for s in lifted if s.kind in (InputKind.PARAMETER, InputKind.BUFFER)]
@@ -124,8 +111,8 @@ class ExportRunner:
         metas = [(t.dtype, tuple(t.shape)) for t in self.held.values()]
         self.resolve = weights.resolver(list(self.held), metas, qualname)
         self.constants = [lifted_constants[s.target] for s in constants]
-        self.picks = _picks(params, self.concrete)
-        self.symbols = _symbols(_sizes(program, _graph_inputs(params, self.concrete)))
+        self.picks, leaves = _inputs(params, self.concrete)
+        self.symbols = _symbols(_sizes(program, leaves))
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         module, traced = self.weights.module, self.training
@@ -162,11 +149,26 @@ class ExportRunner:
         return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def _graph_inputs(params: tuple[Param, ...],
-                  concrete: Mapping[str, Node]) -> list[tuple[str, Node]]:
-    """``(path, leaf)`` of every graph input, in the graph's order."""
-    return [(path, leaf) for p in params if p.name in concrete
-            for path, leaf in leaves_with_paths(concrete[p.name], p.name) if is_dynamic(leaf)]
+def _is_dynamic(leaf: Node) -> bool:
+    """Whether a concrete leaf is a graph input (not baked in)."""
+    return isinstance(leaf, MetaTensorType) or (isinstance(leaf, TypeOf) and leaf.type is int)
+
+
+def _inputs(params: tuple[Param, ...],
+            concrete: Mapping[str, Node]) -> tuple[list[tuple], list[tuple[str, Node]]]:
+    """The graph inputs of a case: per parameter feeding the graph ``(index,
+    pytree spec or None for a bare leaf, positions of its graph inputs)``, and
+    ``(path, leaf)`` of every graph input, in the graph's order."""
+    picks, leaves = [], []
+    for i, p in enumerate(params):
+        if p.name not in concrete:
+            continue
+        flat, spec = pytree.tree_flatten_with_path(concrete[p.name])
+        positions = [j for j, (_, leaf) in enumerate(flat) if _is_dynamic(leaf)]
+        if positions:
+            picks.append((i, None if spec.is_leaf() else spec, positions))
+            leaves += [(p.name + pytree.keystr(flat[j][0]), flat[j][1]) for j in positions]
+    return picks, leaves
 
 
 def _sizes(program: ExportedProgram, leaves: list[tuple[str, Node]]) -> list[tuple[Key, Any]]:
@@ -195,40 +197,18 @@ def _symbols(sizes: list[tuple[Key, Any]]) -> dict[Any, Key]:
     return out
 
 
-def _picks(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> list[tuple]:
-    """Per parameter feeding the graph: (index, None, ()) for a leaf, or (index,
-    pytree spec, positions of its dynamic leaves)."""
-    picks = []
-    for i, p in enumerate(params):
-        node = concrete.get(p.name)
-        if node is None or isinstance(node, Value):
-            continue
-        leaves, spec = pytree.tree_flatten(node)
-        positions = [j for j, leaf in enumerate(leaves) if is_dynamic(leaf)]
-        if positions:
-            picks.append((i, None, ()) if spec.is_leaf() else (i, spec, positions))
-    return picks
-
-
-# ------------------------------------------------------------------- build
 def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],
           ranges: Mapping[str, DimRange], weights: Weights, qualname: str,
           sizes: Mapping[Key, int] | None = None) -> ExportRunner:
-    """Export ``target`` for one concrete case.
-
-    Args:
-        target: the module or function; ``params`` its parameters.
-        concrete: the tree per accepted parameter (``checker.concretize``).
-        ranges: ``(min, max)`` per symbolic name.
-        weights: where the runner reads weights; ``qualname`` for messages.
-        sizes: the sizes of the call this case is built for, used as examples
-            (when >= 2) so the trace sees inputs the code accepts.
+    """Export ``target`` for one concrete case (``concrete``: the tree per
+    accepted parameter). ``sizes``, those of the call the case is built for,
+    are the examples where >= 2, so the trace sees inputs the code accepts.
 
     Raises:
         DescriptorConflict: the code contradicts a symbolic dimension, or
             tracing failed (the message names the model's line).
     """
-    leaves = _graph_inputs(params, concrete)
+    _, leaves = _inputs(params, concrete)
     plan = _Plan(leaves, ranges, sizes or {})
     recipes: list[OutputRecipe] = []  # filled by the traced call
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
@@ -307,22 +287,22 @@ class _Plan:
         self.leaves, self.ranges = leaves, ranges
         self.names = _identifiers([path for path, _ in leaves])
         self.hints: dict[Key, int] = {}
+        dims: dict[str, Any] = {}
         taken = {d for _, leaf in leaves if isinstance(leaf, MetaTensorType)
                  for d in leaf.shape if isinstance(d, int)}
         for key in [k for path, leaf in leaves for k in _keys(path, leaf)]:
             if key in self.hints:
                 continue
-            lo, hi = ranges.get(key, (0, None)) if isinstance(key, str) else (0, None)
+            lo, hi = ranges.get(key, (0, None))
             value = max(lo, 2)
             while value in taken and (hi is None or value < hi):
                 value += 1
             given = sizes.get(key, 0)
             self.hints[key] = given if given >= 2 else value if hi is None else min(value, hi)
             taken.add(self.hints[key])
-        dims = {k: Dim(k if k.isidentifier() and not keyword.iskeyword(k) else f"d{i}",
-                       min=ranges.get(k, (0, None))[0],
-                       **({} if ranges.get(k, (0, None))[1] is None else {"max": ranges[k][1]}))
-                for i, k in enumerate(self.hints) if isinstance(k, str)}
+            if isinstance(key, str):
+                ok = key.isidentifier() and not keyword.iskeyword(key)
+                dims[key] = Dim(key if ok else f"d{len(self.hints) - 1}", min=lo, max=hi)
         self.specs = [Dim.AUTO if isinstance(leaf, TypeOf) else
                       {i: dims[d] if isinstance(d, str) else Dim.AUTO
                        for i, d in enumerate(leaf.shape) if not isinstance(d, int)} or None

@@ -1,29 +1,23 @@
 """The TorchScript backend: the seed RFC's ``torch.jit.script`` with descriptors.
 
-PyTorch is deprecating TorchScript (``torch.jit`` raises a ``FutureWarning``
-from 2.15 on); ``backend="export"`` is the default and the one to prefer.
-This backend stays for models that must run as TorchScript.
+PyTorch is deprecating TorchScript (``torch.jit`` warns from 2.15 on);
+``backend="export"`` is the default and the one to prefer. The model is
+scripted as usual, then a *copy* of its ``forward`` graph (the scripted
+class's own graph is shared by every scripting of that class) is specialized:
+described tensor inputs get a refined ``TensorType`` (dtype, device, static
+lengths, rank), and fully value-specialized arguments become constants, whose
+branches constant propagation and dead-code elimination then delete. One
+graph serves every call the descriptors admit: TorchScript is generic in
+sizes, dtypes and lengths.
 
-The model is scripted as usual, then a *copy* of its ``forward`` graph is
-specialized (the scripted class's own graph is shared by every scripting of
-that class, so it is never edited in place):
-
-* each described tensor input gets a refined ``TensorType`` (dtype, device,
-  static lengths, rank; symbolic lengths stay ``*``);
-* each fully value-specialized argument becomes a constant and leaves the
-  graph's inputs; constant propagation and dead-code elimination then delete
-  the branches it decided.
-
-A TorchScript graph is generic in sizes, dtypes and lengths, so one graph
-serves every call the descriptors admit. What TorchScript would get wrong is
-refused at ``script()`` time: a model it cannot compile, a decorated or
-instance-level ``forward`` (it compiles the undecorated source), a
-descriptor that contradicts a parameter's TorchScript type (unannotated
-parameters are ``Tensor``), and deferred weights (it needs real ones). On
-each call the program passes tensor defaults as the model would and first
-copies reassigned parameters and buffers of the live module into the
-scripted one. There is no ``torch.jit.trace`` fallback: a trace bakes in
-whatever Python saw (lengths, branches), which no call-time check can detect.
+What TorchScript would get wrong is refused at ``script()`` time: a model it
+cannot compile, a decorated or instance-level ``forward`` (it compiles the
+undecorated source), a descriptor that contradicts a parameter's TorchScript
+type (unannotated parameters are ``Tensor``), deferred weights. On each call
+tensor defaults are passed as the model would, and reassigned parameters and
+buffers of the live module are first copied into the scripted one. There is
+no ``torch.jit.trace`` fallback: a trace bakes in whatever Python saw
+(lengths, branches), which no call-time check can detect.
 """
 
 from __future__ import annotations
@@ -40,11 +34,13 @@ from torchdefer.descriptors.checker import NOT_ACCEPTED, Param
 from torchdefer.descriptors.export_backend import Coverage
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
-from torchdefer.descriptors.weights import has_data
+from torchdefer.descriptors.weights import has_data, lookup
 
 __all__ = ["JitRunner", "build"]
 
-_SCALAR_KINDS = {int: "IntType", float: "FloatType", bool: "BoolType", str: "StringType"}
+# TorchScript's type of each plain value's Python type (dtypes are passed as ints).
+_KINDS = {int: "IntType", float: "FloatType", bool: "BoolType", str: "StringType",
+          torch.dtype: "IntType", torch.device: "DeviceObjType"}
 
 
 def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
@@ -78,12 +74,8 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
 class JitRunner:
     """A specialized TorchScript graph, called with the scripted module first.
 
-    Args:
-        scripted: the scripted module or function.
-        params: the program's parameters.
-        qualname: for messages.
-        live: the module it was scripted from, whose reassigned weights are
-            copied in before each call (``None`` for a loaded program).
+    ``live`` is the module it was scripted from, whose reassigned weights are
+    copied in before each call (``None`` for a loaded program).
     """
 
     coverage = Coverage()  # generic in sizes: every checked call is covered
@@ -113,8 +105,7 @@ class JitRunner:
                 raise TypeError(
                     f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
                     f"{value.type()} (unannotated parameters are Tensor), but it is described as "
-                    f"{p.node!r}; annotate the parameter to match, or use backend='export'"
-                )
+                    f"{p.node!r}; annotate the parameter to match, or use backend='export'")
             constant = _constant(p.node)
             if constant is not None:
                 c = graph.insertConstant(constant[0])
@@ -128,13 +119,8 @@ class JitRunner:
                 value.setType(_refined(value.type(), p.node))
             self.keep.insert(0, i)
         _torch.jit_fold(graph)
-        self.function = _torch.jit_function(graph)
-        self._graph = graph
+        self.function, self.graph = _torch.jit_function(graph), str(graph)
         self.sync = _Sync(live, scripted) if live is not None and self.is_module else None
-
-    @property
-    def graph(self) -> str:
-        return str(self._graph)
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         call = [self.defaults[i] if args[i] is NOT_ACCEPTED else args[i] for i in self.keep]
@@ -155,24 +141,24 @@ class _Sync:
             owner, _, attr = name.rpartition(".")
             path = owner.split(".") if owner else []
             target = functools.reduce(getattr, path, scripted)._c
-            self.slots.append([live, path, attr, live.get_submodule(owner), target, None])
+            self.slots.append([path, attr, live.get_submodule(owner), target, None])
 
     def __call__(self) -> None:
         if self.live.training is not self.training:
             self.training = self.live.training
             self.scripted.train(self.training)
         for slot in self.slots:
-            m, path, attr, owner, target, last = slot
-            for part in path:
-                m = m._modules[part]
+            path, attr, owner, target, last = slot
+            try:
+                m, t = lookup(self.live, path, attr)
+            except KeyError:
+                m = None
             if m is not owner:
                 raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced "
                                    "after script(); script the model again")
-            d = m._parameters
-            t = d[attr] if attr in d else m._buffers[attr]
             if t is not last:
                 target.setattr(attr, t)
-                slot[5] = t
+                slot[4] = t
 
 
 def _fits(t: Any, node: Node) -> bool:
@@ -182,7 +168,8 @@ def _fits(t: Any, node: Node) -> bool:
         inner = node.inner if isinstance(node, OptionalOf) else node
         return _is_none(node) or _fits(t.getElementType(), inner)
     if isinstance(node, (MetaTensorType, TypeOf, Value)) and not _is_none(node):
-        want = "TensorType" if isinstance(node, MetaTensorType) else _value_kind(node)
+        want = "TensorType" if isinstance(node, MetaTensorType) else _KINDS.get(
+            node.type if isinstance(node, TypeOf) else type(node.value), "?")
         return kind == want or (kind == "NumberType" and want in ("IntType", "FloatType"))
     if isinstance(node, ListOf):
         return kind == "ListType" and _fits(t.getElementType(), node.element)
@@ -199,15 +186,6 @@ def _is_none(node: Node) -> bool:
     return isinstance(node, Value) and node.value is None
 
 
-def _value_kind(node: Any) -> str:
-    kind = node.type if isinstance(node, TypeOf) else type(node.value)
-    if kind in (torch.dtype,):
-        return "IntType"  # TorchScript passes dtypes as ints
-    if kind is torch.device:
-        return "DeviceObjType"
-    return _SCALAR_KINDS.get(kind, "?")
-
-
 def _constant(node: Node) -> tuple[Any] | None:
     """``(value,)`` when ``node`` fixes the whole argument, else ``None``."""
     leaves, spec = pytree.tree_flatten(node)
@@ -220,15 +198,14 @@ def _constant(node: Node) -> tuple[Any] | None:
 def _refined(base: Any, desc: MetaTensorType) -> Any:
     if not isinstance(base, torch.TensorType):
         return base
-    t = base
     if desc.dtype is not None:
-        t = t.with_dtype(desc.dtype)
+        base = base.with_dtype(desc.dtype)
     if desc.device is not None:
-        t = t.with_device(desc.device)
+        base = base.with_device(desc.device)
     if desc.rank is not None:
         shape = desc.shape or (None,) * desc.rank
-        t = t.with_sizes([d if isinstance(d, int) else None for d in shape])
-    return t
+        base = base.with_sizes([d if isinstance(d, int) else None for d in shape])
+    return base
 
 
 def _first_line(error: BaseException) -> str:

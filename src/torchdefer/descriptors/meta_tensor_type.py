@@ -1,10 +1,5 @@
 """``MetaTensorType``: what is known about a tensor argument, without any tensor.
 
-A descriptor states a subset of a tensor's properties; ``None`` means unknown.
-Shapes are lists whose entries are an ``int`` (static length), a ``str``
-(a symbolic length: the same string is the same length across every
-descriptor of one call) or ``None`` (any length, independent of the rest).
-
 Descriptors form a lattice ordered by "admits more tensors":
 :meth:`MetaTensorType.from_examples` gives the most specific descriptor that
 admits its examples, and :meth:`MetaTensorType.widen` moves up just enough to
@@ -23,7 +18,7 @@ import torch
 
 from torchdefer.descriptors.errors import DescriptorMismatch
 
-__all__ = ["Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
+__all__ = ["SCALARS", "Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
 
 Dim = int | str | None
 """One shape entry: static length, symbolic name, or any length."""
@@ -31,14 +26,12 @@ Dim = int | str | None
 DimRange = tuple[int, int | None]
 """Inclusive ``(min, max)`` bounds of a symbolic length; ``max=None`` is unbounded."""
 
-# Python scalar types accepted as dtypes, as the RFC writes ``dtype=float``;
-# they map to what ``torch.empty(..., dtype=float)`` produces.
-_PYTHON_DTYPES: dict[type, torch.dtype] = {
-    float: torch.float64,
-    int: torch.int64,
-    bool: torch.bool,
-    complex: torch.complex128,
-}
+SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+"""Plain values a descriptor may fix (value specialization)."""
+
+# The RFC writes ``dtype=float``; each maps to what ``torch.empty(..., dtype=float)`` makes.
+_PYTHON_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool,
+                  complex: torch.complex128}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +39,9 @@ class MetaTensorType:
     """Known properties of a tensor argument; ``None`` means "not known".
 
     Args:
-        shape: list of ``int`` (static), ``str`` (symbolic, shared by name) or
-            ``None`` (any length) entries; ``None`` for an unknown shape.
+        shape: list of ``int`` (static), ``str`` (symbolic: one name is one
+            length across a call's descriptors) or ``None`` (any length)
+            entries; ``None`` for an unknown shape.
         dtype: a ``torch.dtype`` (or ``float``/``int``/``bool``/``complex``).
         rank: number of dimensions, for rank-only descriptors (``rank=3``).
         device: ``"cuda"`` admits every CUDA device, ``"cuda:1"`` only that one.
@@ -87,10 +81,10 @@ requires_grad=False, layout=torch.strided)
             set_(self, "device", torch.device(self.device))
         if self.rank is not None and (type(self.rank) is not int or self.rank < 0):
             raise ValueError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
-        if self.shape is not None and self.rank not in (None, len(self.shape)):
-            raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
-                             f"{list(self.shape)}; give one of them or make them agree")
         if self.shape is not None:
+            if self.rank not in (None, len(self.shape)):
+                raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
+                                 f"{list(self.shape)}; give one of them or make them agree")
             set_(self, "rank", len(self.shape))
         if self.requires_grad not in (None, True, False):
             raise ValueError("MetaTensorType: requires_grad must be a bool or None, got "
@@ -99,12 +93,10 @@ requires_grad=False, layout=torch.strided)
             raise ValueError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
         set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges))
 
-    # ----------------------------------------------------------------- views
     @property
     def symbols(self) -> tuple[str, ...]:
         """The symbolic names in ``shape``, in order of first appearance."""
-        seen = dict.fromkeys(d for d in (self.shape or ()) if isinstance(d, str))
-        return tuple(seen)
+        return tuple(dict.fromkeys(d for d in (self.shape or ()) if isinstance(d, str)))
 
     @property
     def ranges(self) -> dict[str, DimRange]:
@@ -124,21 +116,17 @@ requires_grad=False, layout=torch.strided)
             return False
         return True
 
-    # ------------------------------------------------------- lattice moves
     @classmethod
     def from_examples(cls, *tensors: torch.Tensor) -> MetaTensorType:
         """The most specific descriptor that every example satisfies.
 
         Properties equal in all examples are kept; a dimension whose length
-        differs becomes symbolic, and dimensions whose lengths are equal in
-        every example share one name (``d0``, ``d1``, ...).
+        differs becomes symbolic (with no range: a length seen to vary is taken
+        to vary freely), and dimensions whose lengths are equal in every example
+        share one name (``d0``, ``d1``, ...).
 
         Args:
             *tensors: one or more example tensors.
-
-        Returns:
-            The descriptor. Symbolic names get no range: a length seen to vary
-            is taken to vary freely.
 
         Example:
             >>> MetaTensorType.from_examples(torch.zeros(2, 2), torch.zeros(3, 3)).shape
@@ -146,11 +134,9 @@ requires_grad=False, layout=torch.strided)
         """
         if not tensors:
             raise ValueError("MetaTensorType.from_examples needs at least one example tensor")
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"MetaTensorType.from_examples takes tensors, got {type(t).__name__}"
-                )
+        bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
+        if bad:
+            raise TypeError(f"MetaTensorType.from_examples takes tensors, got {bad[0]}")
         return examples_descriptor(tensors, {})
 
     def widen(self, tensor: torch.Tensor) -> MetaTensorType:
@@ -176,20 +162,14 @@ requires_grad=False, layout=torch.strided)
             rank = self.rank
             if shape is not None:
                 shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
-        return replace(
-            self,
-            shape=shape,
-            rank=rank,
-            dtype=self.dtype if self.dtype in (None, tensor.dtype) else None,
-            device=_join_devices([self.device, tensor.device]) if self.device else None,
-            requires_grad=(
-                self.requires_grad if self.requires_grad in (None, tensor.requires_grad) else None
-            ),
-            layout=self.layout if self.layout in (None, tensor.layout) else None,
-            dim_ranges=ranges,
-        )
+        def kept(name: str) -> Any:
+            mine = getattr(self, name)
+            return mine if mine in (None, getattr(tensor, name)) else None
 
-    # --------------------------------------------------------------- codecs
+        return replace(self, shape=shape, rank=rank, dtype=kept("dtype"), layout=kept("layout"),
+                       device=_join_devices([self.device, tensor.device]) if self.device else None,
+                       requires_grad=kept("requires_grad"), dim_ranges=ranges)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_json` reads it back."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -225,16 +205,11 @@ requires_grad=False, layout=torch.strided)
 class TensorCheck:
     """One descriptor compiled for the check every call runs (kept lean: ~1 us).
 
-    Args:
-        desc: the descriptor.
-        ranges: ``(min, max)`` per symbolic name, merged over the program.
-        specialize: also bind ``None`` dims (under ``(path, dim)``) and record
-            the properties ``desc`` leaves unknown, for backends that build
-            one program per concrete dtype/rank/... (export).
-
-    Calling it checks ``t`` at ``path``: symbols are bound in ``env`` (name ->
-    length) with ``where`` (name -> (path, dim)) for messages; unknown
-    properties are appended to ``facts`` (dtype, device, layout, rank order).
+    ``ranges`` are merged over the program; ``specialize`` (export, one graph
+    per concrete dtype/rank/...) also binds ``None`` dims under ``(path, dim)``
+    and appends the properties ``desc`` leaves unknown to ``facts``. Symbols
+    are bound in ``env`` (name -> length), with ``where`` (name -> (path, dim))
+    for messages.
     """
 
     __slots__ = ("device", "dtype", "free", "layout", "named", "rank", "requires_grad", "static",
@@ -249,12 +224,9 @@ class TensorCheck:
         self.named = [(i, d, *ranges.get(d, (0, None)))
                       for i, d in enumerate(shape) if isinstance(d, str)]
         # None dims are bound too under export: each is a symbol whose coverage
-        # (0/1, guards) is checked per call; with the rank unknown, every dim is.
-        self.free: list[int] | None = [i for i, d in enumerate(shape) if d is None]
-        if not specialize:
-            self.free = []
-        elif desc.rank is None:
-            self.free = None
+        # (0/1, guards) is checked per call; with the rank unknown (None), every dim is.
+        free = [i for i, d in enumerate(shape) if d is None]
+        self.free = [] if not specialize else None if desc.rank is None else free
         unknown = [n for n, v in (("dtype", desc.dtype), ("device", desc.device),
                                   ("layout", desc.layout), ("ndim", desc.rank)) if v is None]
         self.unknown = operator.attrgetter(*unknown, "ndim") if specialize and unknown else None
@@ -306,12 +278,11 @@ def describe_value(value: Any) -> str:
         return f"a Tensor of shape {list(value.shape)}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of length {len(value)}"
-    if isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+    if isinstance(value, SCALARS):
         return f"{type(value).__name__} {value!r}"
     return f"a {type(value).__name__}"
 
 
-# ------------------------------------------------------------------ helpers
 def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
         raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
@@ -339,11 +310,11 @@ def _common(values: Iterable[Any]) -> Any:
 
 
 def _join_devices(devices: Iterable[torch.device | None]) -> torch.device | None:
-    devices = list(devices)
-    if any(d is None for d in devices):
+    devices = set(devices)
+    if None in devices:
         return None
-    if len(set(devices)) == 1:
-        return devices[0]
+    if len(devices) == 1:
+        return devices.pop()
     types = {d.type for d in devices}
     return torch.device(types.pop()) if len(types) == 1 else None
 
@@ -364,17 +335,10 @@ def examples_descriptor(tensors: Sequence[torch.Tensor],
                           layout=_common(t.layout for t in tensors))
 
 
-def _widen_shape(
-    shape: tuple[Dim, ...], ranges: dict[str, DimRange], sizes: tuple[int, ...]
-) -> tuple[tuple[Dim, ...], dict[str, DimRange]]:
+def _widen_shape(shape: tuple[Dim, ...], ranges: dict[str, DimRange],
+                 sizes: tuple[int, ...]) -> tuple[tuple[Dim, ...], dict[str, DimRange]]:
     taken = {d for d in shape if isinstance(d, str)}
-    counter = itertools.count()
-
-    def fresh() -> str:
-        name = next(n for n in (f"w{i}" for i in counter) if n not in taken)
-        taken.add(name)
-        return name
-
+    fresh = (n for n in map("w{}".format, itertools.count()) if n not in taken)
     out: list[Dim] = []
     first_size: dict[str, int] = {}
     split: dict[tuple[str, int], str] = {}
@@ -382,15 +346,16 @@ def _widen_shape(
     for d, size in zip(shape, sizes, strict=True):
         if d is None or d == size:
             out.append(d)
-        elif isinstance(d, int):
-            out.append(fresh())
-        else:
-            bound = first_size.setdefault(d, size)
-            name = d if bound == size else split.setdefault((d, size), fresh())
-            if name != d and d in ranges:
-                ranges[name] = ranges[d]
-            out.append(name)
-            if name in ranges:
-                lo, hi = ranges[name]
-                ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+            continue
+        if isinstance(d, int):
+            out.append(next(fresh))
+            continue
+        bound = first_size.setdefault(d, size)
+        name = d if bound == size else split.setdefault((d, size), next(fresh))
+        if name != d and d in ranges:
+            ranges[name] = ranges[d]
+        if name in ranges:
+            lo, hi = ranges[name]
+            ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+        out.append(name)
     return tuple(out), ranges

@@ -23,7 +23,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
 from torchdefer.descriptors.tree import TypeOf
 
 __all__ = ["OutputRecipe", "describe_output"]
@@ -45,13 +45,9 @@ class _Object:
 
 @dataclass(frozen=True, slots=True)
 class OutputRecipe:
-    """How to rebuild a model's output from a graph's flat outputs.
-
-    Args:
-        spec: the output's pytree structure (unregistered objects are leaves).
-        slots: per pytree leaf, ``"graph"`` (the next graph output), a
-            constant, or an unregistered object to rebuild.
-    """
+    """How to rebuild a model's output from a graph's flat outputs: its pytree
+    structure (unregistered objects are leaves) and, per leaf, ``"graph"`` (the
+    next graph output), a constant, or an unregistered object to rebuild."""
 
     spec: pytree.TreeSpec
     slots: tuple[Any, ...]
@@ -66,7 +62,7 @@ class OutputRecipe:
             if isinstance(leaf, _SYMBOLIC):
                 flat.append(leaf)
                 slots.append(_GRAPH)
-            elif isinstance(leaf, (type(None), bool, int, float, str, torch.dtype, torch.device)):
+            elif isinstance(leaf, SCALARS):
                 slots.append(_Const(leaf))
             elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
                 sub, recipe = cls.capture(dict(vars(leaf)))
@@ -92,13 +88,9 @@ class OutputRecipe:
                 leaves.append(obj)
         return pytree.tree_unflatten(leaves, self.spec)
 
-    # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:
-        """JSON form; refuses what a file cannot name safely (unregistered classes).
-
-        Raises:
-            TypeError: with what to register, or to return instead.
-        """
+        """JSON form; raises ``TypeError`` for what a file cannot name safely
+        (unregistered classes), saying what to register or return instead."""
         slots = []
         for slot in self.slots:
             if isinstance(slot, _Object):
@@ -109,16 +101,14 @@ class OutputRecipe:
                     "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...) "
                     "(for transformers caches: transformers.integrations.executorch."
                     "register_dynamic_cache_export_support()) before script(), or return "
-                    "tensors"
-                )
+                    "tensors")
             if isinstance(slot, _Const):
                 try:
                     json.dumps(slot.value)
                 except TypeError:
                     raise TypeError(
                         f"the program's outputs hold the constant {slot.value!r}, which cannot be "
-                        "saved as JSON"
-                    ) from None
+                        "saved as JSON") from None
                 slots.append({"const": slot.value})
             else:
                 slots.append(_GRAPH)
@@ -133,13 +123,8 @@ class OutputRecipe:
 
 def describe_output(val: Any, names: Mapping[str, str | None],
                     ranges: Mapping[str, DimRange]) -> Any:
-    """The descriptor of one graph output (its fake value), in the inputs' names.
-
-    Args:
-        val: a fake tensor or symbolic int.
-        names: export symbol name -> descriptor name (``None`` for an any-length dim).
-        ranges: the program's ranges, kept for names the output uses.
-    """
+    """The descriptor of one graph output (its fake value), in the inputs' names
+    (``names``: export symbol -> descriptor name, ``None`` for an any-length dim)."""
     if isinstance(val, torch.Tensor):
         shape = [_dim(s, names) for s in val.shape]
         named = {d for d in shape if isinstance(d, str)}

@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
+import torch.utils._pytree as pytree
 
 from torchdefer.descriptors import export_backend, jit_backend
 from torchdefer.descriptors.checker import (
     Checker,
     Param,
-    Unknown,
     concrete_trees,
     concretize,
     merge_ranges,
@@ -34,7 +34,6 @@ from torchdefer.descriptors.checker import (
 )
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, normalize
-from torchdefer.descriptors.tree import leaves_with_paths as _leaves
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Backend", "Program", "script"]
@@ -60,8 +59,7 @@ class Program:
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
                  builder: Builder | None = None, output_descriptors: Any = None) -> None:
-        self.backend = backend
-        self.qualname = qualname
+        self.backend, self.qualname, self.output_descriptors = backend, qualname, output_descriptors
         self._params, self._ranges, self._weights = params, dict(ranges), weights
         self._check = Checker(qualname, params, ranges, specialize=backend == "export")
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
@@ -70,7 +68,6 @@ class Program:
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
-        self._outputs = output_descriptors
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values, env, facts = self._check(args, kwargs)
@@ -104,23 +101,18 @@ class Program:
                 f"({case}): each export graph covers the sizes and values it was traced for "
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
                 "model; script it again, or call the scripted program with such inputs once "
-                "before save() so the file holds it"
-            )
+                "before save() so the file holds it")
         runner = self._builder(facts, fixed, self._weights, sizes or {})
         self._variants[(facts, _frozen(fixed))] = runner
         if not fixed:
             self._fast[facts] = runner
-        if self._outputs is None:
-            self._outputs = runner.output_descriptors(self._ranges)
+        if self.output_descriptors is None:
+            self.output_descriptors = runner.output_descriptors(self._ranges)
         return runner
 
     @property
     def input_descriptors(self) -> dict[str, Node]:
         return {p.name: p.node for p in self._params if p.described}
-
-    @property
-    def output_descriptors(self) -> Any:
-        return self._outputs
 
     @property
     def graph(self) -> str:
@@ -157,7 +149,7 @@ class Program:
         return Program(backend=self.backend, qualname=self.qualname, params=self._params,
                        ranges=self._ranges, weights=weights, builder=self._builder,
                        runners={k: r.with_weights(weights) for k, r in self._variants.items()},
-                       output_descriptors=self._outputs)
+                       output_descriptors=self.output_descriptors)
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.input_descriptors.items())
@@ -280,12 +272,16 @@ def _is_plain(value: Any) -> bool:
 
 def _tensors(node: Node) -> list[MetaTensorType]:
     out = []
-    for _, leaf in _leaves(node, ""):
+    for leaf in pytree.tree_leaves(node):
         if isinstance(leaf, MetaTensorType):
             out.append(leaf)
         elif isinstance(leaf, (ListOf, OptionalOf)):
             out += _tensors(leaf.element if isinstance(leaf, ListOf) else leaf.inner)
     return out
+
+
+class _Unknown(Exception):
+    """A fact the descriptors leave open and no call has told yet."""
 
 
 def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | None:
@@ -296,7 +292,7 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
 
     def fact(kind: str) -> Any:
         if kind not in ("device", "layout"):
-            raise Unknown(kind)
+            raise _Unknown(kind)
         facts.append(device if kind == "device" else torch.strided)
         return facts[-1]
 
@@ -304,13 +300,12 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
         for p in params:
             if p.node is not None:
                 concretize(p.node, p.name, fact, {})
-    except Unknown:
+    except _Unknown:
         return None
     return tuple(facts)
 
 
 def _device(module: torch.nn.Module | None) -> torch.device:
-    for t in [*module.parameters(), *module.buffers()] if module is not None else []:
-        return t.device
-    return torch.device("cpu")
+    tensors = [*module.parameters(), *module.buffers()] if module is not None else []
+    return tensors[0].device if tensors else torch.device("cpu")
 

@@ -5,16 +5,10 @@ Python value (value specialization), a typing object (``int``, ``List[int]``,
 ``list[MetaTensorType]``, ``Optional[...]``, as the RFC lists), or a tuple /
 list / dict of these shaped like the argument (seed 003's "spec formatted the
 way the function is called"). :func:`normalize` turns it into a
-``torch.utils._pytree`` tree: the containers are the argument's own (any type
-registered with pytree, namedtuples included) and the leaves are
-
-* :class:`MetaTensorType` -- a tensor;
-* :class:`Value` -- exactly this value (its branches are specialized away);
-* :class:`TypeOf` -- any ``int`` / ``float`` / ``bool`` / ``str``;
-* :class:`ListOf` -- a list of any length, each element described alike;
-* :class:`OptionalOf` -- ``None`` or what the inner descriptor admits.
-
-Paths in messages are the parameter name plus ``pytree.keystr`` (``inp['b'][1]``).
+``torch.utils._pytree`` tree whose containers are the argument's own (any type
+registered with pytree) and whose leaves are ``MetaTensorType`` or one of the
+classes below. Paths in messages are the parameter name plus ``pytree.keystr``
+(``inp['b'][1]``).
 """
 
 from __future__ import annotations
@@ -28,13 +22,11 @@ from typing import Any, TypeAlias
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
+from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 
 __all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json",
            "value_from_json", "value_to_json"]
 
-# Plain values a Value leaf may hold; collections of them are trees of leaves.
-SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -117,29 +109,19 @@ def _leaf(d: Any, path: str) -> Node:
     if isinstance(d, torch.Tensor):
         raise TypeError(
             f"input descriptor for {path} is a tensor; describe tensors with MetaTensorType(...) "
-            f"(MetaTensorType.from_examples(t) builds one from an example)"
-        )
+            f"(MetaTensorType.from_examples(t) builds one from an example)")
     if isinstance(d, SCALARS):
         return Value(d)
     raise TypeError(
         f"input descriptor for {path} is {d!r}; expected a MetaTensorType, a type (int, float, "
         "bool, str, torch.Tensor, List[...], Tuple[...], Optional[...]), a plain value (None, "
-        "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these"
-    )
-
-
-def leaves_with_paths(node: Node, path: str) -> list[tuple[str, Node]]:
-    """Every leaf of ``node`` with its path, in argument (pytree) order."""
-    return [(path + pytree.keystr(kp), leaf) for kp, leaf in pytree.tree_flatten_with_path(node)[0]]
+        "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these")
 
 
 # ------------------------------------------------------------------- JSON
 def to_json(node: Node) -> dict[str, Any]:
-    """A JSON-ready form of the tree; :func:`from_json` reads it back.
-
-    The containers are written with ``pytree.treespec_dumps`` (types by their
-    registered ``serialized_type_name``), the leaves as plain data.
-    """
+    """A JSON-ready form of the tree: containers by ``pytree.treespec_dumps``
+    (types by their registered ``serialized_type_name``), leaves as plain data."""
     leaves, spec = pytree.tree_flatten(node)
     return {"spec": pytree.treespec_dumps(spec), "leaves": [_leaf_to_json(x) for x in leaves]}
 
@@ -163,13 +145,21 @@ def _leaf_to_json(leaf: Node) -> dict[str, Any]:
     return value_to_json(leaf.value)
 
 
+def _leaf_from_json(data: dict[str, Any]) -> Node:
+    (kind, payload), = data.items()
+    if kind == "tensor":
+        return MetaTensorType.from_json(payload)
+    if kind == "type" and payload in _TYPES:
+        return TypeOf(_TYPES[payload])
+    if kind in ("list", "optional"):
+        return (ListOf if kind == "list" else OptionalOf)(from_json(payload))
+    return Value(value_from_json(data))
+
+
 def value_to_json(value: Any) -> dict[str, Any]:
     """A plain value (scalar, dtype, device, layout) as JSON; raises for others."""
-    for kind in (torch.dtype, torch.layout):
-        if isinstance(value, kind):
-            return {kind.__name__: str(value).removeprefix("torch.")}
-    if isinstance(value, torch.device):
-        return {"device": str(value)}
+    if isinstance(value, (torch.dtype, torch.layout, torch.device)):
+        return {type(value).__name__: str(value).removeprefix("torch.")}
     json.dumps(value)  # raises for what JSON cannot hold
     return {"value": value}
 
@@ -177,25 +167,11 @@ def value_to_json(value: Any) -> dict[str, Any]:
 def value_from_json(data: dict[str, Any]) -> Any:
     """Inverse of :func:`value_to_json`; looks names up on ``torch`` only."""
     ((kind, payload),) = data.items()
-    if kind in ("dtype", "layout"):
-        found = getattr(torch, payload, None)
-        if isinstance(found, torch.dtype if kind == "dtype" else torch.layout):
-            return found
+    if kind in ("dtype", "layout") and isinstance(getattr(torch, payload, None),
+                                                  getattr(torch, kind)):
+        return getattr(torch, payload)
     if kind == "device":
         return torch.device(payload)
     if kind == "value" and isinstance(payload, SCALARS):
         return payload
     raise ValueError(f"unknown value {data!r}")
-
-
-def _leaf_from_json(data: dict[str, Any]) -> Node:
-    (kind, payload), = data.items()
-    if kind == "tensor":
-        return MetaTensorType.from_json(payload)
-    if kind == "type" and payload in _TYPES:
-        return TypeOf(_TYPES[payload])
-    if kind == "list":
-        return ListOf(from_json(payload))
-    if kind == "optional":
-        return OptionalOf(from_json(payload))
-    return Value(value_from_json(data))

@@ -18,20 +18,15 @@ import torch
 from torchdefer.descriptors._torch import FakeTensor
 from torchdefer.fake import is_fake
 
-__all__ = ["Weights", "has_data"]
+__all__ = ["Weights", "has_data", "lookup"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class Weights:
-    """A source of named weights: a live module, a dict of tensors, or none.
-
-    Args:
-        module: read live, by name, on every call.
-        tensors: fixed tensors (a loaded program, or ``with_weights(state_dict)``).
-        missing: the message to raise when there is neither (a program loaded
-            from a deferred model's save).
-    """
+    """A source of named weights: a live module (read by name on every call),
+    fixed tensors (a loaded program, ``with_weights(state_dict)``), or neither,
+    when calls raise ``missing`` (a program loaded from a deferred model's save)."""
 
     def __init__(self, module: torch.nn.Module | None = None,
                  tensors: Mapping[str, torch.Tensor] | None = None, missing: str = "") -> None:
@@ -39,63 +34,51 @@ class Weights:
 
     def resolver(self, names: Sequence[str], metas: Sequence[tuple[torch.dtype, tuple[int, ...]]],
                  qualname: str) -> Callable[[], list[torch.Tensor]]:
-        """A function returning the tensors for ``names`` as they are now.
-
-        Args:
-            names: dotted weight names in the graph's order.
-            metas: ``(dtype, shape)`` each was traced with.
-            qualname: the program's name, for messages.
-        """
+        """A function returning the tensors for ``names`` (dotted, in the graph's
+        order) as they are now, checked against the ``(dtype, shape)`` traced."""
         if not names:
             return list
-        if self.module is None and self.tensors is None:
-            message = self.missing
-
-            def refuse() -> list[torch.Tensor]:
-                raise RuntimeError(message)
-
-            return refuse
-        slots = [(name, tuple(name.split(".")[:-1]), name.rpartition(".")[2], dtype,
-                  torch.Size(shape))
+        slots = [(name, name.split(".")[:-1], name.rpartition(".")[2], dtype, torch.Size(shape))
                  for name, (dtype, shape) in zip(names, metas)]
-        module, tensors = self.module, self.tensors
+        module, tensors, missing = self.module, self.tensors, self.missing
 
         def resolve() -> list[torch.Tensor]:
+            if module is None and tensors is None:
+                raise RuntimeError(missing)
             out = []
             for name, owner, attr, dtype, shape in slots:
                 try:
-                    if module is None:
-                        t = tensors[name]
-                    else:
-                        m = module
-                        for part in owner:
-                            m = m._modules[part]
-                        d = m._parameters
-                        t = d[attr] if attr in d else m._buffers[attr]
+                    t = tensors[name] if module is None else lookup(module, owner, attr)[1]
                 except KeyError:
                     source = "the module" if module is not None else "the bound weights"
                     raise RuntimeError(
                         f"{qualname} program: its weight {name!r} is missing from {source}; "
                         "bind weights with every name the program needs, or script the model "
-                        "again after changing its structure"
-                    ) from None
+                        "again after changing its structure") from None
                 if t is None or (type(t) not in _PLAIN and not has_data(t)) or t.is_meta:
                     raise RuntimeError(
                         f"{qualname} program: weight {name!r} has no data (it is "
                         f"{'deferred' if t is not None and not t.is_meta else 'meta or None'}); "
                         "call torchdefer.materialize_module(model) first, or bind real weights "
-                        "with program.with_weights(module_or_state_dict)"
-                    )
+                        "with program.with_weights(module_or_state_dict)")
                 if t.dtype is not dtype or t.shape != shape:
                     raise RuntimeError(
                         f"{qualname} program: weight {name!r} is now {t.dtype} {list(t.shape)}, "
                         f"but the program was built for {dtype} {list(shape)}; script the model "
-                        "again after changing its weights' dtype or shape"
-                    )
+                        "again after changing its weights' dtype or shape")
                 out.append(t)
             return out
 
         return resolve
+
+
+def lookup(module: torch.nn.Module, path: Sequence[str], attr: str) -> tuple[torch.nn.Module, Any]:
+    """The submodule at ``path`` and its parameter or buffer ``attr``, by dict
+    lookups (``get_submodule`` would cost microseconds on every call)."""
+    for part in path:
+        module = module._modules[part]
+    d = module._parameters
+    return module, d[attr] if attr in d else module._buffers[attr]
 
 
 def has_data(t: Any) -> bool:

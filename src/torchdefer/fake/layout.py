@@ -1,5 +1,11 @@
 """Output strides eager gives where the meta kernels give others.
 
+Batch norm's CPU and CUDA kernels write a fresh tensor in the input's
+*suggested* memory format (contiguous, or channels-last for 4-d/5-d inputs
+strided that way); the meta kernel keeps the input's strides, so a transposed
+input gave a fake output that ``.t().contiguous()`` then aliased while eager
+copied it.
+
 ``empty_like``, the other ``*_like`` factories, ``clone`` and ``_to_copy`` with
 ``memory_format=torch.preserve_format`` copy the input's strides exactly when
 it is non-overlapping and dense (``at::empty_like``, ``at::clone``,
@@ -27,9 +33,20 @@ _PRESERVING = frozenset(
 )  # fmt: skip
 
 
+_SUGGESTED_FORMAT = frozenset(
+    {
+        _aten.native_batch_norm, _aten._native_batch_norm_legit,
+        _aten._native_batch_norm_legit_no_training, _aten._native_batch_norm_legit_functional,
+    }
+)  # fmt: skip
+
+
 def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-    """``out`` (a meta tensor), restrided as eager would lay it out."""
-    if getattr(func, "overloadpacket", None) not in _PRESERVING:
+    """``out`` (meta tensors), restrided as eager would lay it out."""
+    packet = getattr(func, "overloadpacket", None)
+    if packet in _SUGGESTED_FORMAT:
+        return _in_suggested_format(args[0], out)
+    if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
         return out
@@ -54,4 +71,50 @@ def _non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -
         if st != expected:
             return False
         expected *= n
+    return True
+
+
+def _in_suggested_format(source: Any, out: Any) -> Any:
+    """Batch norm's outputs: the first one laid out in ``source``'s suggested format."""
+    if not isinstance(out, tuple) or not out or not isinstance(source, torch.Tensor):
+        return out
+    first = out[0]
+    size = tuple(first.shape)
+    fmt = suggest_memory_format(tuple(source.shape), source.stride())
+    wanted = torch.empty(size, dtype=first.dtype, device="meta", memory_format=fmt)
+    if wanted.stride() == first.stride():
+        return out
+    return (wanted, *out[1:])
+
+
+def suggest_memory_format(size: tuple[int, ...], stride: tuple[int, ...]) -> torch.memory_format:
+    """``Tensor.suggest_memory_format()`` for a strided tensor of ``size`` and ``stride``.
+
+    Channels-last when the tensor is not contiguous and is channels-last
+    contiguous or strided like channels-last (``c10/core/MemoryFormat.h``;
+    checked against the CPU kernels on thousands of layouts in the tests).
+    """
+    if len(size) not in (4, 5):
+        return torch.contiguous_format
+    fmt = torch.channels_last if len(size) == 4 else torch.channels_last_3d
+    probe = torch.empty_strided(size, stride, device="meta")
+    if probe.is_contiguous():
+        return torch.contiguous_format
+    order = (1, 3, 2, 0) if len(size) == 4 else (1, 4, 3, 2, 0)
+    if probe.is_contiguous(memory_format=fmt) or _channels_last_strides(size, stride, order):
+        return fmt
+    return torch.contiguous_format
+
+
+def _channels_last_strides(size, stride, order) -> bool:
+    """``is_channels_last_strides_2d_s4`` / ``_3d_s5``, ambiguities resolved as NCHW."""
+    if stride[1] == 0:
+        return False
+    low = 0
+    for d in order:
+        if size[d] == 0 or stride[d] < low:
+            return False
+        if d == 0 and low == stride[1]:
+            return False
+        low = stride[d] * (size[d] if size[d] > 1 else 1)
     return True

@@ -28,8 +28,16 @@ def call_watching_writes(node: Node, leaves: list[Any], call: Callable[[], Any])
         if isinstance(leaf, Value) and id(leaf.storage) not in written
     ]
     out = call()
+    # A tensor that shares its storage with a written one after the call may
+    # share its version counter too (a view; `set_` onto its storage): the
+    # written tensor's bump shows on it, which is not a write of its own.
+    shared = {
+        _storage_ptr(real)
+        for leaf, real in zip(node.leaves, leaves)
+        if isinstance(leaf, Value) and id(leaf.storage) in written
+    }
     for i, real, version in watched:
-        if real._version != version:
+        if real._version != version and _storage_ptr(real) not in shared:
             name = _argument_name(node, i)
             raise ReplayError(
                 f"{node.name} recorded at {node.where()} wrote to its argument {name}, "
@@ -57,3 +65,10 @@ def _argument_name(node: Node, position: int) -> str:
                 return f"'{schema.arguments[k].name}'"
         start += width
     return f"#{position}"
+
+
+def _storage_ptr(t: Any) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except (RuntimeError, AttributeError):  # no storage of its own (a subclass)
+        return None

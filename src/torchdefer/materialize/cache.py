@@ -18,8 +18,10 @@ class _Entry:
     storage: Storage  # the record, held so its id is not reused
     ref: StorageWeakRef
     version: int
-    value: Value  # the value that was stored, and the layout it really had
-    real_meta: TensorMeta
+    # id(value) -> (value, the layout it really had) for every value of the
+    # storage the replay that made it computed: views of the storage rebuilt
+    # later get eager's strides even where the meta kernels' differ.
+    layouts: dict[int, tuple[Value, TensorMeta]]
 
 
 class ReplayCache:
@@ -30,12 +32,12 @@ class ReplayCache:
     eager code are rebuilt as views of it (shared storage stays shared, and
     nothing is computed twice).
 
-    A view is rebuilt from its recorded sizes and strides, which are the meta
-    kernels'. Where a replayed tensor of a storage came out with another layout
-    than recorded (a kernel whose layout the meta kernel does not know, or a
-    tensor recorded on CUDA replayed on the CPU), the recorded strides of its
-    views cannot be trusted: such a storage gives back only the value that was
-    stored (with its real layout), and other views are replayed from scratch.
+    A value the replay computed is rebuilt with the layout it really had. Any
+    other view is rebuilt from its recorded sizes and strides, which are the
+    meta kernels'; where a replayed tensor of the storage came out with another
+    layout than recorded (a kernel whose layout the meta kernel does not know,
+    or a tensor recorded on CUDA replayed on the CPU), those cannot be trusted
+    and such a view is replayed from scratch.
     """
 
     def __init__(self) -> None:
@@ -49,20 +51,30 @@ class ReplayCache:
         entry = self._storages.get(key)
         if entry is None or entry.version != version or entry.ref.expired():
             return None
-        if key in self._diverged:
-            if value is not entry.value:
-                return None
-            meta = entry.real_meta
+        known = entry.layouts.get(id(value))
+        if known is not None:
+            meta = known[1]
+        elif key in self._diverged:
+            return None
         else:
             meta = value.meta
         storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
         return rebuild(meta, storage, device)
 
-    def store(self, value: Value, version: int, device_key: str, real: torch.Tensor) -> None:
+    def store(
+        self,
+        value: Value,
+        version: int,
+        device_key: str,
+        real: torch.Tensor,
+        layouts: dict[int, tuple[Value, TensorMeta]] | None = None,
+    ) -> None:
+        """Keep ``real``'s storage; ``layouts``: real layouts of the storage's values seen."""
         ref = StorageWeakRef(real.untyped_storage())
-        real_meta = TensorMeta.of(real, real.device)
+        known = dict(layouts or {})
+        known[id(value)] = (value, TensorMeta.of(real, real.device))
         self._storages[(id(value.storage), device_key)] = _Entry(
-            value.storage, ref, version, value, real_meta
+            value.storage, ref, version, known
         )
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:

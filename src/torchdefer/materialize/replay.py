@@ -32,7 +32,7 @@ from torchdefer.materialize.plan import Substitute, make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 
 __all__ = ["Replay"]
@@ -75,6 +75,8 @@ class Replay:
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}
+        # id(storage) -> {id(value): (value, real layout)} of the values computed
+        layouts: dict[int, dict[int, tuple[Value, TensorMeta]]] = {}
         # A data-dependent read replays while deferred_init's mode is active:
         # replayed ops must run for real, not be recorded again.
         with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
@@ -83,8 +85,12 @@ class Replay:
                     ambient.use(node.ambient)  # default dtype, deterministic mode
                     outs = self._run_checked(node, env, plan.cached)
                     for value in node.outputs:
-                        env[id(value)] = outs[value.index]
-                        self.cache.check_layout(value, outs[value.index], self.device_key)
+                        real = env[id(value)] = outs[value.index]
+                        self.cache.check_layout(value, real, self.device_key)
+                        if isinstance(real, torch.Tensor):
+                            layouts.setdefault(id(value.storage), {})[id(value)] = (
+                                value, TensorMeta.of(real, real.device)
+                            )
                     for value in node.inputs:
                         if last_use.get(id(value)) == i:
                             env.pop(id(value), None)
@@ -96,7 +102,8 @@ class Replay:
             if real is None:
                 real = env[id(value)]
                 if version == value.storage.version:
-                    self.cache.store(value, version, self.device_key, real)
+                    seen = layouts.get(id(value.storage))
+                    self.cache.store(value, version, self.device_key, real, seen)
             results.append(real)
         return results
 

@@ -409,8 +409,10 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     with suspended(), torch._C.DisableTorchFunctionSubclass():
         result = func(real, *args[1:], **kwargs)
     if func in (torch.Tensor.numpy, torch.Tensor.__array__):
-        # The array would share memory with a real tensor nobody keeps; own it.
-        result = result.copy()
+        # The array would share memory with a real tensor nobody keeps; own it,
+        # in the tensor's memory order (numpy's reductions follow it, so a
+        # C-ordered copy of a transposed tensor sums in another order).
+        result = result.copy(order="K")
     graph = fake._graph
     node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
                 (fake._value,), (fake._value.storage.version,))

@@ -69,7 +69,8 @@ class RngRecorder:
         self.states = RngStates(self.cpu_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
-        self._markers: dict[bytes, tuple[Epoch, Position]] = {}
+        # marker key -> (stream, epoch, position) it stands for
+        self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
 
     # ----------------------------------------------------------- placing
@@ -97,7 +98,9 @@ class RngRecorder:
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
         if generator is not None:
-            key: Any = ("explicit", id(generator))
+            # By the C++ generator: the dispatcher hands ops a new Python wrapper of
+            # the generator the user passed, so the wrapper identity differs.
+            key: Any = ("explicit", generator._cdata)
             device = generator.device
         else:
             key = ("default", device.type, device.index or 0)
@@ -154,7 +157,7 @@ class RngRecorder:
         self._marker_count += 1
         marker[_ARRAY].view(torch.int64)[0] = self._marker_count  # unique per position
         layout = epoch.layouts[stream.model]  # type: ignore[index]
-        self._markers[_marker_key(marker)] = (epoch, layout.end)
+        self._markers[_marker_key(marker)] = (stream, epoch, layout.end)
         real.set_state(marker)
         stream.left = marker
 
@@ -164,20 +167,24 @@ class RngRecorder:
         stream.left = real.get_state()
 
     def sync(self) -> None:
-        """Move every generator left at a marker to its exact logical state."""
+        """Put the exact logical state in every generator that holds a marker.
+
+        The marker may be the one left after the last recorded op, or one
+        user code read with ``Generator.get_state()`` and restored since.
+        """
         from torchdefer.recorder.mode import suspended
 
         with suspended():
             for stream in self.streams.values():
                 real = self._real(stream)
-                if real is None or stream.left is None or not stream.epochs:
+                if real is None or stream.model != "cpu":
                     continue
-                current = real.get_state()
-                # Moved by user code since (a reseed, a restore): that is the truth.
-                if current.shape != stream.left.shape or not torch.equal(current, stream.left):
+                ref = self._markers.get(_marker_key(real.get_state()))
+                if ref is None:  # an exact state: ours, or one user code set
                     continue
-                if _marker_key(current) in self._markers:
-                    self._sync(stream, stream.epochs[-1], real)
+                origin, epoch, position = ref
+                real.set_state(self.states.state_at(origin, epoch, "cpu", position))
+                stream.left = real.get_state()
 
     def _lazy(self) -> bool:
         return self._deferring > 0 and threading.get_ident() == self._thread

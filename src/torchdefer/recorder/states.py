@@ -202,8 +202,9 @@ class RngStates:
             starts = self.layout(stream, epoch, model).starts
             return _run_call(node, self.state_at(stream, epoch, model, starts[anchor]), model)
         base = epoch.base
-        if isinstance(base, tuple) and len(base) == 2 and isinstance(base[0], Epoch):
-            return self.state_at(stream, base[0], model, base[1])
+        if isinstance(base, tuple) and len(base) == 3:  # a restored (stream, epoch, position)
+            origin, restored, position = base
+            return self.state_at(origin, restored, model, position)
         if isinstance(base, tuple) and base[0] == "seed":
             generator = torch.Generator(device="cpu" if model == "cpu" else stream.device)
             generator.manual_seed(base[1])

@@ -85,8 +85,8 @@ class Epoch:
     """Random calls made from one base, in order."""
 
     # A state tensor of the stream's generator; ("seed", s): a generator
-    # freshly seeded with s; or (Epoch, Position): a position of an earlier
-    # epoch of this stream that user code restored.
+    # freshly seeded with s; or (Stream, Epoch, Position): a logical position
+    # whose marker user code restored (it may come from another generator).
     base: Any
     calls: list[Any] = field(default_factory=list)  # the random Nodes
     layouts: dict[str, Layout] = field(default_factory=dict)

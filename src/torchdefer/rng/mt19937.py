@@ -23,13 +23,22 @@ The normal-sample caches are left as they are: they belong to the draw model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 
 from torchdefer.rng.gf2 import DEGREE, x_power_mod
 
-__all__ = ["STATE_BYTES", "advance", "array_of", "layout_known", "words_left_in_block"]
+__all__ = [
+    "STATE_BYTES",
+    "advance",
+    "array_of",
+    "layout_known",
+    "one_thread",
+    "words_left_in_block",
+]
 
 N = 624  # words per refill
 STATE_BYTES = 5056
@@ -71,7 +80,28 @@ def advance(state: torch.Tensor, words: int) -> torch.Tensor:
     consumed = N - words_left_in_block(state)
     target = consumed + words
     blocks = (target - 1) // N
-    return _with_engine(state, _refills_ahead(array_of(state), blocks), target - N * blocks)
+    with one_thread():
+        array = _refills_ahead(array_of(state), blocks)
+    return _with_engine(state, array, target - N * blocks)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the jump's many small tensor ops on one thread.
+
+    They are ~40k elements each: split over the intra-op pool they gain
+    nothing, and when another process holds the other core the pool's
+    threads wait on each other (a jump took 5x longer on a busy machine).
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _draw(state: torch.Tensor, words: int) -> torch.Tensor:

@@ -46,6 +46,7 @@ _LEFT, _SEEDED, _NEXT, _ARRAY = 8, 12, 16, 24
 # Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
 _DRAW_LIMIT = 1 << 22
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
+_WINDOWS_PER_CHUNK = 512  # windows XORed at a time in a jump (1.3 MB)
 
 
 def _field(state: torch.Tensor, offset: int, dtype: torch.dtype) -> int:
@@ -147,9 +148,14 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
         return _sequence(array, blocks)[N * blocks :]
     coefficients = x_power_mod(N * blocks - 1)
     words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)
+    windows = words.unfold(0, N, 1)
     selected = _set_bits(coefficients)
-    rows = words.unfold(0, N, 1).index_select(0, selected)
-    return _xor_rows(rows).to(torch.int64) & 0xFFFFFFFF
+    # In chunks: all ~10,000 selected windows at once would be 25 MB of
+    # temporaries, which page-fault on every jump under a low mmap threshold.
+    total = torch.zeros(N, dtype=torch.int32)
+    for chunk in selected.split(_WINDOWS_PER_CHUNK):
+        total ^= _xor_rows(windows.index_select(0, chunk))
+    return total.to(torch.int64) & 0xFFFFFFFF
 
 
 def _set_bits(c: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["eager_layout"]
+__all__ = ["eager_layout", "non_overlapping_and_dense", "suggest_memory_format"]
 
 _aten = torch.ops.aten
 _PRESERVING = frozenset(
@@ -59,13 +59,13 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         return out
     if tuple(out.shape) != size or out.stride() == stride:
         return out
-    if not _non_overlapping_and_dense(size, stride):
+    if not non_overlapping_and_dense(size, stride):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
 
 
-def _non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """``Tensor.is_non_overlapping_and_dense`` (not public): a permuted contiguous layout."""
+def non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """``Tensor.isnon_overlapping_and_dense`` (not public): a permuted contiguous layout."""
     expected = 1
     for st, n in sorted((st, n) for n, st in zip(size, stride) if n != 1):
         if st != expected:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,9 @@ class Plan:
     nodes: list[Node]  # in recording order
     # (id(value), version) -> real tensor rebuilt from the cache
     cached: dict[tuple[int, int], torch.Tensor]
+    # ids of in-place nodes whose write a later write hides: replay passes
+    # their first argument through (the tensor object) without running them.
+    passthrough: set[int] = field(default_factory=set)
 
 
 def make_plan(
@@ -46,35 +49,73 @@ def make_plan(
     substitute: Substitute | None = None,
 ) -> Plan:
     needed: dict[int, Node] = {}
+    must_run: set[int] = set()  # nodes whose effect is needed, not only their output object
     cached: dict[tuple[int, int], torch.Tensor] = {}
     expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
-    work = list(targets)
+    # (value, version, whether its contents are needed or only the tensor object)
+    work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
     while work:
-        value, version = work.pop()
+        value, version, contents = work.pop()
         key = (id(value), version)
         if key in cached:
             continue
         real = cache.lookup(value, version, device_key, device or value.meta.device)
-        if real is None and substitute is not None:
+        if real is None and substitute is not None and contents:
             real = substitute(value, version)
         if real is not None:
             cached[key] = real
             continue
         storage = value.storage
-        nodes = [value.node]
+        # The node that made this value: only its output object is needed if
+        # it is an in-place write (of contents no one reads, or hidden later).
+        in_place = _writes_in_place(value.node)
+        _need(value.node, needed, must_run, work, effect=not in_place)
         done = expanded.get(id(storage))
         if done is None:
-            nodes.append(storage.creator)
+            _need(storage.creator, needed, must_run, work, effect=True)
             done = expanded[id(storage)] = set()
+        if not contents:
+            continue
         for i in range(_last_overwrite(storage, version), version):
             if i not in done:
                 done.add(i)
-                nodes.append(storage.writers[i])
-        for node in nodes:
-            if id(node) not in needed:
-                needed[id(node)] = node
-                work.extend(zip(node.inputs, node.reads))
-    return Plan(sorted(needed.values(), key=lambda n: n.seq), cached)
+                _need(storage.writers[i], needed, must_run, work, effect=True)
+    passthrough = set(needed) - must_run
+    return Plan(sorted(needed.values(), key=lambda n: n.seq), cached, passthrough)
+
+
+def _need(node: Node, needed: dict[int, Node], must_run: set[int], work: list, effect: bool):
+    """Add ``node`` and queue what it reads.
+
+    Without ``effect`` only its output object is wanted (an in-place write
+    whose contents no one reads): replay passes its first argument through.
+    A node that overwrites all of its first argument needs that argument's
+    object, not its contents.
+    """
+    first = id(node) not in needed
+    if first:
+        needed[id(node)] = node
+    if effect and id(node) not in must_run:
+        must_run.add(id(node))
+        hides = _writes_in_place(node) and _overwrites(node, node.writes[0][0])
+        for i, (value, version) in enumerate(zip(node.inputs, node.reads)):
+            work.append((value, version, not (hides and i == 0)))
+    elif first and not effect:
+        work.append((node.inputs[0], node.reads[0], False))
+
+
+def _writes_in_place(node: Node) -> bool:
+    """An in-place node whose first argument is the one tensor it writes and returns,
+    with its layout unchanged (not ``t_``, ``set_``, ``resize_``)."""
+    if len(node.writes) != 1 or len(node.outputs) != 1 or not node.leaves:
+        return False
+    first, out = node.leaves[0], node.outputs[0]
+    return (
+        isinstance(first, Value)
+        and first.storage is node.writes[0][0]
+        and out.storage is first.storage
+        and out.meta == first.meta
+    )
 
 
 # In-place ops that set every element they write whatever its value was.

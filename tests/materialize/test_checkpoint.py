@@ -218,3 +218,27 @@ def test_deferred_init_of_from_pretrained_matches_from_pretrained(tmp_path):
     assert torchdefer.is_deferred(model)
     torchdefer.materialize_module(model)
     assert_same_module(model, reference)
+
+
+def test_a_new_head_costs_only_its_own_draws(monkeypatch):
+    """With exact generator positions, nothing of the loaded model's init is replayed."""
+    from torchdefer.materialize.rng import RngReplay
+
+    drawn = []
+    run = RngReplay.run
+
+    def counting(self, node, args, kwargs):
+        drawn.append(node)
+        return run(self, node, args, kwargs)
+
+    monkeypatch.setattr(RngReplay, "run", counting)
+    model = _deferred(lambda: _llama(tie=False))
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in state.items()}
+    torchdefer.load_state_dict(model, state)
+    head = model.lm_head.weight
+    assert drawn, "the head's init was not replayed at all"
+    # Every replayed draw wrote the head (its constructor init is hidden by
+    # _init_weights' normal_, so only that one runs).
+    assert all(n.outputs[0].meta.size == tuple(head.shape) for n in drawn)
+    assert len(drawn) == 1

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import types
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -61,3 +65,97 @@ def test_default_device_set_before_deferred_init_is_put_back():
 def test_hash_tensor_fallback_has_the_bits_of_torch_hash_tensor(t):
     expected = torch.hash_tensor(t).view(torch.int64)
     assert torch.equal(_compat._xor_fold(t), expected)
+
+
+# ---- the boundary: private torch APIs only in torchdefer._compat ---------------
+
+PACKAGE = Path(torchdefer.__file__).parent
+ALLOWED_PRIVATE_MODULES = ("torch.utils._pytree",)  # documented for registering containers
+ALLOWED_PRIVATE_NAMES = {("torch.utils._python_dispatch", "TorchDispatchMode")}  # documented
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _private_module_attribute(dotted: str) -> str | None:
+    """The first ``module._name`` in ``dotted`` (a chain rooted at ``torch``), or None."""
+    obj = torch
+    parts = dotted.split(".")
+    for i, name in enumerate(parts[1:], start=1):
+        if name.startswith("_") and not name.startswith("__") and isinstance(obj, types.ModuleType):
+            return ".".join(parts[: i + 1])
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return None
+
+
+def _private_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            if node.module.startswith(ALLOWED_PRIVATE_MODULES):
+                continue
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                if (node.module, alias.name) in ALLOWED_PRIVATE_NAMES:
+                    continue
+                if any(p.startswith("_") and not p.startswith("__") for p in name.split(".")):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch" and not alias.name.startswith(ALLOWED_PRIVATE_MODULES) \
+                        and any(p.startswith("_") for p in alias.name.split(".")):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.Attribute):  # inner links of a chain give the same prefix
+            dotted = _dotted(node)
+            if dotted and dotted.startswith("torch.") and not dotted.startswith("torch.ops."):
+                private = _private_module_attribute(dotted)
+                if private and not private.startswith(ALLOWED_PRIVATE_MODULES):
+                    found.append(f"line {node.lineno}: {private}")
+    return sorted(set(found))
+
+
+def test_private_torch_apis_are_used_only_in_the_compat_package():
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "_compat" in path.relative_to(PACKAGE).parts:
+            continue
+        uses = _private_uses(path)
+        if uses:
+            offenders[str(path.relative_to(PACKAGE))] = uses
+    assert not offenders, (
+        "private torch APIs outside torchdefer._compat (add a binding there and use it): "
+        f"{offenders}"
+    )
+
+
+def test_the_boundary_check_sees_each_form_of_private_use(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import torch\n"
+        "import torch._dynamo\n"
+        "from torch._subclasses.fake_tensor import FakeTensor\n"
+        "from torch import _meta_registrations\n"
+        "from torch.utils._python_dispatch import _disable_current_modes\n"
+        "from torch.utils._python_dispatch import TorchDispatchMode\n"
+        "from torch.utils._pytree import tree_map\n"
+        "x = torch._C._storage_id\n"
+        "y = torch.ops.aten._to_copy.default\n"
+        "z = torch.Tensor._make_subclass\n"
+    )
+    assert _private_uses(sample) == [
+        "line 2: import torch._dynamo",
+        "line 3: from torch._subclasses.fake_tensor import FakeTensor",
+        "line 4: from torch import _meta_registrations",
+        "line 5: from torch.utils._python_dispatch import _disable_current_modes",
+        "line 8: torch._C",
+    ]

@@ -14,10 +14,11 @@ every call::
     torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
 
 Each module's docstring says how its part works and why. Modules import only
-those before them in this order: ``errors``, ``_torch``, ``_expr``,
+those before them in this order: ``errors``, ``_expr``,
 ``meta_tensor_type``, ``tree``, ``checker``, ``weights``, ``outputs``,
-``_conflict``, the backends, ``program``, ``archive``, ``describe``. Private
-and version-sensitive torch APIs are confined to ``_torch``.
+``_conflict``, the backends, ``program``, ``archive``, ``describe``. The
+private torch APIs they use (export's serializer, ShapeEnv, dynamo) come
+from the project's compat package, ``torchdefer._compat.export``.
 """
 
 from torchdefer.descriptors.archive import load, save

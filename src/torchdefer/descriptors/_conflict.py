@@ -1,7 +1,7 @@
 """Why an export failed, written in the descriptors' names with the model's line.
 
 Export reports a contradiction as "Constraints violated (b)" with its own
-symbols (``s77``). The ShapeEnv we gave it (``_torch.export_tracing``) keeps
+symbols (``s77``). The ShapeEnv we gave it (``compat.export_tracing``) keeps
 a record per guard: the condition and the line that added it. Symbols are
 renamed through their sources (input ``x``, dim 1 -> ``'b'``); guards that
 hold for every length the descriptors allow (``Eq(Mod(b*t, b), 0)``) are left
@@ -22,7 +22,7 @@ from typing import Any
 
 import sympy
 
-from torchdefer.descriptors import _torch
+from torchdefer._compat import export as compat
 from torchdefer.descriptors.checker import show_key
 
 __all__ = ["conflict"]
@@ -40,7 +40,7 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
     display: dict[str, str] = {}  # export symbol -> descriptor name
     bounds: dict[str, tuple[int, int | None]] = {}  # descriptor name of a tensor dim -> range
     inputs = dict(zip(plan.names, plan.leaves))
-    for symbol, (name, dim) in _torch.symbol_sources(shape_env).items():
+    for symbol, (name, dim) in compat.symbol_sources(shape_env).items():
         if name in inputs:
             path, leaf = inputs[name]
             d = None if dim is None else leaf.shape[dim]
@@ -48,10 +48,10 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
             display[symbol.name] = show_key(key)
             if dim is not None:
                 bounds[display[symbol.name]] = plan.ranges.get(key, (0, None))
-    if _torch.is_constraint_violation(error):
+    if compat.is_constraint_violation(error):
         return _violation(error, shape_env, display, bounds, qualname)
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(_torch.LIBRARY_FILES)
+              if not f.filename.startswith(compat.LIBRARY_FILES)
               and not (f.filename.startswith(_STDLIB) and "-packages" not in f.filename)]
     where = _line(frames[-1].filename, frames[-1].lineno or 0, frames[-1].name) if frames else (
         "<no user frame>")
@@ -102,7 +102,7 @@ def _restricts(expr: Any, display: Mapping[str, str],
             allowed = [v for v in _SAMPLES if max(lo, 2) <= v <= (hi or v)] or [max(lo, 2)]
             pick[name] = (allowed[attempt % len(allowed)] if attempt < len(_SAMPLES)
                           else rng.choice(allowed))
-        if _torch.evaluate(expr, {s: pick[d] for s, d in shown.items()}) is not True:
+        if compat.evaluate(expr, {s: pick[d] for s, d in shown.items()}) is not True:
             return True
     return False
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import sympy
 
-from torchdefer.descriptors._torch import int_oo, prefix_str
-from torchdefer.descriptors._torch import sympy_functions as _fns
+from torchdefer._compat.export import int_oo, prefix_str
+from torchdefer._compat.export import sympy_functions as _fns
 
 __all__ = ["TORCH_SYMBOL", "UnsafeExpression", "parse"]
 

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors import _torch
+from torchdefer._compat import export as compat
 from torchdefer.descriptors._expr import UnsafeExpression, parse
 from torchdefer.descriptors.checker import Param, concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
@@ -198,7 +198,7 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             source = (source if has_data(source) else _meta(t)).detach()
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
-        graph = json.loads(_torch.serialize(ep, _meta))
+        graph = json.loads(compat.serialize(ep, _meta))
         graph["guards_code"] = []  # Python source torch would exec; coverage replaces it
         files[f"graph{i}.json"] = json.dumps(graph).encode()
         constants = {}
@@ -242,7 +242,7 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
         persistent = {n: t for n, t in state.items() if n not in constants}
         # torch's verifier, run by the deserializer, refuses nodes that call
         # anything but operators (test_archive checks it still does).
-        return _torch.deserialize(json.dumps(graph).encode(), persistent, constants)
+        return compat.deserialize(json.dumps(graph).encode(), persistent, constants)
 
 
 def _expressions(data: Any) -> Iterator[str]:

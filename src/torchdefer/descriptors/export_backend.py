@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from torchdefer.descriptors import _torch
+from torchdefer._compat import export as compat
 from torchdefer.descriptors._conflict import conflict
 from torchdefer.descriptors._expr import parse
 from torchdefer.descriptors.checker import Key, Param, show_key
@@ -64,7 +64,7 @@ class Coverage:
                 out[self.keys[i]] = value
         for guard in self.guards:
             keys = {s: self.keys[int(s.name[1:])] for s in guard.free_symbols}
-            if _torch.evaluate(guard, {s: env[k] for s, k in keys.items()}) is not True:
+            if compat.evaluate(guard, {s: env[k] for s, k in keys.items()}) is not True:
                 keys = list(keys.values())
                 # Fix the unnamed sizes a guard ties to named ones; names stay symbolic.
                 out.update((k, env[k]) for k in [k for k in keys if type(k) is tuple] or keys)
@@ -213,9 +213,9 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
     recipes: list[OutputRecipe] = []  # filled by the traced call
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
     state = _fake_weights(wrapper)
-    with _torch.fake_mode():
+    with compat.fake_mode():
         examples = plan.examples()
-    with _torch.export_tracing() as shape_env, _torch.reparametrize(wrapper, state), _kept(target):
+    with compat.export_tracing() as shape_env, compat.reparametrize(wrapper, state), _kept(target):
         try:
             program = torch.export.export(wrapper, tuple(examples),
                                           dynamic_shapes=tuple(plan.specs), strict=False)
@@ -351,7 +351,7 @@ def _fake_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     metas = [(n, id(t), tuple(t.shape), t.stride(), t.dtype, t.device,
               isinstance(t, torch.nn.Parameter), t.requires_grad) for n, t in named]
     twins: dict[int, torch.Tensor] = {}
-    with _torch.fake_mode():
+    with compat.fake_mode():
         for _, identity, shape, stride, dtype, device, is_param, grad in metas:
             if identity not in twins:
                 twin = torch.empty_strided(shape, stride, dtype=dtype, device=device)

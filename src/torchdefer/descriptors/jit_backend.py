@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from torchdefer.descriptors import _torch
+from torchdefer._compat import export as compat
 from torchdefer.descriptors.checker import NOT_ACCEPTED, Param
 from torchdefer.descriptors.export_backend import Coverage
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
@@ -118,8 +118,8 @@ class JitRunner:
             if isinstance(p.node, MetaTensorType):
                 value.setType(_refined(value.type(), p.node))
             self.keep.insert(0, i)
-        _torch.jit_fold(graph)
-        self.function, self.graph = _torch.jit_function(graph), str(graph)
+        compat.jit_fold(graph)
+        self.function, self.graph = compat.jit_function(graph), str(graph)
         self.sync = _Sync(live, scripted) if live is not None and self.is_module else None
 
     def __call__(self, args: tuple[Any, ...]) -> Any:

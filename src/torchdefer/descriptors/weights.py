@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchdefer.descriptors._torch import FakeTensor
+from torchdefer._compat.export import FakeTensor
 from torchdefer.fake import is_fake
 
 __all__ = ["Weights", "has_data", "lookup"]

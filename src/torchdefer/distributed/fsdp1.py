@@ -28,6 +28,7 @@ from typing import Any
 
 from torch import nn
 
+from torchdefer import _compat
 from torchdefer.materialize import materialize_module as materialize_plain
 from torchdefer.recorder import DeferredTensor
 
@@ -82,7 +83,7 @@ def fsdp1_deferred_init() -> Iterator[None]:
     Raises:
         RuntimeError: this PyTorch's FSDP1 no longer has the hook it relies on.
     """
-    from torch.distributed.fsdp import _init_utils
+    _init_utils = _compat.fsdp1_init_utils()
 
     original = getattr(_init_utils, "_need_to_materialize_module", None)
     if original is None:

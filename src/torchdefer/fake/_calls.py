@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.fake._grad import (
     NOT_HANDLED,
     call_without_autograd,
@@ -135,7 +136,7 @@ def _to_missing_device(func, args: tuple, kwargs: dict):
         device: Any = torch.device("cuda", index) if isinstance(index, int) else index or "cuda"
         rest, kwargs = (device,), {"non_blocking": kwargs.get("non_blocking", False)}
     copy = bool(kwargs.pop("copy", False))
-    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*rest, **kwargs)
+    device, dtype, non_blocking, memory_format = _compat.parse_to(*rest, **kwargs)
     device = self.device if device is None else normalize(device)
     if device_available(device) and device_available(self.device):
         return None

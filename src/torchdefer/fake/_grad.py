@@ -23,14 +23,15 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
 
 __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
-_IS_LEAF = torch._C.TensorBase.is_leaf.__get__
-_SET_REQUIRES_GRAD = torch._C.TensorBase.requires_grad.__set__
+_IS_LEAF = _compat.TensorBase.is_leaf.__get__
+_SET_REQUIRES_GRAD = _compat.TensorBase.requires_grad.__set__
 _NOT_HANDLED = object()
 
 
@@ -123,7 +124,7 @@ def _twins(tree: Any) -> Any:
 
 def _twin(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
+        with _compat.DisableTorchFunctionSubclass():
             twin = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
             if not x.requires_grad:
                 return twin

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
+
 __all__ = ["ANSWERS", "is_question"]
 
 aten = torch.ops.aten
@@ -28,7 +30,7 @@ aten = torch.ops.aten
 def _is_set_to(self: torch.Tensor, src: torch.Tensor) -> bool:
     # aten/src/ATen/native/TensorProperties.cpp: same storage, offset, sizes, strides.
     return (
-        torch._C._storage_id(self) == torch._C._storage_id(src)
+        _compat.storage_id(self) == _compat.storage_id(src)
         and self.storage_offset() == src.storage_offset()
         and self.shape == src.shape
         and self.stride() == src.stride()

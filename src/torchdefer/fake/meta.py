@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.fake.tensor import FakeTensor
 
 __all__ = ["meta_like"]
@@ -34,6 +35,6 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
             f"got a real {type(fake).__name__} on {fake.device}; use "
             "torch.empty_like(t, device='meta') for real tensors."
         )
-    with torch._C.DisableTorchFunctionSubclass():
+    with _compat.DisableTorchFunctionSubclass():
         out = torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device="meta")
     return out.requires_grad_(fake.requires_grad)

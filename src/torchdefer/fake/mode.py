@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
 from torchdefer.fake.tensor import (
     FakeTensor,
@@ -44,23 +45,23 @@ class FakeSlotMode(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._mode_key = torch._C._TorchDispatchModeKey.FAKE
+        self._mode_key = _compat.FAKE_MODE_KEY
         self._lift_cpu_only = False
 
     def __enter__(self) -> FakeSlotMode:
-        self._lift_cpu_only = torch._C._only_lift_cpu_tensors()
-        torch._C._set_only_lift_cpu_tensors(True)
+        self._lift_cpu_only = _compat.only_lift_cpu_tensors()
+        _compat.set_only_lift_cpu_tensors(True)
         try:
             return super().__enter__()
         except BaseException:
-            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+            _compat.set_only_lift_cpu_tensors(self._lift_cpu_only)
             raise
 
     def __exit__(self, *exc: object) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            torch._C._set_only_lift_cpu_tensors(self._lift_cpu_only)
+            _compat.set_only_lift_cpu_tensors(self._lift_cpu_only)
 
 
 class FakeMode(FakeSlotMode):
@@ -136,7 +137,7 @@ def faking() -> Iterator[None]:
     tensor) must give fake tensors, and only a mode in PyTorch's FAKE slot
     lets them pass CUDA's lazy initialization on a host without it.
     """
-    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+    if _compat.get_dispatch_mode(_compat.FAKE_MODE_KEY) is not None:
         yield
         return
     with FakeMode(fake_cuda=True):
@@ -147,15 +148,14 @@ def faking() -> Iterator[None]:
 def no_fake_modes() -> Iterator[None]:
     """Run plain torch code while a fake or recording mode is active.
 
-    ``_disable_current_modes`` leaves PyTorch's FAKE mode slot alone, so the
+    ``_compat.disable_current_modes`` leaves PyTorch's FAKE mode slot alone, so the
     mode there is taken out and put back here.
     """
-    from torch.utils._python_dispatch import _disable_current_modes
 
-    mode = torch._C._unset_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    mode = _compat.unset_dispatch_mode(_compat.FAKE_MODE_KEY)
     try:
-        with _disable_current_modes():
+        with _compat.disable_current_modes():
             yield
     finally:
         if mode is not None:
-            torch._C._set_dispatch_mode(mode)
+            _compat.set_dispatch_mode(mode)

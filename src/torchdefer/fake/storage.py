@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.fake.tensor import FakeTensorError
 
 __all__ = ["STORAGE_GETTERS", "FakeTypedStorage", "FakeUntypedStorage", "adopt", "storage_owner"]
@@ -116,7 +117,7 @@ def address(storage: Any) -> int:
 
 def data_ptr(tensor: torch.Tensor) -> int:
     """``tensor.data_ptr()`` of a fake tensor: its storage's address plus its offset."""
-    with torch._C.DisableTorchFunctionSubclass():
+    with _compat.DisableTorchFunctionSubclass():
         storage = tensor.untyped_storage()
         offset = tensor.storage_offset() * tensor.element_size()
     base = address(adopt(storage, tensor, tensor.fake_device))  # type: ignore[attr-defined]
@@ -151,6 +152,6 @@ def storage_owner(storage: Any) -> torch.Tensor | None:
         storage = storage._untyped_storage
     ref = getattr(storage, "__dict__", {}).get("_torchdefer_owner")
     owner = None if ref is None else ref()
-    if owner is None or torch._C._storage_id(owner) != storage._cdata:
+    if owner is None or _compat.storage_id(owner) != storage._cdata:
         return None
     return owner

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import _meta_registrations
 from torch.utils._pytree import tree_map
 
+from torchdefer import _compat
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
@@ -98,7 +98,7 @@ class FakeTensor(torch.Tensor):
         from torchdefer.fake.mode import faking
         from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 
-        with faking(), torch._C.DisableTorchFunctionSubclass():
+        with faking(), _compat.DisableTorchFunctionSubclass():
             out = call_grad_safe(func, args, kwargs)
         if func in STORAGE_GETTERS:
             return adopt(out, args[0], args[0].fake_device)
@@ -157,21 +157,21 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     if "device" in kwargs:
         kwargs = {**kwargs, "device": torch.device("meta")}
     device = normalize(device)
-    previous = torch._C._meta_in_tls_dispatch_include()
-    hint = _meta_registrations.device_hint
+    previous = _compat.meta_in_tls_dispatch_include()
+    hint = _compat.meta_registrations.device_hint
     STATE.in_kernel = True
-    torch._C._set_meta_in_tls_dispatch_include(True)
+    _compat.set_meta_in_tls_dispatch_include(True)
     # Meta kernels whose output layout differs by device (svd, eig, conv with
     # channels_last, fft) ask device_hint(), which knows only PyTorch's own
     # FakeTensor and says "cuda" for anything else on meta.
-    _meta_registrations.device_hint = _device_hint
+    _compat.meta_registrations.device_hint = _device_hint
     try:
-        with torch._C._DisableTorchDispatch():
+        with _compat.DisableTorchDispatch():
             out = eager_layout(func, args, kwargs, func(*args, **kwargs))
     finally:
-        _meta_registrations.device_hint = hint
+        _compat.meta_registrations.device_hint = hint
         STATE.in_kernel = False
-        torch._C._set_meta_in_tls_dispatch_include(previous)
+        _compat.set_meta_in_tls_dispatch_include(previous)
     return out, device
 
 
@@ -194,11 +194,11 @@ def _mixes_devices(tensors: list[torch.Tensor]) -> bool:
     return False
 
 
-_original_device_hint = _meta_registrations.device_hint
+_original_device_hint = _compat.meta_registrations.device_hint
 
 
 def _device_hint(tensor: Any) -> str:
-    """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
+    """``torch._compat.meta_registrations.device_hint`` that also knows our fake tensors."""
     device = getattr(tensor, "fake_device", None)
     if device is not None:
         return device.type

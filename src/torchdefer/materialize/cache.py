@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from torchdefer import _compat
 from torchdefer.recorder.graph import Graph, Storage, TensorMeta, Value
 
 __all__ = ["ReplayCache", "cache_for", "rebuild"]
@@ -93,7 +94,7 @@ def rebuild(meta: TensorMeta, storage: torch.UntypedStorage, device: torch.devic
     if meta.conj:
         out = out.conj()
     if meta.neg:
-        out = torch._neg_view(out)
+        out = _compat.neg_view(out)
     return out
 
 

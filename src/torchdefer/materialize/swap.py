@@ -31,6 +31,7 @@ import copyreg
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.materialize.errors import SwapError
 from torchdefer.recorder._copy import user_attributes
 from torchdefer.recorder.mode import suspended
@@ -55,7 +56,7 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         if cls is torch.Tensor:
             out = real.detach().requires_grad_(fake.requires_grad)
         else:
-            out = torch._C.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
+            out = _compat.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
     out.__dict__.update(user_attributes(fake))
     return out
 
@@ -81,7 +82,7 @@ def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
         )
     try:
         # First, so that nothing has changed if PyTorch refuses.
-        torch._C._swap_tensor_impl(fake, shell)
+        _compat.swap_tensor_impl(fake, shell)
     except RuntimeError as e:
         raise SwapError(
             f"Cannot make '{path}' real in place: PyTorch refuses to swap a tensor whose "

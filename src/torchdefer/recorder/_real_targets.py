@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.fake.tensor import FakeTensor, flat_tensors
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
@@ -27,7 +28,7 @@ from torchdefer.recorder.source import user_frame
 
 __all__ = ["refuse_collective", "write_real", "writes_real"]
 
-_FAKE_SLOT = torch._C._TorchDispatchModeKey.FAKE
+_FAKE_SLOT = _compat.FAKE_MODE_KEY
 # Namespaces of the collective ops (c10d: process-group ops; the functional
 # ones are what DTensor redistribution and FSDP2 all-gathers dispatch).
 _COLLECTIVE_NAMESPACES = frozenset(
@@ -86,7 +87,7 @@ def writes_real(func: Any, args: tuple, kwargs: dict) -> bool:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         target = any(_is_real(o) for o in outs)
     # Inside deferred_init the recorder refuses such writes, as for any real tensor.
-    return target and not isinstance(torch._C._get_dispatch_mode(_FAKE_SLOT), _recording_mode())
+    return target and not isinstance(_compat.get_dispatch_mode(_FAKE_SLOT), _recording_mode())
 
 
 _in_place: dict[Any, bool] = {}
@@ -114,7 +115,7 @@ def write_real(func: Any, args: tuple, kwargs: dict) -> Any:
     kwargs = {k: real(v) for k, v in kwargs.items()}
     if any(isinstance(t, FakeTensor) for t in flat_tensors(args, kwargs)):
         return NotImplemented  # a plain fake tensor among them: not ours to compute
-    with torch._C.DisableTorchFunctionSubclass():
+    with _compat.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 
 

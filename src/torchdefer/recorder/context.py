@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchdefer import _compat
 from torchdefer._compat import default_device_context, restore_default_device
 from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
@@ -29,7 +30,7 @@ from torchdefer.recorder.subclasses import subclassing
 
 __all__ = ["deferred"]
 
-_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_FAKE = _compat.FAKE_MODE_KEY
 
 
 @contextlib.contextmanager
@@ -60,7 +61,7 @@ def deferred() -> Iterator[Graph]:
     >>> torch.equal(real.weight, eager.weight)
     True
     """
-    active = torch._C._get_dispatch_mode(_FAKE)
+    active = _compat.get_dispatch_mode(_FAKE)
     if active is not None and not isinstance(active, RecordingMode):
         raise RecordingError(
             f"torchdefer.deferred() / deferred_init was entered inside {type(active).__name__}, "

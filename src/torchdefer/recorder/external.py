@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer import _compat
+
 __all__ = ["ExternalRef"]
 
 _CHUNK = 64 * 2**20  # bytes copied to the host at a time for non-CPU tensors
@@ -56,7 +58,7 @@ class ExternalRef:
 
 def _storage(t: torch.Tensor) -> int:
     try:
-        return torch._C._storage_id(t)
+        return _compat.storage_id(t)
     except RuntimeError:  # a wrapper subclass without storage (DTensor)
         return -1
 

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
+from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode
 from torchdefer.fake.tensor import reported_device
 from torchdefer.recorder._real_targets import refuse_collective
@@ -15,7 +15,7 @@ from torchdefer.recorder.graph import Graph
 
 __all__ = ["RecordingMode", "recording", "suspended"]
 
-_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_FAKE = _compat.FAKE_MODE_KEY
 
 
 class RecordingMode(FakeSlotMode):
@@ -43,7 +43,7 @@ class RecordingMode(FakeSlotMode):
 @contextlib.contextmanager
 def recording(graph: Graph) -> Iterator[None]:
     """Record into ``graph`` unless a recording is already active."""
-    if isinstance(torch._C._get_dispatch_mode(_FAKE), RecordingMode):
+    if isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
         yield
         return
     with RecordingMode(graph):
@@ -57,10 +57,10 @@ def suspended() -> Iterator[None]:
     ``torch.utils._python_dispatch._disable_current_modes`` leaves the FAKE
     slot alone, so the recording mode is taken out and put back here.
     """
-    mode = torch._C._unset_dispatch_mode(_FAKE)
+    mode = _compat.unset_dispatch_mode(_FAKE)
     try:
-        with _disable_current_modes():
+        with _compat.disable_current_modes():
             yield
     finally:
         if mode is not None:
-            torch._C._set_dispatch_mode(mode)
+            _compat.set_dispatch_mode(mode)

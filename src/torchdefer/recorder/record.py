@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
+from torchdefer import _compat
 from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
@@ -78,7 +78,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         out, device = _fill_in_place(func, args, kwargs) or run_on_meta(
             func, args, _without_generator(kwargs)
         )
-    except (NotImplementedError, DynamicOutputShapeException) as e:
+    except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
         # Shape errors and the like are the user's and read as in eager code;
@@ -348,7 +348,7 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
                 storage = o._value.storage
             elif storage is None:
                 storage = storages[key] = graph.new_storage(node, _nbytes(o))
-            with torch._C.DisableTorchFunctionSubclass():  # plain metadata reads
+            with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
                 meta = TensorMeta.of(o, o.fake_device)
             o._value = Value(node, k, storage, meta)
             node.outputs.append(o._value)
@@ -363,13 +363,13 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    with torch._C.DisableTorchFunctionSubclass():
+    with _compat.DisableTorchFunctionSubclass():
         return t.untyped_storage().nbytes()
 
 
 def _storage_id(t: torch.Tensor) -> int:
     # The storage's address; a fake tensor's storage is its meta storage.
-    return torch._C._storage_id(t)
+    return _compat.storage_id(t)
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:
@@ -406,7 +406,7 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     real = read_value(fake)
     # numpy() detaches internally: with the recording mode on, that detach
     # would be recorded and the array would read a fake tensor's memory.
-    with suspended(), torch._C.DisableTorchFunctionSubclass():
+    with suspended(), _compat.DisableTorchFunctionSubclass():
         result = func(real, *args[1:], **kwargs)
     if func in (torch.Tensor.numpy, torch.Tensor.__array__):
         # The array would share memory with a real tensor nobody keeps; own it,
@@ -431,8 +431,8 @@ def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:
                 (new._value,), (new._value.storage.version,))
     node.source = user_frame(2)
     node.graph = graph
-    with torch._C.DisableTorchFunctionSubclass():
-        torch._C.TensorBase.data.__set__(target, new)
+    with _compat.DisableTorchFunctionSubclass():
+        _compat.TensorBase.data.__set__(target, new)
     target.fake_device = new.fake_device
     target._value = Value(node, 0, new._value.storage, new._value.meta)
     node.outputs.append(target._value)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
@@ -78,7 +79,7 @@ class RngRecorder:
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
         """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
         # The generator states and the tensors below are real: no mode may see them.
-        with torch._C._DisableTorchDispatch():
+        with _compat.DisableTorchDispatch():
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
+from torchdefer import _compat
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.tensor import DeferredTensor
 
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 _classes: dict[type, type] = {torch.Tensor: DeferredTensor}
-_original_make_subclass = torch._C.TensorBase._make_subclass
+_original_make_subclass = _compat.TensorBase._make_subclass
 
 
 def user_class(tensor: DeferredTensor) -> type:
@@ -141,7 +142,7 @@ def detach_for_parameter(tensor: DeferredTensor) -> torch.Tensor:
     from torchdefer.fake._calls import call_grad_safe
     from torchdefer.recorder.mode import recording
 
-    with recording(tensor._graph), torch._C.DisableTorchFunctionSubclass():
+    with recording(tensor._graph), _compat.DisableTorchFunctionSubclass():
         out = call_grad_safe(torch.Tensor.detach, (tensor,), {})
     if user_class(tensor) is nn.Parameter and _parameter_class_being_built(sys._getframe(2)):
         out.__class__ = type(tensor)
@@ -184,7 +185,7 @@ def subclassing() -> Iterator[None]:
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass
     # when first imported (which PyTorch does lazily, often while a
     # constructor runs): it must see the original, not the function below.
-    import torch._dynamo
+    _compat.import_dynamo()
 
     with _lock:
         if _depth == 0:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from torchdefer import _compat
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.storage import data_ptr as fake_data_ptr
@@ -70,7 +70,7 @@ class DeferredTensor(FakeTensor):
             return detach_for_parameter(args[0])
         if writes_real(func, args, kwargs):
             return write_real(func, args, kwargs)
-        with recording(graph_of(args, kwargs)), torch._C.DisableTorchFunctionSubclass():
+        with recording(graph_of(args, kwargs)), _compat.DisableTorchFunctionSubclass():
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
             out._value.node.kind = NodeKind.DATA_GET
@@ -149,7 +149,7 @@ def holds_deferred(t: object) -> bool:
     """A deferred tensor, or a wrapper (DTensor, FSDP2 parameter) around one."""
     if isinstance(t, DeferredTensor):
         return True
-    if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+    if isinstance(t, torch.Tensor) and _compat.is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         return any(holds_deferred(getattr(t, name)) for name in names)
     return False

@@ -7,8 +7,12 @@ torch version, so a torch upgrade that moves or fixes something is one edit
 in this file. Each shim detects the feature, not the version number, and says
 which releases need it, so it can be dropped when the floor passes them.
 
-Not everything private lives here yet: the uses that needed no shim are still
-at their call sites, to be moved in one step.
+The bindings below are plain aliases (no wrapper: several sit on the
+per-op hot path); ``export.py`` holds the ones only the descriptors use
+(torch.export's serializer, ShapeEnv, dynamo). Outside this package the code
+uses no ``torch._*`` name; ``tests/test_compat.py`` checks that by parsing
+every module. The exceptions are the two documented extension points
+``torch.utils._pytree`` and ``TorchDispatchMode``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,72 @@ import inspect
 from typing import Any
 
 import torch
+from torch import _meta_registrations as meta_registrations
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
+from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
+    "FAKE_MODE_KEY",
+    "DisableTorchDispatch",
+    "DisableTorchFunctionSubclass",
+    "DynamicOutputShapeException",
+    "TensorBase",
     "default_device_context",
+    "disable_current_modes",
+    "fsdp1_init_utils",
+    "get_dispatch_mode",
     "hash_tensor",
+    "import_dynamo",
+    "is_traceable_wrapper_subclass",
+    "meta_in_tls_dispatch_include",
+    "meta_registrations",
+    "neg_view",
+    "only_lift_cpu_tensors",
+    "parse_to",
     "restore_default_device",
     "serialize_exported_program",
+    "set_dispatch_mode",
+    "set_meta_in_tls_dispatch_include",
+    "set_only_lift_cpu_tensors",
+    "storage_id",
+    "swap_tensor_impl",
+    "unset_dispatch_mode",
 ]
+
+# ---- torch._C bindings (stable across 2.8-2.15) ---------------------------------
+
+TensorBase = torch._C.TensorBase
+"""The C tensor class: its slot descriptors (``is_leaf``, ``data``) skip ``__torch_function__``."""
+DisableTorchFunctionSubclass = torch._C.DisableTorchFunctionSubclass
+DisableTorchDispatch = torch._C._DisableTorchDispatch
+FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
+"""The dispatch-mode slot torchdefer's modes occupy, as PyTorch's FakeTensorMode does."""
+get_dispatch_mode = torch._C._get_dispatch_mode
+set_dispatch_mode = torch._C._set_dispatch_mode
+unset_dispatch_mode = torch._C._unset_dispatch_mode
+only_lift_cpu_tensors = torch._C._only_lift_cpu_tensors
+set_only_lift_cpu_tensors = torch._C._set_only_lift_cpu_tensors
+meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
+set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
+storage_id = torch._C._storage_id
+"""The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
+parse_to = torch._C._nn._parse_to
+"""``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
+swap_tensor_impl = torch._C._swap_tensor_impl
+neg_view = torch._neg_view
+
+
+def import_dynamo() -> None:
+    """Import ``torch._dynamo`` now: when first imported it patches ``Tensor._make_subclass``."""
+    import torch._dynamo  # noqa: F401
+
+
+def fsdp1_init_utils() -> Any:
+    """FSDP1's ``torch.distributed.fsdp._init_utils`` (its materialization hook lives there)."""
+    from torch.distributed.fsdp import _init_utils
+
+    return _init_utils
 
 
 def default_device_context() -> Any:

@@ -1,7 +1,8 @@
-"""Every private or version-sensitive torch API this package uses, in one place.
+"""The private torch APIs the descriptors use: torch.export's serializer, ShapeEnv, dynamo.
 
-Kept together so that they can move to the project's single compat module
-and be checked against each torch release at once.
+Part of the project's one compat package (``torchdefer._compat``), kept apart
+from the core's bindings because only ``torchdefer.descriptors`` imports it
+and it pulls in sympy and the export machinery.
 """
 
 from __future__ import annotations

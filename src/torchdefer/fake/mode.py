@@ -148,8 +148,8 @@ def faking() -> Iterator[None]:
 def no_fake_modes() -> Iterator[None]:
     """Run plain torch code while a fake or recording mode is active.
 
-    ``_compat.disable_current_modes`` leaves PyTorch's FAKE mode slot alone, so the
-    mode there is taken out and put back here.
+    ``torch.utils._python_dispatch._disable_current_modes`` leaves PyTorch's FAKE
+    mode slot alone, so the mode there is taken out and put back here.
     """
 
     mode = _compat.unset_dispatch_mode(_compat.FAKE_MODE_KEY)

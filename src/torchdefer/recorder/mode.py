@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake.mode import FakeSlotMode
+from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
 from torchdefer.fake.tensor import reported_device
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
@@ -50,17 +50,11 @@ def recording(graph: Graph) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
+def suspended() -> contextlib.AbstractContextManager[None]:
     """Run real code while a recording is active (replay, constants, data reads).
 
-    ``torch.utils._python_dispatch._disable_current_modes`` leaves the FAKE
-    slot alone, so the recording mode is taken out and put back here.
+    The recording mode sits in PyTorch's FAKE slot, which
+    ``disable_current_modes`` leaves alone: :func:`no_fake_modes` takes it out
+    and puts it back.
     """
-    mode = _compat.unset_dispatch_mode(_FAKE)
-    try:
-        with _compat.disable_current_modes():
-            yield
-    finally:
-        if mode is not None:
-            _compat.set_dispatch_mode(mode)
+    return no_fake_modes()

@@ -104,3 +104,14 @@ def _flat(x: Any):
         yield from (t for _, t in sorted(x.state_dict(keep_vars=True).items()))
     else:
         yield x
+
+
+def trunc_normal_reads_data() -> bool:
+    """Whether this torch's ``nn.init.trunc_normal_`` is a rejection loop (torch >= 2.13).
+
+    Before, it is erfinv of a uniform: elementwise, recorded op by op, and a
+    shard can be made from its own rows.
+    """
+    from torchdefer.recorder.composite import _reads_data
+
+    return _reads_data(torch.nn.init, "_no_grad_trunc_normal_")

@@ -12,6 +12,7 @@ FACTORS = {
     "svd_vh": lambda a: torch.linalg.svd(a)[2],
     "svd_reduced_vh": lambda a: torch.linalg.svd(a[:, :3], full_matrices=False)[2],
     "eig_vectors": lambda a: torch.linalg.eig(a)[1],
+    "batched_eig_vectors": lambda a: torch.linalg.eig(a.expand(2, 4, 4))[1],
     "qr_q": lambda a: torch.linalg.qr(a)[0],
     "eigh_vectors": lambda a: torch.linalg.eigh(a + a.T)[1],
 }

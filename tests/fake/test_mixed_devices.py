@@ -41,6 +41,9 @@ CASES = {
     "masked_fill_with_cpu_value": (lambda c, p: c.masked_fill(c > 0, torch.tensor(1.0)), False),
     "copy_between_devices": (lambda c, p: c.copy_(p), False),
     "setitem_from_cpu": (lambda c, p: c.__setitem__(0, p[0]), False),
+    # torch >= 2.15 sends this to index_fill_ only when the index is on c's device
+    "setitem_with_a_list_index": (lambda c, p: c.__setitem__(([0, 2], 1), 5.0), False),
+    "index_fill_with_cpu_index": (lambda c, p: c.index_fill_(0, torch.tensor([0, 1]), 1.0), True),
     "to_another_device": (lambda c, p: p.to(c.device) + c, False),
     "view_as_across_devices": (lambda c, p: c.view_as(p), False),
     "set_to_other_device": (lambda c, p: c.set_(p), True),

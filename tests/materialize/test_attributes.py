@@ -1,5 +1,9 @@
 """Tensors kept as plain module attributes are materialized too, and is_deferred sees them."""
 
+import dataclasses
+import functools
+import logging
+import types
 import warnings
 
 import torch
@@ -111,3 +115,73 @@ def test_check_fn_skips_the_attributes_of_modules_it_rejects():
     torchdefer.materialize_module(deferred, check_fn=lambda m: isinstance(m, Outer))
     assert not torchdefer.is_fake(deferred.scale)
     assert torchdefer.is_fake(deferred.inner.inv_freq)
+
+
+class RotaryCache:
+    """A cache that is a plain class, not a module (as some codebases write it)."""
+
+    def __init__(self, dim: int) -> None:
+        self.cos = torch.randn(3, dim)
+        self.sin = self.cos.sin()
+        self.owner_name = "attn"
+
+
+@dataclasses.dataclass(slots=True)
+class Tables:
+    scale: torch.Tensor
+    table: dict
+
+
+class WithObjects(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.rotary = RotaryCache(4)
+        self.tables = Tables(torch.rand(2), {"bias": torch.randn(3)})
+        self.ns = types.SimpleNamespace(offset=torch.arange(3.0) * 0.5, inner=RotaryCache(2))
+        self.mix = functools.partial(torch.add, torch.randn(2), alpha=torch.ones(()))
+        self.log = logging.getLogger("torchdefer-test")  # not looked into
+
+
+def _object_attributes(m: WithObjects):
+    return {
+        "rotary.cos": m.rotary.cos,
+        "rotary.sin": m.rotary.sin,
+        "tables.scale": m.tables.scale,
+        "tables.table['bias']": m.tables.table["bias"],
+        "ns.offset": m.ns.offset,
+        "ns.inner.cos": m.ns.inner.cos,
+        "mix.args[0]": m.mix.args[0],
+        "mix.keywords['alpha']": m.mix.keywords["alpha"],
+    }
+
+
+def test_tensors_held_by_plain_objects_slots_and_partials_materialize_like_eager():
+    eager, deferred = build_both(WithObjects)
+    assert torchdefer.is_deferred(deferred)
+    torchdefer.materialize_module(deferred.proj)
+    assert torchdefer.is_deferred(deferred)  # the objects' tensors are still deferred
+    torchdefer.materialize_module(deferred)
+    assert not torchdefer.is_deferred(deferred)
+    reference = _object_attributes(eager)
+    for name, real in _object_attributes(deferred).items():
+        assert_same_tensor(real, reference[name], name)
+
+
+def test_reached_tensors_names_paths_into_objects_and_visits_a_shared_object_once():
+    from torchdefer.recorder.reach import reached_tensors
+
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            cache = RotaryCache(2)
+            self.a = nn.Module()
+            self.b = nn.Module()
+            self.a.cache = cache
+            self.b.cache = cache
+
+    deferred = torchdefer.deferred_init(Shared)
+    paths = sorted(r.path for r in reached_tensors(deferred))
+    assert paths == ["a.cache.cos", "a.cache.sin"]
+    torchdefer.materialize_module(deferred)
+    assert not torchdefer.is_fake(deferred.b.cache.cos)

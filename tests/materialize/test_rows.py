@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchdefer
+from parity import trunc_normal_reads_data
 from torchdefer.materialize import Replay
 from torchdefer.materialize.rows import RowReplay
 
@@ -199,6 +200,9 @@ def test_ops_that_mix_elements_fall_back_and_stay_bit_for_bit(name):
     local = _slice(full, 10, 20, "clone")
     real, rows = _with_rows(local)
     assert torch.equal(real, eager[10:20])
+    if name == "trunc_normal" and not trunc_normal_reads_data():
+        assert rows.answered(local._value)  # before torch 2.13: erfinv of a uniform, elementwise
+        return
     assert not rows.answered(local._value)
     assert rows.why_not(local._value), "a fallback says which op stopped it"
 

@@ -1,11 +1,12 @@
 """Data-dependent init functions are recorded as one node and replayed by calling them."""
 
 import psutil
+import pytest
 import torch
 from torch import nn
 
 import torchdefer
-from parity import assert_same_tensor, check_module_parity, check_program
+from parity import assert_same_tensor, check_module_parity, check_program, trunc_normal_reads_data
 from torchdefer.recorder import NodeKind
 
 
@@ -30,6 +31,9 @@ def test_trunc_normal_models_match_eager_bit_for_bit():
 
 
 def test_trunc_normal_is_one_node_and_recording_reads_no_data():
+    if not trunc_normal_reads_data():
+        pytest.skip("this torch's trunc_normal_ (before 2.13: erfinv of a uniform) reads no "
+                    "data: it is recorded op by op")
     m = torchdefer.deferred_init(TitanBlock)
     node = m.wq.weight._value.node
     assert node.kind == NodeKind.RANDOM

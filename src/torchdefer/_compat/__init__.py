@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
+    "BCOMPLEX32",
     "FAKE_MODE_KEY",
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
@@ -75,6 +76,13 @@ parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
 swap_tensor_impl = torch._C._swap_tensor_impl
 neg_view = torch._neg_view
+
+
+BCOMPLEX32 = getattr(torch, "bcomplex32", None)
+"""torch 2.15's complex bfloat16. Its Python type promotion (the meta kernels'
+``_prims_common``) makes it bfloat16's complex counterpart, where the C++
+kernels eager runs on CPU/CUDA give complex64: ``arange(3) * 1j`` under a
+bfloat16 default dtype. None before 2.15."""
 
 
 def import_dynamo() -> None:

@@ -7,10 +7,11 @@ and it pulls in sympy and the export machinery.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -24,9 +25,10 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer._compat import serialize_exported_program
 
-__all__ = ["LIBRARY_FILES", "FakeTensor", "deserialize", "evaluate", "export_tracing", "fake_mode",
-           "int_oo", "is_constraint_violation", "jit_fold", "jit_function", "prefix_str",
-           "reparametrize", "serialize", "symbol_sources", "sympy_functions"]
+__all__ = ["LIBRARY_FILES", "FakeTensor", "deserialize", "evaluate", "example_mode",
+           "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
+           "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
+           "sympy_functions"]
 
 LIBRARY_FILES = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                  os.path.dirname(os.path.abspath(__file__)) + os.sep, "<")
@@ -52,18 +54,44 @@ def fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+def example_mode() -> Any:
+    """Where the example inputs handed to export inside :func:`export_tracing` are made.
+
+    Fake (no storage) where export fakes again the fake inputs of another
+    mode (torch 2.8, 2.12 and later); where it asserts that they share the
+    tracing context's mode (2.10), real, empty and never read: export fakes
+    them with symbolic sizes.
+    """
+    return fake_mode() if _takes_foreign_fakes() else nullcontext()
+
+
+@functools.cache
+def _takes_foreign_fakes() -> bool:
+    from torch._guards import detect_fake_mode
+
+    with fake_mode():
+        foreign = torch.empty(1)
+    with tracing(TracingContext(FakeTensorMode())):
+        try:
+            detect_fake_mode([foreign])
+        except AssertionError:
+            return False
+    return True
+
+
 @contextmanager
-def export_tracing() -> Iterator[ShapeEnv]:
-    """Run ``torch.export.export`` inside with a ShapeEnv we keep afterwards.
+def export_tracing() -> Iterator[FakeTensorMode]:
+    """Run ``torch.export.export`` inside with a fake mode (and its ShapeEnv) we keep.
 
     Non-strict export makes its own fake mode unless a ``TracingContext`` holds
     one (the path dynamo uses); giving it ours lets us read the guard records
-    and symbol sources also when export fails.
+    and symbol sources also when export fails. Fake weights must be made in
+    this mode (torch 2.10 asserts that every fake input shares it).
     """
     mode = FakeTensorMode(shape_env=_ShapeEnv(tracked_fakes=[], trace_asserts=True),
                           allow_non_fake_inputs=True, export=True)
     with tracing(TracingContext(mode)):
-        yield mode.shape_env
+        yield mode
 
 
 def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:

@@ -199,7 +199,8 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
         graph = json.loads(compat.serialize(ep, _meta))
-        graph["guards_code"] = []  # Python source torch would exec; coverage replaces it
+        if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
+            graph["guards_code"] = []  # coverage replaces it
         files[f"graph{i}.json"] = json.dumps(graph).encode()
         constants = {}
         for n, c in ep.constants.items():

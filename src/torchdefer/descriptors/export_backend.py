@@ -212,15 +212,18 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
     plan = _Plan(leaves, ranges, sizes or {})
     recipes: list[OutputRecipe] = []  # filled by the traced call
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
-    state = _fake_weights(wrapper)
-    with compat.fake_mode():
-        examples = plan.examples()
-    with compat.export_tracing() as shape_env, compat.reparametrize(wrapper, state), _kept(target):
-        try:
-            program = torch.export.export(wrapper, tuple(examples),
-                                          dynamic_shapes=tuple(plan.specs), strict=False)
-        except Exception as e:
-            raise DescriptorConflict(*conflict(e, shape_env, plan, qualname)) from e
+    with compat.example_mode():
+        examples = plan.examples()  # export fakes them again, with symbolic sizes
+    with compat.export_tracing() as mode:
+        # The weights in export's own mode: torch <= 2.10 wants one mode for all.
+        state = _fake_weights(wrapper, mode)
+        shape_env = mode.shape_env
+        with compat.reparametrize(wrapper, state), _kept(target):
+            try:
+                program = torch.export.export(wrapper, tuple(examples),
+                                              dynamic_shapes=tuple(plan.specs), strict=False)
+            except Exception as e:
+                raise DescriptorConflict(*conflict(e, shape_env, plan, qualname)) from e
     coverage = _coverage(_sizes(program, leaves), shape_env)
     training = target.training if isinstance(target, torch.nn.Module) else None
     return ExportRunner(program, params, concrete, recipes[-1], coverage, weights, qualname,
@@ -342,16 +345,16 @@ def _identifiers(paths: list[str]) -> list[str]:
     return names
 
 
-def _fake_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Fake twins of every weight (tying kept), with no storage at all. Metadata
-    is read outside the fake mode: deferred tensors answer through their own
-    dispatch, which must not run under it."""
+def _fake_weights(module: torch.nn.Module, mode: Any) -> dict[str, torch.Tensor]:
+    """Fake twins of every weight (tying kept) in fake ``mode``, with no storage
+    at all. Metadata is read outside the mode: deferred tensors answer through
+    their own dispatch, which must not run under it."""
     named = [*module.named_parameters(remove_duplicate=False),
              *module.named_buffers(remove_duplicate=False)]
     metas = [(n, id(t), tuple(t.shape), t.stride(), t.dtype, t.device,
               isinstance(t, torch.nn.Parameter), t.requires_grad) for n, t in named]
     twins: dict[int, torch.Tensor] = {}
-    with compat.fake_mode():
+    with mode:
         for _, identity, shape, stride, dtype, device, is_param, grad in metas:
             if identity not in twins:
                 twin = torch.empty_strided(shape, stride, dtype=dtype, device=device)

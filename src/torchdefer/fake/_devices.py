@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from torchdefer.fake._state import STATE
+
 __all__ = ["check_devices"]
 
 # Mixing allowed: moves between devices, shape-only ops, questions.
@@ -43,6 +45,13 @@ _FREE = frozenset(
 _INDEXING = frozenset(
     {"index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"}
 )
+
+# Filled through a CPU index by indexing's fast path (torch >= 2.15 sends
+# `t[[0, 2], 1] = 5.0` to index_fill_ when index and t share a device). Inside
+# a guarded binding a tensor on a device this host lacks reports the CPU (see
+# reported_device), so the fast path is taken where eager, seeing two
+# devices, would run index_put_, which takes CPU indices: same values.
+_FILLED_BY_SETITEM = frozenset({"index_fill_", "index_fill"})
 
 _no_check: list[frozenset[str] | None] = []
 
@@ -60,8 +69,9 @@ def check_devices(func: Any, args: tuple, kwargs: dict, device_of: Any) -> None:
     if base in _FREE:
         return
     tensors = list(_named_tensors(schema, args, kwargs))
-    if base in _INDEXING:
-        tensors = [t for t in tensors if t[0] != "indices" or device_of(t[1]).type != "cpu"]
+    if base in _INDEXING or (base in _FILLED_BY_SETITEM and STATE.guarded):
+        tensors = [t for t in tensors
+                   if t[0] not in ("indices", "index") or device_of(t[1]).type != "cpu"]
         _iterator_rule(func, tensors, device_of)
         return
     name = base if not schema.overload_name else f"{base}.{schema.overload_name}"

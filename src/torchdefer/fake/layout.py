@@ -14,6 +14,10 @@ differ on size-1 dimensions: ``torch.zeros(1, 5).t()`` has strides ``(1, 5)``,
 its meta ``empty_like`` ``(1, 1)``. A fake tensor that reported those would
 show user code other strides than eager, and replay would rebuild views of
 the real storage with the wrong ones.
+
+LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
+2.8's meta kernel gives row-major ones (fixed in later releases, where the
+restriding below changes nothing).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ _PRESERVING = frozenset(
 )  # fmt: skip
 
 
+# op -> indices of its outputs that eager writes column-major per matrix
+_COLUMN_MAJOR = {_aten.linalg_eig: (1,)}
+
 _SUGGESTED_FORMAT = frozenset(
     {
         _aten.native_batch_norm, _aten._native_batch_norm_legit,
@@ -46,6 +53,9 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
+    if packet in _COLUMN_MAJOR and isinstance(out, tuple):
+        return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
+                     for i, o in enumerate(out))
     if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
@@ -62,6 +72,12 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     if not non_overlapping_and_dense(size, stride):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
+
+
+def _column_major(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        return t
+    return torch.empty(*t.shape[:-2], t.shape[-1], t.shape[-2], dtype=t.dtype, device="meta").mT
 
 
 def non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +50,7 @@ class FakeSlotMode(TorchDispatchMode):
         self._lift_cpu_only = False
 
     def __enter__(self) -> FakeSlotMode:
+        import_dynamo_outside_modes()
         self._lift_cpu_only = _compat.only_lift_cpu_tensors()
         _compat.set_only_lift_cpu_tensors(True)
         try:
@@ -142,6 +144,20 @@ def faking() -> Iterator[None]:
         return
     with FakeMode(fake_cuda=True):
         yield
+
+
+def import_dynamo_outside_modes() -> None:
+    """Import ``torch._dynamo`` now, with no fake or recording mode active.
+
+    PyTorch imports it lazily, from the first meta kernel that asks for it
+    (``_disable_dynamo``); under one of our modes the import's own torch calls
+    would come back to us half imported (torch 2.8: a circular import). It
+    also replaces ``torch.Tensor._make_subclass`` when imported, which
+    ``recorder.subclasses`` must see first.
+    """
+    if "torch._dynamo" not in sys.modules:
+        with no_fake_modes():
+            _compat.import_dynamo()
 
 
 @contextlib.contextmanager

@@ -168,11 +168,26 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     try:
         with _compat.DisableTorchDispatch():
             out = eager_layout(func, args, kwargs, func(*args, **kwargs))
+            if _compat.BCOMPLEX32 is not None:
+                out = _eager_complex(out, args, kwargs)
     finally:
         _compat.meta_registrations.device_hint = hint
         STATE.in_kernel = False
         _compat.set_meta_in_tls_dispatch_include(previous)
     return out, device
+
+
+def _eager_complex(out: Any, args: tuple, kwargs: dict) -> Any:
+    """complex64 where a meta kernel made a bcomplex32 no input asked for (see _compat)."""
+    if isinstance(out, torch.Tensor):
+        if out.dtype != _compat.BCOMPLEX32 or kwargs.get("dtype") == _compat.BCOMPLEX32:
+            return out
+        if any(t.dtype == _compat.BCOMPLEX32 for t in flat_tensors(args, kwargs)):
+            return out
+        return out.to(torch.complex64)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_eager_complex(o, args, kwargs) for o in out)
+    return out
 
 
 def _device_of(t: torch.Tensor) -> torch.device:

@@ -5,13 +5,20 @@ table as ``self.inv_freq = ...``, legacy ``weight_norm``'s recomputed
 ``weight``, caches in lists and dicts. Those are as much part of the built
 model as its buffers, so :func:`is_deferred` and ``materialize_module`` see
 them through :func:`reached_tensors`: a module's ``__dict__`` values, looked
-into through lists, tuples, dicts and sets (and unregistered modules kept in
-them), each object once.
+into through lists, tuples, dicts and sets, the attributes (``__dict__`` and
+``__slots__``) of plain objects (a rotary cache class that is no module, a
+dataclass, a ``SimpleNamespace``), the arguments of a ``functools.partial``,
+and unregistered modules kept in any of them, each object once. Objects of
+the standard library (a logger, a lock) and functions, classes and Python
+modules are not looked into.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +35,9 @@ GRAD = "grad"  # a parameter's .grad (a backward pass run during construction)
 _SKIPPED = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _MAX_DEPTH = 6  # containers nest that deep at most before we stop looking
+_NOT_LOOKED_INTO = (type, types.ModuleType, types.FunctionType, types.MethodType,
+                    types.BuiltinFunctionType, functools.partialmethod)
+_STDLIB = frozenset(sys.stdlib_module_names) - {"types", "functools"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,7 @@ def reached_tensors(
             their own tensors (their descendants are still visited).
     """
     seen_modules: set[int] = set()
+    seen_objects: set[int] = set()  # plain objects (a config held by every layer): once
     pending: list[tuple[str, nn.Module]] = [("", module)]
     while pending:
         root_prefix, root = pending.pop()
@@ -72,29 +83,54 @@ def reached_tensors(
             for name, value in sub.__dict__.items():
                 if name in _SKIPPED:
                     continue
-                for path, found in _look_into(_join(prefix, name), value, 0, set()):
+                for path, found in _look_into(_join(prefix, name), value, 0, set(), seen_objects):
                     if isinstance(found, nn.Module):
                         pending.append((path, found))  # kept unregistered, in a container
                     else:
                         yield Reached(path, sub, ATTRIBUTE, found)
 
 
-def _look_into(path: str, value: object, depth: int, seen: set[int]):
+def _look_into(path: str, value: object, depth: int, seen: set[int], objects: set[int]):
     if isinstance(value, torch.Tensor):
         yield path, value
         return
     if depth > 0 and isinstance(value, nn.Module):
         yield path, value
         return
-    if not isinstance(value, _CONTAINERS) or depth >= _MAX_DEPTH or id(value) in seen:
+    if depth >= _MAX_DEPTH or id(value) in seen:
         return
+    items = _items(path, value)
+    if items is None:
+        return
+    if not isinstance(value, _CONTAINERS):
+        if id(value) in objects:
+            return
+        objects.add(id(value))
     seen.add(id(value))
-    if isinstance(value, dict):
-        items = ((f"{path}[{k!r}]", v) for k, v in value.items())
-    else:
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
     for item_path, item in items:
-        yield from _look_into(item_path, item, depth + 1, seen)
+        yield from _look_into(item_path, item, depth + 1, seen, objects)
+
+
+def _items(path: str, value: object) -> Iterable[tuple[str, object]] | None:
+    """The (path, member) pairs of a container or plain object, or None for a leaf."""
+    if isinstance(value, dict):
+        return ((f"{path}[{k!r}]", v) for k, v in value.items())
+    if isinstance(value, _CONTAINERS):
+        return ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    if isinstance(value, functools.partial):
+        return [*((f"{path}.args[{i}]", a) for i, a in enumerate(value.args)),
+                *((f"{path}.keywords[{k!r}]", v) for k, v in value.keywords.items())]
+    if isinstance(value, _NOT_LOOKED_INTO) or value is None:
+        return None
+    if (type(value).__module__ or "").partition(".")[0] in _STDLIB:
+        return None
+    members = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                members.setdefault(name, getattr(value, name))
+    return ((f"{path}.{k}", v) for k, v in members.items())
 
 
 def _join(prefix: str, name: str) -> str:

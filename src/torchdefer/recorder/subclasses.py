@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
 from torchdefer import _compat
+from torchdefer.fake.mode import import_dynamo_outside_modes
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.tensor import DeferredTensor
 
@@ -185,7 +186,7 @@ def subclassing() -> Iterator[None]:
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass
     # when first imported (which PyTorch does lazily, often while a
     # constructor runs): it must see the original, not the function below.
-    _compat.import_dynamo()
+    import_dynamo_outside_modes()
 
     with _lock:
         if _depth == 0:

@@ -213,7 +213,7 @@ _original_device_hint = _compat.meta_registrations.device_hint
 
 
 def _device_hint(tensor: Any) -> str:
-    """``torch._compat.meta_registrations.device_hint`` that also knows our fake tensors."""
+    """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
     device = getattr(tensor, "fake_device", None)
     if device is not None:
         return device.type

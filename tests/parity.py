@@ -107,7 +107,7 @@ def _flat(x: Any):
 
 
 def trunc_normal_reads_data() -> bool:
-    """Whether this torch's ``nn.init.trunc_normal_`` is a rejection loop (torch >= 2.13).
+    """Whether this torch's ``nn.init.trunc_normal_`` is a rejection loop (torch >= 2.12).
 
     Before, it is erfinv of a uniform: elementwise, recorded op by op, and a
     shard can be made from its own rows.

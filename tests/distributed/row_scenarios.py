@@ -79,7 +79,7 @@ def fsdp2_shards_come_from_their_own_rows(rank: int, world: int) -> None:
 def fsdp2_mixing_init_falls_back_and_stays_bit_for_bit(rank: int, world: int) -> None:
     seen = {s.name: s for s in _fsdp2_rows(Mixed, rank, world)}
     assert seen["plain.weight"].rows and seen["plain.bias"].rows
-    # Before torch 2.13 trunc_normal_ is erfinv of a uniform: elementwise, so rows.
+    # Before torch 2.12 trunc_normal_ is erfinv of a uniform: elementwise, so rows.
     for name in ("ortho.weight", "trunc") if trunc_normal_reads_data() else ("ortho.weight",):
         assert not seen[name].rows, f"{name} cannot come from its rows"
         assert seen[name].reason, f"{name}: the fallback names the op that stopped it"

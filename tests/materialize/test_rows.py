@@ -201,7 +201,7 @@ def test_ops_that_mix_elements_fall_back_and_stay_bit_for_bit(name):
     real, rows = _with_rows(local)
     assert torch.equal(real, eager[10:20])
     if name == "trunc_normal" and not trunc_normal_reads_data():
-        assert rows.answered(local._value)  # before torch 2.13: erfinv of a uniform, elementwise
+        assert rows.answered(local._value)  # before torch 2.12: erfinv of a uniform, elementwise
         return
     assert not rows.answered(local._value)
     assert rows.why_not(local._value), "a fallback says which op stopped it"

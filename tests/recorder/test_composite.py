@@ -32,7 +32,7 @@ def test_trunc_normal_models_match_eager_bit_for_bit():
 
 def test_trunc_normal_is_one_node_and_recording_reads_no_data():
     if not trunc_normal_reads_data():
-        pytest.skip("this torch's trunc_normal_ (before 2.13: erfinv of a uniform) reads no "
+        pytest.skip("this torch's trunc_normal_ (before 2.12: erfinv of a uniform) reads no "
                     "data: it is recorded op by op")
     m = torchdefer.deferred_init(TitanBlock)
     node = m.wq.weight._value.node

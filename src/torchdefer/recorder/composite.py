@@ -1,6 +1,6 @@
 """Recording a whole Python function as one node: data-dependent init functions.
 
-Since torch 2.13, ``nn.init.trunc_normal_`` is a rejection loop: it draws,
+Since torch 2.12, ``nn.init.trunc_normal_`` is a rejection loop: it draws,
 reads the values (``mask.any()``) and draws again. Recorded op by op, every
 read would materialize the tensor during recording (seconds and gigabytes per
 layer of a large model). Recorded as one node instead, nothing is allocated:

@@ -1,9 +1,7 @@
 """Minimal programs the fuzzer found, kept as regression tests (issue 9).
 
 Each case is a shrunk fuzz program, checked exactly as the fuzzer checks one
-(eager vs deferred, four materialization orders, generators afterwards). The
-ones that fail today for a class another branch is fixing are listed in
-``tests/known_failures.py``.
+(eager vs deferred, four materialization orders, generators afterwards).
 """
 
 import pytest

@@ -38,9 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+
+from bench.memory import PeakMeter
+from bench.models import llama_for_causal_lm as build
 
 MiB = 1 << 20
 RESULTS = Path(__file__).parent / "results" / "checkpoint_memory.md"
@@ -53,32 +57,18 @@ CASES = [
 ]
 
 
-def build(layers: int, hidden: int, vocab: int):
-    import transformers
-
-    config = transformers.LlamaConfig(
-        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-        vocab_size=vocab, tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(config)
+_METER = PeakMeter()
 
 
 def _reset_peak() -> int:
-    import gc
-
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return psutil.Process().memory_info().rss
+    return _METER.reset()
 
 
 def _peak() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+    peak = _METER.peak()
+    if peak is None:
+        raise RuntimeError("no VmHWM")
+    return peak
 
 
 def _case(case: str, shape: tuple[int, int, int], checkpoint: str, out: str) -> None:

@@ -37,19 +37,12 @@ import psutil
 import torch
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+
+from bench.models import llama_for_causal_lm as build
+
 MiB = 1 << 20
 RESULTS = Path(__file__).parent / "results" / "fsdp_memory.md"
-
-
-def build(layers: int, hidden: int, vocab: int):
-    import transformers
-
-    config = transformers.LlamaConfig(
-        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-        vocab_size=vocab, tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 class RssSampler:

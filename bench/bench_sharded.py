@@ -46,6 +46,10 @@ import psutil
 import torch
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+
+from bench.memory import PeakMeter
+
 MiB = 1 << 20
 LLAMA70B = dict(
     hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
@@ -71,18 +75,18 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.blake2b(memoryview(raw.reshape(-1).numpy()), digest_size=16).hexdigest()
 
 
+_METER = PeakMeter()
+
+
 def _reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return psutil.Process().memory_info().rss
+    return _METER.reset(collect=False)
 
 
 def _peak() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+    peak = _METER.peak()
+    if peak is None:
+        raise RuntimeError("no VmHWM")
+    return peak
 
 
 # ---------------------------------------------------------------- cases
@@ -305,7 +309,6 @@ def main() -> None:
     results = _collect(Path(tmp), args, shape, load)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sharded.json").write_text(json.dumps(results, indent=1))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench.sharded_report import report
 
     text = report(results)

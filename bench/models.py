@@ -123,6 +123,19 @@ def build_fn(spec: ModelSpec) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return transformers.LlamaForCausalLM, (config,)
 
 
+def llama_for_causal_lm(layers: int, hidden: int, vocab: int) -> Any:
+    """A Llama-shaped ``LlamaForCausalLM`` (untied head) from three numbers, for the
+    memory benches (checkpoint loading, FSDP2)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+        num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
+        vocab_size=vocab, tie_word_embeddings=False,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
 def _Stack(hidden: int, intermediate: int, blocks: int):
     """The synthetic stack, built from ``torch.nn`` only."""
     from torch import nn

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.materialize.rng import draw, model_of
+from torchdefer.materialize.plan import writes_first_argument
+from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.stream import Position, call_effect
@@ -109,7 +110,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
         raise NotSliceable(node, "a random op whose elements do not take words of their own")
     stream, e_index, i = node.rng
     device = rows.replay.map_device(stream.device)
-    if model_of(device) != "cpu":
+    if device.type != "cpu":
         # Philox streams: per-thread offsets, not per element
         raise NotSliceable(node, f"draws from the {device.type} generator")
     effect = call_effect(node, "cpu")
@@ -149,7 +150,7 @@ class _LocalCall:
         self.device = device
         self.stream = node.rng[0]  # type: ignore[index]
         self.packet = node.op.overloadpacket
-        self.factory = not _in_place_op(node.op) and self.packet not in _LIKE
+        self.factory = not writes_first_argument(node.op) and self.packet not in _LIKE
         tensors = [i for i, leaf in enumerate(node.leaves) if isinstance(leaf, Value)]
         # The tensor drawn into is self (in place) or the template (*_like);
         # factories take none. Any other tensor (a probability per element) stops.
@@ -219,12 +220,6 @@ def _frozen(x: Any) -> Any:
     if isinstance(x, torch.Generator):
         return "generator"
     return x
-
-
-def _in_place_op(func: Any) -> bool:
-    arguments = func._schema.arguments
-    first = arguments[0].alias_info if arguments else None
-    return first is not None and first.is_write
 
 
 def _elementwise(node: Node) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -119,10 +120,17 @@ def _writes_in_place(node: Node) -> bool:
 
 
 # In-place ops that set every element they write whatever its value was.
-_FILLS = frozenset(
+FILLS = frozenset(
     {torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
 )
-_COPY = torch.ops.aten.copy_.default
+COPY = torch.ops.aten.copy_.default
+
+
+def writes_first_argument(op: Any) -> bool:
+    """Whether ``op``'s schema says it writes its first argument (``Tensor(a!) self``)."""
+    schema = getattr(op, "_schema", None)
+    first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
+    return first is not None and first.is_write
 
 
 def _last_overwrite(storage: Storage, version: int) -> int:
@@ -152,12 +160,10 @@ def _overwrites(node: Node, storage: Storage) -> bool:
         return False
     op = node.op
     if node.kind == NodeKind.RANDOM:
-        schema = getattr(op, "_schema", None)
-        first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
-        return first is not None and first.is_write
-    if op in _FILLS:
+        return writes_first_argument(op)
+    if op in FILLS:
         return True
-    if op is _COPY:
+    if op is COPY:
         source = node.leaves[1] if len(node.leaves) > 1 else None
         return isinstance(source, Value) and source.storage is not storage
     return False

@@ -30,12 +30,7 @@ from torchdefer.rng.draws import TRUSTED_NAMESPACES
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RngReplay", "call_checking_draws", "model_of"]
-
-
-def model_of(device: torch.device) -> str:
-    """The generator model a replay on ``device`` uses."""
-    return "cpu" if device.type == "cpu" else device.type
+__all__ = ["RngReplay", "call_checking_draws"]
 
 
 class RngReplay:
@@ -51,7 +46,7 @@ class RngReplay:
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = model_of(device)
+        model = device.type  # the generator model: "cpu" (mt19937) or "cuda" (Philox)
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
         out, after = draw(node, stream, device, start, args, kwargs)

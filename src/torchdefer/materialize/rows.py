@@ -44,15 +44,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer.fake.layout import non_overlapping_and_dense
 from torchdefer.materialize._row_calls import (
     NotSliceable,
     contiguous_range,
     creator_step,
     random_step,
 )
+from torchdefer.materialize.plan import COPY, FILLS, writes_first_argument
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
-from torchdefer.recorder.graph import NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder.graph import NodeKind, Storage, Value
 from torchdefer.recorder.mode import suspended
 
 if TYPE_CHECKING:
@@ -60,10 +62,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RowReplay", "Span", "contiguous_range"]
 
-_aten = torch.ops.aten
-# In-place ops that write every element they cover from their arguments alone.
-_FILLS = frozenset({_aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default})
-_COPY = _aten.copy_.default
 
 Step = Callable[[torch.Tensor], None]
 
@@ -214,16 +212,17 @@ class RowReplay:
         rng = contiguous_range(target.meta)
         if rng is not None:
             return target, rng[0], rng[1], True
-        if _dense(target.meta) and target.meta.offset == 0:
+        meta = target.meta
+        if non_overlapping_and_dense(meta.size, meta.stride) and meta.offset == 0:
             return target, 0, _elements(span.storage), False
         raise NotSliceable(writer, "writes a strided part of its storage")
 
     def _overwrites(self, writer: Any, span: Span) -> bool:
         """Whether ``writer`` sets every element of ``span`` regardless of their values."""
         if writer.kind == NodeKind.RANDOM:
-            overwrites = getattr(writer.op, "_schema", None) is not None and _in_place(writer)
+            overwrites = writes_first_argument(writer.op)
         else:
-            overwrites = writer.op in _FILLS or writer.op is _COPY
+            overwrites = writer.op in FILLS or writer.op is COPY
         if not overwrites:
             return False
         try:
@@ -238,10 +237,10 @@ class RowReplay:
         if a >= b:
             return None  # writes none of the span's elements
         if writer.kind == NodeKind.RANDOM:
-            if not ordered or not _in_place(writer):
+            if not ordered or not writes_first_argument(writer.op):
                 raise NotSliceable(writer, "draws into a strided view")
             return random_step(self, writer, o, end - o, a - o, b - o, a - span.lo)
-        if writer.op in _FILLS or writer.op is _COPY or _pointwise_in_place(writer):
+        if writer.op in FILLS or writer.op is COPY or _pointwise_in_place(writer):
             return self._elementwise_step(writer, target, ordered, o, a, b, span.lo)
         raise NotSliceable(writer, "is not elementwise")
 
@@ -250,7 +249,7 @@ class RowReplay:
         or as spans of the same shape (only where the written range is in order)."""
         inputs = self.elementwise_inputs(node, skip=target, shape=target.meta.size,
                                          ordered=ordered, shift=(a - o, b - o))
-        copy_from = inputs.get(1) if node.op is _COPY else None
+        copy_from = inputs.get(1) if node.op is COPY else None
 
         def step(buf: torch.Tensor) -> None:
             part = buf[a - lo : b - lo]
@@ -316,17 +315,6 @@ def _range_of(value: Value, version: int):
     return None if rng is None else (storage, version, meta, rng)
 
 
-def _dense(meta: TensorMeta) -> bool:
-    """Whether ``meta`` covers a block of consecutive elements once each, in any order."""
-    dims = sorted((st, n) for n, st in zip(meta.size, meta.stride) if n != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _created_value(storage: Storage) -> Value:
     for value in storage.creator.outputs:
         if value.storage is storage:
@@ -342,14 +330,6 @@ def _elements(storage: Storage) -> int:
     return storage.nbytes // _storage_dtype(storage).itemsize
 
 
-def _in_place(node: Any) -> bool:
-    schema = getattr(node.op, "_schema", None)
-    if schema is None or not schema.arguments:
-        return False
-    first = schema.arguments[0].alias_info
-    return first is not None and first.is_write
-
-
 def _pointwise_in_place(node: Any) -> bool:
     tags = getattr(node.op, "tags", ())
-    return torch.Tag.pointwise in tags and _in_place(node)
+    return torch.Tag.pointwise in tags and writes_first_argument(node.op)

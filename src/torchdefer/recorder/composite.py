@@ -103,7 +103,7 @@ def composite(fn: F | None = None, *, writes: tuple[int, ...] = (0,), random: bo
 
 def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
     """Record one call of ``marked``; returns its first written (deferred) tensor."""
-    from torchdefer.recorder.record import _as_deferred, _record_writes
+    from torchdefer.recorder.record import _as_deferred, _generator_of, _record_writes, _where
 
     written = [args[i] for i in marked.writes]
     if not all(isinstance(t, DeferredTensor) for t in written):
@@ -130,16 +130,8 @@ def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
         t._value = Value(node, k, t._value.storage, TensorMeta.of(t, t.fake_device))
         node.outputs.append(t._value)
     if marked.random:
-        generator = kwargs.get("generator")
-        if generator is None:
-            generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
-        graph.rng.place(node, generator, written[0].fake_device)
+        graph.rng.place(node, _generator_of(kwargs, flat), written[0].fake_device)
     return written[0]
-
-
-def _where() -> str:
-    frame = user_frame(3)
-    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
 
 
 # Library functions that may read the data they draw, by (module, attribute).

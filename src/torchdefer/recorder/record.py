@@ -100,9 +100,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes = _record_writes(node, written, writes)
     out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
-    generator = kwargs.get("generator")
-    if generator is None:
-        generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+    generator = _generator_of(kwargs, flat)
     if (generator is not None or may_draw_untagged(func)) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:
@@ -385,6 +383,14 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
             f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real "
             f"memory (called at {_where()}). Pin the tensor after materialization."
         )
+
+
+def _generator_of(kwargs: dict, flat: list) -> torch.Generator | None:
+    """The generator a call draws from explicitly (``generator=`` or positional), if any."""
+    generator = kwargs.get("generator")
+    if generator is None:
+        generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+    return generator
 
 
 def _where(skip: int = 0) -> str:

@@ -108,7 +108,7 @@ class RngRecorder:
         stream = self.streams.get(key)
         if stream is None:
             real = generator if generator is not None else default_generator(device)
-            model = {"cpu": "cpu", "cuda": "cuda"}.get(device.type) if real is not None else None
+            model = device.type if real is not None and device.type in ("cpu", "cuda") else None
             if real is not None and model is None:
                 raise RecordingError(
                     f"A random op draws from the {device.type} generator, which torchdefer "

@@ -36,6 +36,15 @@ def test_load_state_dict_reports_loading_then_materializing():
         ("materialize", "1.weight"), ("materialize", "1.bias")]
 
 
+def test_load_progress_counts_the_bytes_of_the_requested_dtype():
+    model = torchdefer.deferred_init(_model)
+    state = {"0.weight": torch.zeros(8, 4), "0.bias": torch.zeros(8)}
+    events: list[ProgressEvent] = []
+    torchdefer.load_state_dict(model, state, dtype=torch.bfloat16, progress=events.append)
+    loads = [e for e in events if e.task == "load"]
+    assert loads[-1].done_bytes == loads[-1].total_bytes == (8 * 4 + 8) * 2
+
+
 def test_progress_true_draws_a_bar_on_stderr(capsys):
     model = torchdefer.deferred_init(_model)
     torchdefer.materialize_module(model, progress=True)

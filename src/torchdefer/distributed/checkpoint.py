@@ -36,6 +36,7 @@ from torchdefer.materialize.checkpoint import (
     _pick,
     assign_loaded,
     is_dcp_checkpoint,
+    loaded_nbytes,
     open_checkpoint,
     plan_keys,
     tensor_groups,
@@ -91,7 +92,7 @@ def load_state_dict(
         work = [(g, [n for n in g.names if n in present]) for g in groups]
         work = [(g, names) for g, names in work if names]
         fsdp = _fsdp_params_by_tensor(module)
-        with Progress("load", len(work), _bytes(work), progress) as bar:
+        with Progress("load", len(work), _bytes(work, dtype), progress) as bar:
             for group, names in work:
                 full = _pick(group, names, checkpoint)
                 if _is_sharded(group.tensor):
@@ -196,10 +197,12 @@ def _slice(full: torch.Tensor, dtensor: DTensor, device: torch.device) -> torch.
     return sharded.to_local()
 
 
-def _bytes(work: list[tuple[TensorGroup, list[str]]]) -> int:
+def _bytes(work: list[tuple[TensorGroup, list[str]]], dtype: torch.dtype | None) -> int:
     total = 0
     for group, _ in work:
         t = group.tensor
-        local = t._local_tensor if isinstance(t, DTensor) else t
-        total += local.numel() * local.element_size()
+        if isinstance(t, DTensor):
+            total += t._local_tensor.numel() * t._local_tensor.element_size()
+        else:
+            total += loaded_nbytes(t, dtype)
     return total

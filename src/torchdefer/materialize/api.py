@@ -141,13 +141,13 @@ def materialize_module(
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
-    nbytes = sum(_nbytes(fake, dtype) for fake in found.values())
+    nbytes = sum(materialized_nbytes(fake, dtype) for fake in found.values())
     with Progress("materialize", len(found), nbytes, progress) as bar:
         # One tensor per replay, swapped in at once: a later replay finds the
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.
         for name, fake in found.items():
-            done = _nbytes(fake, dtype)
+            done = materialized_nbytes(fake, dtype)
             real = cast(_materialize([fake], device, [name])[0], dtype)
             swap_in(fake, real, name)
             bar.advance(name, done)
@@ -158,8 +158,11 @@ def materialize_module(
     return module
 
 
-def _nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
-    # From the recorded metadata: an UninitializedParameter refuses numel().
+def materialized_nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
+    """The bytes ``t`` takes once real and cast to ``dtype`` (floating/complex only).
+
+    From the recorded metadata: an UninitializedParameter refuses numel().
+    """
     meta = t._value.meta
     numel = math.prod(meta.size)
     if dtype is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex):

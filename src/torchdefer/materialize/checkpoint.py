@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from torchdefer.fake.device import device_available
-from torchdefer.materialize.api import materialize_module
+from torchdefer.materialize.api import materialize_module, materialized_nbytes
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.swap import swap_in
@@ -69,11 +69,10 @@ class LoadResult:
 
 @dataclass(slots=True)
 class TensorGroup:
-    """One tensor object of a module and every name and slot it is reachable by (ties)."""
+    """One tensor object of a module and every name it is reachable by (ties)."""
 
     tensor: torch.Tensor
     names: list[str]  # state-dict names, in module order
-    slots: list[tuple[nn.Module, str, str]]  # (module, "_parameters" | "_buffers", attr)
     persistent: bool = True  # False: a non-persistent buffer (not in the state dict)
 
 
@@ -131,11 +130,9 @@ def _safetensors(files: list[Path], where: Path) -> CheckpointSource:
             f"Loading {where} needs safetensors: pip install 'torchdefer[safetensors]' "
             "(or pip install safetensors)."
         ) from e
-    handles = {}
     owner: dict[str, Any] = {}
     for file in files:
         handle = safe_open(str(file), framework="pt", device="cpu")
-        handles[file] = handle
         for key in handle.keys():
             owner[key] = handle
 
@@ -170,9 +167,7 @@ def tensor_groups(module: nn.Module) -> list[TensorGroup]:
                 name = f"{prefix}.{attr}" if prefix else attr
                 group = groups.get(id(t))
                 if group is None:
-                    group = groups[id(t)] = TensorGroup(t, [], [])
-                if (sub, kind, attr) not in group.slots:
-                    group.slots.append((sub, kind, attr))
+                    group = groups[id(t)] = TensorGroup(t, [])
                 group.names.append(name)
                 if kind == "_buffers" and attr in sub._non_persistent_buffers_set:
                     group.persistent = False
@@ -210,7 +205,7 @@ def assign_loaded(group: TensorGroup, loaded: torch.Tensor, device: torch.device
         real = loaded.detach().to(device=place, dtype=target.dtype)
     real = cast(real, dtype)
     storage = target._value.storage
-    swap_in(target, real, group.slots)
+    swap_in(target, real, name)
     # Later recorded writes to this storage would never reach the loaded tensor.
     storage.materialized = True
     return real
@@ -312,7 +307,7 @@ def load_state_dict(
     present = set(checkpoint.keys)
     work = [(g, [n for n in g.names if n in present]) for g in groups]
     work = [(g, names) for g, names in work if names]
-    total = sum(g.tensor.numel() * g.tensor.element_size() for g, _ in work)
+    total = sum(loaded_nbytes(g.tensor, dtype) for g, _ in work)
     with Progress("load", len(work), total, progress) as bar:
         for group, names in work:
             loaded = _pick(group, names, checkpoint)
@@ -322,6 +317,14 @@ def load_state_dict(
     if materialize_missing:
         materialize_module(module, device, dtype=dtype, progress=progress)
     return result
+
+
+def loaded_nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """The bytes :func:`assign_loaded` leaves for ``tensor``: a deferred one takes
+    ``dtype``, a real one is copied into as it is."""
+    if isinstance(tensor, DeferredTensor):
+        return materialized_nbytes(tensor, dtype)
+    return tensor.numel() * tensor.element_size()
 
 
 def plan_keys(groups: list[TensorGroup], keys: list[str], strict: bool,

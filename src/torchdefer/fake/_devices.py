@@ -23,6 +23,7 @@ devices, from the ``native_functions.yaml`` packaged with torch (torchgen).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -53,8 +54,6 @@ _INDEXING = frozenset(
 # devices, would run index_put_, which takes CPU indices: same values.
 _FILLED_BY_SETITEM = frozenset({"index_fill_", "index_fill"})
 
-_no_check: list[frozenset[str] | None] = []
-
 
 def check_devices(func: Any, args: tuple, kwargs: dict, device_of: Any) -> None:
     """Raise eager's RuntimeError if this call mixes devices in a way eager refuses.
@@ -75,7 +74,7 @@ def check_devices(func: Any, args: tuple, kwargs: dict, device_of: Any) -> None:
         _iterator_rule(func, tensors, device_of)
         return
     name = base if not schema.overload_name else f"{base}.{schema.overload_name}"
-    if name in _no_check_names():
+    if _no_check(name):
         _iterator_rule(func, tensors, device_of)
     else:
         _exact_rule(func, tensors, device_of)
@@ -136,25 +135,19 @@ def _where() -> str:
     return "" if frame is None else f"; called at {frame[0]}:{frame[1]} in {frame[2]}"
 
 
-def _no_check_names() -> frozenset[str]:
-    """Names (``add.Tensor``) of ops marked ``device_check: NoCheck``, read once."""
-    if not _no_check:
-        _no_check.append(_read_no_check())
-    names = _no_check[0]
-    return names if names is not None else _ALL
+def _no_check(name: str) -> bool:
+    """Whether the op ``name`` (``add.Tensor``) is marked ``device_check: NoCheck``.
+
+    Without the yaml (a stripped install) every op gets the TensorIterator rule,
+    as in PyTorch's FakeTensor: CPU scalars pass, other mixes raise.
+    """
+    names = _read_no_check()
+    return names is None or name in names
 
 
-class _Everything(frozenset):
-    def __contains__(self, item: object) -> bool:
-        return True
-
-
-# Without the yaml (a stripped install) every op gets the TensorIterator rule,
-# as in PyTorch's FakeTensor: CPU scalars pass, other mixes raise.
-_ALL = _Everything()
-
-
+@functools.cache
 def _read_no_check() -> frozenset[str] | None:
+    """Names of the ops marked ``device_check: NoCheck``, read once."""
     try:
         import torchgen
 

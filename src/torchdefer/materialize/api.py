@@ -60,7 +60,7 @@ def materialize_tensor(
     memo = tensor.__dict__.setdefault("_materialized", {})
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        raw = _materialize([tensor], device, None)[0]
+        raw = _materialize(tensor, device, None)
         memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
 
@@ -141,16 +141,15 @@ def materialize_module(
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
-    nbytes = sum(materialized_nbytes(fake, dtype) for fake in found.values())
-    with Progress("materialize", len(found), nbytes, progress) as bar:
+    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
+    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar:
         # One tensor per replay, swapped in at once: a later replay finds the
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.
         for name, fake in found.items():
-            done = materialized_nbytes(fake, dtype)
-            real = cast(_materialize([fake], device, [name])[0], dtype)
+            real = cast(_materialize(fake, device, name), dtype)
             swap_in(fake, real, name)
-            bar.advance(name, done)
+            bar.advance(name, sizes[name])
     with suspended():
         for parameter, grad in grads:
             # A parameter's .grad lives on its TensorImpl, which the swap replaced.
@@ -244,23 +243,14 @@ def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Mo
         _in_sharded.active = False
 
 
-def _materialize(
-    fakes: list[DeferredTensor], device: torch.device | None, names: list[str] | None
-) -> list[torch.Tensor]:
-    """Replay once per graph for all ``fakes``; mark their storages materialized."""
-    by_graph: dict[int, list[int]] = {}
-    for i, fake in enumerate(fakes):
-        by_graph.setdefault(id(fake._graph), []).append(i)
-    reals: list[torch.Tensor | None] = [None] * len(fakes)
-    for indices in by_graph.values():
-        graph = fakes[indices[0]]._graph
-        targets = [(fakes[i]._value, fakes[i]._value.storage.version) for i in indices]
-        part_names = None if names is None else [names[i] for i in indices]
-        for i, real in zip(indices, Replay(graph, device).run(targets, part_names)):
-            reals[i] = real
-    for fake in fakes:
-        fake._value.storage.materialized = True
-    return reals  # type: ignore[return-value]
+def _materialize(fake: DeferredTensor, device: torch.device | None,
+                 name: str | None) -> torch.Tensor:
+    """Replay ``fake``'s value; mark its storage materialized."""
+    value = fake._value
+    real = Replay(fake._graph, device).run([(value, value.storage.version)],
+                                           None if name is None else [name])[0]
+    value.storage.materialized = True
+    return real
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

@@ -75,7 +75,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         writes = writes_of(plan, written)
     before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
-        out, device = _fill_in_place(func, args, kwargs) or run_on_meta(
+        out, device = _fill_in_place(func, args, written) or run_on_meta(
             func, args, _without_generator(kwargs)
         )
     except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
@@ -126,19 +126,19 @@ _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
 
 
-def _fill_in_place(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device] | None:
+def _fill_in_place(func: Any, args: tuple, values: list[Any]) -> tuple[Any, torch.device] | None:
     """The two init workhorses, without their (slow, Python) meta kernels.
 
     On meta, ``normal_`` and ``uniform_`` change nothing but check their
     arguments; the checks are repeated here and anything unusual takes the
-    ordinary path so that its error is PyTorch's own.
+    ordinary path so that its error is PyTorch's own. ``values``: the call's
+    arguments in schema order (``schema_values``, which ``record_call`` made).
     """
     if func is not _NORMAL_ and func is not _UNIFORM_:
         return None
     self = args[0]
     if not isinstance(self, DeferredTensor) or not self.is_floating_point():
         return None
-    values = schema_values(alias_plan(func), args, kwargs)
     if func is _NORMAL_:
         ok = values[2] is None or values[2] >= 0
     else:

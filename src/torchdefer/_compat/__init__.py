@@ -17,7 +17,6 @@ every module. The exceptions are the two documented extension points
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -46,7 +45,6 @@ __all__ = [
     "only_lift_cpu_tensors",
     "parse_to",
     "restore_default_device",
-    "serialize_exported_program",
     "set_dispatch_mode",
     "set_meta_in_tls_dispatch_include",
     "set_only_lift_cpu_tensors",
@@ -117,27 +115,6 @@ def restore_default_device(context: Any) -> None:
     torch.set_default_device(None if context is None else context.device)
     if context is None and hasattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context"):
         del torch._GLOBAL_DEVICE_CONTEXT.device_context
-
-
-def serialize_exported_program(ep: torch.export.ExportedProgram) -> Any:
-    """``torch._export.serde.serialize(ep)`` without the weights, where torch allows.
-
-    The ``serialize_state_dict``/``serialize_constants``/``serialize_example_inputs``
-    keywords arrived in torch 2.12 (2.10 lacks them); before, the weights are
-    pickled into the artifact too, and callers that store their own weights
-    ignore those fields.
-    """
-    from torch._export.serde import serialize as serde
-
-    keywords = inspect.signature(serde.serialize).parameters
-    if "serialize_state_dict" not in keywords:
-        return serde.serialize(ep)
-    return serde.serialize(
-        ep,
-        serialize_state_dict=False,
-        serialize_constants=False,
-        serialize_example_inputs=False,
-    )
 
 
 def hash_tensor(t: torch.Tensor) -> torch.Tensor:

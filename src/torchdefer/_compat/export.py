@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 import torch.utils._sympy.functions as sympy_functions
-from torch._export.serde import serialize as _serde
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.interp import sympy_interp
 from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.reference import PythonReferenceAnalysis
 from torch.utils._sympy.symbol import prefix_str
-
-from torchdefer._compat import serialize_exported_program
 
 __all__ = ["LIBRARY_FILES", "FakeTensor", "deserialize", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
@@ -111,9 +110,6 @@ def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:
 
 def evaluate(expr: Any, values: Mapping[Any, int]) -> Any:
     """``expr`` with Python's int semantics for ``values``; ``None`` where it cannot."""
-    from torch.utils._sympy.interp import sympy_interp
-    from torch.utils._sympy.reference import PythonReferenceAnalysis
-
     try:
         return sympy_interp(PythonReferenceAnalysis, values, expr)
     except Exception:
@@ -142,11 +138,15 @@ def serialize(program: torch.export.ExportedProgram, twin: Callable[[Any], Any])
         return {k: torch.nn.Parameter(twin(v), v.requires_grad) if isinstance(v, torch.nn.Parameter)
                 else twin(v) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
+    from torch._export.serde import serialize as serde  # imports torch._dynamo: not at import
+
     old = program._state_dict, program._constants, program._example_inputs
     program._state_dict, program._constants = twins(old[0]), twins(old[1])
     program._example_inputs = None
     try:
-        return serialize_exported_program(program).exported_program
+        # The weights are meta twins here: pickling them along (torch < 2.12 has
+        # no serialize_state_dict=False) costs nothing, and only the graph is kept.
+        return serde.serialize(program).exported_program
     finally:
         program._state_dict, program._constants, program._example_inputs = old
 
@@ -155,7 +155,9 @@ def deserialize(graph: bytes, state: dict[str, torch.Tensor],
                 constants: dict[str, torch.Tensor]) -> torch.export.ExportedProgram:
     """Inverse of :func:`serialize`, given weights already read as tensors (dicts,
     not bytes, keep torch away from its ``torch.load(weights_only=False)`` fallback)."""
-    return _serde.deserialize(_serde.SerializedArtifact(graph, state, constants, b""))
+    from torch._export.serde import serialize as serde
+
+    return serde.deserialize(serde.SerializedArtifact(graph, state, constants, b""))
 
 
 def jit_function(graph: torch._C.Graph) -> Callable[..., Any]:

@@ -243,7 +243,7 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
         persistent = {n: t for n, t in state.items() if n not in constants}
         # torch's verifier, run by the deserializer, refuses nodes that call
         # anything but operators (test_archive checks it still does).
-        return compat.deserialize(json.dumps(graph).encode(), persistent, constants)
+        return compat.deserialize(members[member], persistent, constants)
 
 
 def _expressions(data: Any) -> Iterator[str]:

@@ -116,7 +116,7 @@ class Checker:
         if isinstance(node, Value):
             return _check_value(node.value)
         if isinstance(node, TypeOf):
-            return _check_type(node.type, self.specialize)
+            return _check_type(node.type)
         if isinstance(node, ListOf):
             return _check_list(self.compile(node.element))
         if isinstance(node, OptionalOf):
@@ -191,7 +191,7 @@ def _check_value(want: Any) -> Check:
     return check_value
 
 
-def _check_type(kind: type, specialize: bool) -> Check:
+def _check_type(kind: type) -> Check:
     allowed = (int, float) if kind is float else (kind,)
 
     def check_type(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:

@@ -22,7 +22,7 @@ import inspect
 import keyword
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -54,6 +54,14 @@ class Coverage:
     keys: tuple[Key, ...] = ()
     ranges: tuple[tuple[int, int | None, int | None], ...] = ()  # (i, min, max)
     guards: tuple[Any, ...] = ()
+    # Per guard, its (symbol, key) pairs: worked out once, not on every call.
+    _symbols: tuple[tuple[tuple[Any, Key], ...], ...] = field(
+        init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_symbols", tuple(
+            tuple((s, self.keys[int(s.name[1:])]) for s in guard.free_symbols)
+            for guard in self.guards))
 
     def uncovered(self, env: Mapping[Key, int]) -> dict[Key, int]:
         """The symbols, with the call's values, that take the call outside."""
@@ -62,10 +70,9 @@ class Coverage:
             value = env[self.keys[i]]
             if (lo is not None and value < lo) or (hi is not None and value > hi):
                 out[self.keys[i]] = value
-        for guard in self.guards:
-            keys = {s: self.keys[int(s.name[1:])] for s in guard.free_symbols}
-            if compat.evaluate(guard, {s: env[k] for s, k in keys.items()}) is not True:
-                keys = list(keys.values())
+        for guard, symbols in zip(self.guards, self._symbols):
+            if compat.evaluate(guard, {s: env[k] for s, k in symbols}) is not True:
+                keys = [k for _, k in symbols]
                 # Fix the unnamed sizes a guard ties to named ones; names stay symbolic.
                 out.update((k, env[k]) for k in [k for k in keys if type(k) is tuple] or keys)
         return out

@@ -63,7 +63,6 @@ class Program:
         self._params, self._ranges, self._weights = params, dict(ranges), weights
         self._check = Checker(qualname, params, ranges, specialize=backend == "export")
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
-        self._fast = {facts: r for (facts, fixed), r in self._variants.items() if not fixed}
         self._builder = builder
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
@@ -71,7 +70,7 @@ class Program:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values, env, facts = self._check(args, kwargs)
-        runner = self._fast.get(facts)
+        runner = self._variants.get((facts, ()))  # the general graph (nothing fixed)
         if runner is None or (runner.coverage.keys and runner.coverage.uncovered(env)):
             runner = self._variant(facts, env)
         return runner(values)
@@ -104,8 +103,6 @@ class Program:
                 "before save() so the file holds it")
         runner = self._builder(facts, fixed, self._weights, sizes or {})
         self._variants[(facts, _frozen(fixed))] = runner
-        if not fixed:
-            self._fast[facts] = runner
         if self.output_descriptors is None:
             self.output_descriptors = runner.output_descriptors(self._ranges)
         return runner

@@ -34,17 +34,14 @@ from torchdefer import _compat
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
+from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 
 __all__ = ["RngRecorder", "default_generator"]
 
-_ARRAY = slice(24, 24 + 8 * 624)
-_CACHES = slice(24 + 8 * 624, None)
-
-
 def _marker_key(state: torch.Tensor) -> bytes:
     """What tells markers apart: the first two words of the array (a count, a random word)."""
-    return tensor_bytes(state[24:40])
+    return tensor_bytes(mt19937.array_of(state)[:2])
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -151,12 +148,12 @@ class RngRecorder:
             source = torch.Generator()
             source.seed()
             words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
-            marker[_ARRAY].view(torch.int64).copy_(words)
+            mt19937.array_of(marker).copy_(words)
         else:  # the seed, position fields and cached samples of the real state
-            marker[:24] = current[:24]
-            marker[_CACHES] = current[_CACHES]
+            marker[mt19937.ENGINE] = current[mt19937.ENGINE]
+            marker[mt19937.CACHES] = current[mt19937.CACHES]
         self._marker_count += 1
-        marker[_ARRAY].view(torch.int64)[0] = self._marker_count  # unique per position
+        mt19937.array_of(marker)[0] = self._marker_count  # unique per position
         layout = epoch.layouts[stream.model]  # type: ignore[index]
         self._markers[_marker_key(marker)] = (stream, epoch, layout.end)
         real.set_state(marker)

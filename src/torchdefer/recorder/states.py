@@ -27,7 +27,6 @@ from torchdefer.rng import mt19937, philox
 
 __all__ = ["RngStates", "set_call_runner"]
 
-_NORMAL_Y, _NORMAL_VALID = 5024, 5040
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
 
 # (node, state, model) -> state after the node; installed by torchdefer.materialize.
@@ -47,17 +46,12 @@ def _run_call(node: Any, state: torch.Tensor, model: str) -> torch.Tensor:
     return _runner[0](node, state, model)
 
 
-def cache_valid(state: torch.Tensor) -> bool:
-    """Whether a CPU state holds a cached double normal sample."""
-    return bool(state[_NORMAL_VALID].item())
-
-
 def _without_cache(state: torch.Tensor) -> torch.Tensor:
-    if not cache_valid(state):
+    if not mt19937.cache_valid(state):
         return state
     out = state.clone()
-    out[_NORMAL_Y : _NORMAL_Y + 8].zero_()
-    out[_NORMAL_VALID : _NORMAL_VALID + 4].zero_()
+    out[mt19937.NORMAL_Y : mt19937.NORMAL_Y + 8].zero_()
+    out[mt19937.NORMAL_VALID : mt19937.NORMAL_VALID + 4].zero_()
     return out
 
 
@@ -107,11 +101,11 @@ class RngStates:
             return False
         base = epoch.base
         if isinstance(base, torch.Tensor) and stream.model == "cpu":
-            return cache_valid(base)
+            return mt19937.cache_valid(base)
         if isinstance(base, tuple) and base and base[0] == "seed":
             return False
         if stream.model != "cpu":
-            return cache_valid(self.cpu_start)
+            return mt19937.cache_valid(self.cpu_start)
         return None  # a restored position: known once resolved
 
     # ------------------------------------------------------------- states

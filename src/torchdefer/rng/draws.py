@@ -268,8 +268,9 @@ def _run_sample(key: _Key, n: int, with_cached_normal: bool = False):
     before = probe.get_state()
     after = _call_with_state(key, n, before)
     words = words_between(before, after)
-    touched = not torch.equal(before[5016:], after[5016:]) if not with_cached_normal else True
-    return words, touched, bool(after[5040].item())
+    caches = mt19937.CACHES
+    touched = with_cached_normal or not torch.equal(before[caches], after[caches])
+    return words, touched, mt19937.cache_valid(after)
 
 
 def _call_with_state(key: _Key, n: int, state: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ __all__ = [
     "STATE_BYTES",
     "advance",
     "array_of",
+    "cache_valid",
     "layout_known",
     "one_thread",
     "words_left_in_block",
@@ -43,6 +44,10 @@ __all__ = [
 N = 624  # words per refill
 STATE_BYTES = 5056
 _LEFT, _SEEDED, _NEXT, _ARRAY = 8, 12, 16, 24
+ENGINE = slice(0, _ARRAY)  # seed and position fields
+ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
+CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
+NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 # Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
 _DRAW_LIMIT = 1 << 22
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
@@ -56,7 +61,12 @@ def _field(state: torch.Tensor, offset: int, dtype: torch.dtype) -> int:
 
 def array_of(state: torch.Tensor) -> torch.Tensor:
     """The 624 words of the engine's array, as int64 values in ``[0, 2**32)``."""
-    return state[_ARRAY : _ARRAY + 8 * N].view(torch.int64)
+    return state[ARRAY].view(torch.int64)
+
+
+def cache_valid(state: torch.Tensor) -> bool:
+    """Whether a CPU state holds a cached double normal sample."""
+    return bool(state[NORMAL_VALID].item())
 
 
 def words_left_in_block(state: torch.Tensor) -> int:

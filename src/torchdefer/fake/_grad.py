@@ -32,7 +32,7 @@ __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "touch
 NONLEAF = "_torchdefer_nonleaf"
 _IS_LEAF = _compat.TensorBase.is_leaf.__get__
 _SET_REQUIRES_GRAD = _compat.TensorBase.requires_grad.__set__
-_NOT_HANDLED = object()
+NOT_HANDLED = object()  # leafness: not a call it answers
 
 
 def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -41,7 +41,7 @@ def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
     Returns ``NOT_HANDLED`` for any other call (the caller goes on as usual).
     """
     if not args or not getattr(args[0], "__dict__", {}).get(NONLEAF, False):
-        return _NOT_HANDLED
+        return NOT_HANDLED
     if func == _IS_LEAF:
         return False
     if func is torch.Tensor.requires_grad_:
@@ -49,17 +49,14 @@ def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
     elif func == _SET_REQUIRES_GRAD:
         value = args[1]
     else:
-        return _NOT_HANDLED
+        return NOT_HANDLED
     if not value:
         raise RuntimeError(
             "you can only change requires_grad flags of leaf variables. If you want to use "
             "a computed variable in a subgraph that doesn't require differentiation use "
             "var_no_grad = var.detach()."
         )
-    return _NOT_HANDLED
-
-
-NOT_HANDLED = _NOT_HANDLED
+    return NOT_HANDLED
 
 
 def touches_missing_device(args: tuple, kwargs: dict) -> bool:

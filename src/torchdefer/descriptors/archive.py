@@ -59,6 +59,7 @@ from torchdefer.descriptors.tree import (
     value_to_json,
 )
 from torchdefer.descriptors.weights import Weights, has_data
+from torchdefer.fake.layout import meta_twin
 
 __all__ = ["load", "save"]
 
@@ -195,10 +196,10 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
         live = dict(zip(runner.held, _live(runner)))
         for n, t in runner.held.items():
             source = live.get(n, t)
-            source = (source if has_data(source) else _meta(t)).detach()
+            source = (source if has_data(source) else meta_twin(t)).detach()
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
-        graph = json.loads(compat.serialize(ep, _meta))
+        graph = json.loads(compat.serialize(ep, meta_twin))
         if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
             graph["guards_code"] = []  # coverage replaces it
         files[f"graph{i}.json"] = json.dumps(graph).encode()
@@ -222,10 +223,6 @@ def _live(runner: ExportRunner) -> list[torch.Tensor]:
         return runner.resolve()
     except RuntimeError:  # deferred or unbound: store metadata only
         return []
-
-
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor],

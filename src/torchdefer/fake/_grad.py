@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
+from torchdefer.fake.layout import meta_twin
 
 __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "touches_missing_device"]
 
@@ -122,7 +123,7 @@ def _twins(tree: Any) -> Any:
 def _twin(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         with _compat.DisableTorchFunctionSubclass():
-            twin = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+            twin = meta_twin(x)
             if not x.requires_grad:
                 return twin
             twin.requires_grad_(True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["eager_layout", "non_overlapping_and_dense", "suggest_memory_format"]
+__all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
 
 _aten = torch.ops.aten
 _PRESERVING = frozenset(
@@ -78,6 +78,11 @@ def _column_major(t: Any) -> Any:
     if not isinstance(t, torch.Tensor) or t.dim() < 2:
         return t
     return torch.empty(*t.shape[:-2], t.shape[-1], t.shape[-2], dtype=t.dtype, device="meta").mT
+
+
+def meta_twin(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s size, strides and dtype (no data, nothing else kept)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
 
 
 def non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchdefer import _compat
+from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor
 
 __all__ = ["meta_like"]
@@ -36,5 +37,5 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
             "torch.empty_like(t, device='meta') for real tensors."
         )
     with _compat.DisableTorchFunctionSubclass():
-        out = torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device="meta")
+        out = meta_twin(fake)
     return out.requires_grad_(fake.requires_grad)

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
+from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import (
     FakeTensor,
     FakeTensorError,
@@ -96,8 +97,7 @@ class FakeMode(FakeSlotMode):
 def to_meta(x: Any) -> Any:
     """A real tensor becomes a fake one of the same shape; anything else stays."""
     if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
-        meta = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
-        return FakeTensor(meta, x.device)
+        return FakeTensor(meta_twin(x), x.device)
     return x
 
 

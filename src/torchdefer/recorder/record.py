@@ -9,6 +9,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
+from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
@@ -246,7 +247,7 @@ def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
     with suspended():  # the digest reads the real tensor's bytes
         node.payload = ExternalRef.of(real)
     node.graph = graph
-    fake = _new_output(graph, node, 0, _meta_like(real), real.device, None)
+    fake = _new_output(graph, node, 0, meta_twin(real), real.device, None)
     graph.externals[id(real)] = (real, fake)
     return fake
 
@@ -264,12 +265,8 @@ def record_constant(
     node.graph = graph
     with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
-        elem = _meta_like(real)
+        elem = meta_twin(real)
     return _new_output(graph, node, 0, elem, device or real.device, None)
-
-
-def _meta_like(real: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device="meta")
 
 
 def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:

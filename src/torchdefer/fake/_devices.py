@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from torchdefer.fake._state import STATE
+from torchdefer.fake.device import first_conflict
 
 __all__ = ["check_devices"]
 
@@ -81,19 +82,14 @@ def check_devices(func: Any, args: tuple, kwargs: dict, device_of: Any) -> None:
 
 
 def _exact_rule(func: Any, tensors: list, device_of: Any) -> None:
-    common = None
-    for arg, t, _ in tensors:
-        device = device_of(t)
-        if device.type == "meta":
-            continue
-        if common is None:
-            common = device
-        elif device != common:
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but got {arg} is on "
-                f"{device}, different from other tensors on {common} (when checking "
-                f"argument in method {func}){_where()}"
-            )
+    hit = first_conflict([t for _, t, _ in tensors], device_of)
+    if hit is not None:
+        i, common, device = hit
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but got {tensors[i][0]} is on "
+            f"{device}, different from other tensors on {common} (when checking "
+            f"argument in method {func}){_where()}"
+        )
 
 
 def _iterator_rule(func: Any, tensors: list, device_of: Any) -> None:

@@ -8,13 +8,37 @@ eager PyTorch (``cuda_tensor * torch.tensor(2.)`` lives on CUDA).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["device_available", "output_device"]
+__all__ = ["device_available", "device_of", "first_conflict", "output_device"]
 
 _CPU = torch.device("cpu")
+
+
+def device_of(t: torch.Tensor) -> torch.device:
+    """The device a tensor stands for: ``fake_device`` for a fake one, not
+    ``.device``, which inside a kernel or a guarded binding reports meta or cpu
+    (see ``fake.tensor.reported_device``)."""
+    return getattr(t, "fake_device", None) or t.device
+
+
+def first_conflict(
+    tensors: Iterable[torch.Tensor], device_of: Callable[[torch.Tensor], torch.device]
+) -> tuple[int, torch.device, torch.device] | None:
+    """The first tensor on another device than the first one (meta aside):
+    ``(its index, the first device, its device)``, or None."""
+    common = None
+    for i, t in enumerate(tensors):
+        device = device_of(t)
+        if device.type == "meta":
+            continue
+        if common is None:
+            common = device
+        elif device != common:
+            return i, common, device
+    return None
 
 
 def output_device(kwargs: dict, tensors: Iterable[torch.Tensor]) -> torch.device:
@@ -24,9 +48,7 @@ def output_device(kwargs: dict, tensors: Iterable[torch.Tensor]) -> torch.device
         return normalize(torch.device(explicit))
     first: torch.device | None = None
     for t in tensors:
-        # fake_device, not .device: inside a guarded binding a fake tensor may
-        # report "cpu" (see fake.tensor.reported_device).
-        dev = getattr(t, "fake_device", None) or t.device
+        dev = device_of(t)
         if first is None:
             first = dev
         if dev.type not in ("cpu", "meta"):

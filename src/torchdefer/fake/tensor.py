@@ -21,7 +21,7 @@ from torchdefer import _compat
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
-from torchdefer.fake.device import device_available
+from torchdefer.fake.device import device_available, device_of, first_conflict
 from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
@@ -149,10 +149,10 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     if answer is not None:
         return answer(*args, **kwargs), _CPU
     tensors = list(flat_tensors(args, kwargs))
-    if len(tensors) > 1 and _mixes_devices(tensors):
+    if len(tensors) > 1 and first_conflict(tensors, device_of) is not None:
         from torchdefer.fake._devices import check_devices
 
-        check_devices(func, args, kwargs, _device_of)
+        check_devices(func, args, kwargs, device_of)
     device = output_device(kwargs, tensors)
     if "device" in kwargs:
         kwargs = {**kwargs, "device": torch.device("meta")}
@@ -188,25 +188,6 @@ def _eager_complex(out: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(out, (tuple, list)):
         return type(out)(_eager_complex(o, args, kwargs) for o in out)
     return out
-
-
-def _device_of(t: torch.Tensor) -> torch.device:
-    # fake_device, not .device: inside a kernel or a guarded binding a fake
-    # tensor reports meta or cpu.
-    return getattr(t, "fake_device", None) or t.device
-
-
-def _mixes_devices(tensors: list[torch.Tensor]) -> bool:
-    first = None
-    for t in tensors:
-        device = _device_of(t)
-        if device.type == "meta":
-            continue
-        if first is None:
-            first = device
-        elif device != first:
-            return True
-    return False
 
 
 _original_device_hint = _compat.meta_registrations.device_hint

@@ -49,7 +49,7 @@ _PER_ELEMENT = frozenset(
     {_aten.uniform_, _aten.rand, _aten.rand_like, _aten.random_, _aten.randint,
      _aten.randint_like, _aten.exponential_, _aten.geometric_, _aten.cauchy_, _aten.bernoulli_}
 )  # fmt: skip
-_BLOCKS = frozenset({_aten.normal_, _aten.normal, _aten.randn, _aten.randn_like})
+_BLOCKS = draws.NORMAL_BLOCKS
 _LIKE = frozenset({_aten.rand_like, _aten.randn_like, _aten.randint_like})
 # Out-of-place elementwise ops besides the pointwise-tagged ones.
 _ELEMENTWISE = frozenset({_aten._to_copy.default, _aten.clone.default})
@@ -203,11 +203,10 @@ def _with_size(func: Any, args: tuple, kwargs: dict, size: list[int]) -> tuple[t
 
 
 def _schema_value(node: Node, name: str) -> Any:
-    args, kwargs = node.arguments()
-    for i, argument in enumerate(node.op._schema.arguments):
-        if argument.name == name:
-            return args[i] if i < len(args) else kwargs.get(name, argument.default_value)
-    raise NotSliceable(node, f"has no argument {name}")
+    try:
+        return draws.schema_value(node.op, *node.arguments(), name)
+    except KeyError:
+        raise NotSliceable(node, f"has no argument {name}") from None
 
 
 def _frozen(x: Any) -> Any:

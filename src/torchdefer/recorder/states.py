@@ -128,11 +128,9 @@ class RngStates:
         key = (id(epoch), model, position.anchor)
         self._epochs[id(epoch)] = epoch
         entries = self._known.setdefault(key, [])
-        item = (position.words, _cache_key(position), position, state)
-        i = bisect.bisect_left(entries, item[:2], key=lambda e: e[:2])
-        if i < len(entries) and entries[i][:2] == item[:2]:
-            known = entries[i][3]
-            if not _same_state(known, state):
+        i, hit = _index(entries, position)
+        if hit:
+            if not _same_state(entries[i][3], state):
                 raise RuntimeError(
                     f"torchdefer's draw model is wrong for a random op of {stream} on this "
                     f"torch {torch.__version__}: the generator state replay reached differs "
@@ -140,7 +138,7 @@ class RngStates:
                     "TORCHDEFER_RNG_JUMPS=0 to replay every random op in order instead."
                 )
             return
-        entries.insert(i, item)
+        entries.insert(i, (position.words, _cache_key(position), position, state))
         if len(entries) > _KEEP:
             del entries[len(entries) // 2]  # keep the earliest and the latest
 
@@ -159,10 +157,8 @@ class RngStates:
         return state
 
     def _exact(self, entries, position: Position) -> Any:
-        i = bisect.bisect_left(entries, (position.words, _cache_key(position)), key=lambda e: e[:2])
-        if i < len(entries) and entries[i][:2] == (position.words, _cache_key(position)):
-            return entries[i][3]
-        return None
+        i, hit = _index(entries, position)
+        return entries[i][3] if hit else None
 
     def _reach(self, entries, position: Position, model: str) -> torch.Tensor:
         if model != "cpu":
@@ -217,6 +213,13 @@ class RngStates:
 def _cache_key(position: Position) -> int:
     cache = position.cache
     return -2 if cache == ANCHOR else -1 if cache is None else cache
+
+
+def _index(entries: list, position: Position) -> tuple[int, bool]:
+    """Where ``position`` sits among sorted ``entries``, and whether it is there."""
+    sought = (position.words, _cache_key(position))
+    i = bisect.bisect_left(entries, sought, key=lambda e: e[:2])
+    return i, i < len(entries) and entries[i][:2] == sought
 
 
 def _same_state(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -37,12 +37,14 @@ import torch
 from torchdefer.rng import mt19937
 
 __all__ = [
+    "NORMAL_BLOCKS",
     "TRUSTED_NAMESPACES",
     "Effect",
     "TensorInfo",
     "effect",
     "known_random_op",
     "may_draw_untagged",
+    "schema_value",
     "words_between",
 ]
 
@@ -111,7 +113,8 @@ def may_draw_untagged(func: Any) -> bool:
 # Families of ops whose draws follow one shape. The float arguments named in
 # `_PATH_FREE` never choose a code path, so calls that differ only in them
 # share one measured class (kaiming bounds differ per layer).
-_NORMAL = frozenset({_aten.normal_, _aten.normal, _aten.randn, _aten.randn_like})
+# Normals made in Box-Muller blocks of 16 (a serial pair below 16 elements).
+NORMAL_BLOCKS = frozenset({_aten.normal_, _aten.normal, _aten.randn, _aten.randn_like})
 _SERIAL_NORMAL = frozenset({_aten.log_normal_, _aten.log_normal})
 _LINEAR = frozenset(
     {
@@ -141,7 +144,7 @@ def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect 
     packet = func.overloadpacket
     if os.environ.get("TORCHDEFER_RNG_JUMPS") == "0" or not mt19937.layout_known():
         return None
-    if packet in _NORMAL or packet in _SERIAL_NORMAL:
+    if packet in NORMAL_BLOCKS or packet in _SERIAL_NORMAL:
         n = drawn.numel()
         serial = packet in _SERIAL_NORMAL or n < 16 or not drawn.is_contiguous()
         shape = "serial" if serial else "fill"
@@ -149,7 +152,7 @@ def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect 
         n = drawn.numel()
         shape = "linear" if packet is not _aten.randperm or n < _RANDPERM_64 else "none"
         if packet is _aten.randperm:
-            n = _schema_value(func, args, kwargs, "n")
+            n = schema_value(func, args, kwargs, "n")
     else:
         return None
     if shape == "none" or n == 0:
@@ -161,7 +164,8 @@ def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect 
     return model(n)
 
 
-def _schema_value(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
+def schema_value(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    """Argument ``name`` of a call to ``func`` (its default if not passed); KeyError if none."""
     for i, argument in enumerate(func._schema.arguments):
         if argument.name == name:
             return args[i] if i < len(args) else kwargs.get(name, argument.default_value)

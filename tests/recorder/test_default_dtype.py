@@ -28,6 +28,9 @@ PROMOTING = {
     "atan2_int": lambda: torch.atan2(torch.arange(4), torch.arange(1, 5)),
     "bool_mean_after_float": lambda: (torch.arange(6) > 2) * 1.5,
     "full_float_fill": lambda: torch.full((2,), 1.5),
+    # eager infers complex64 under a float16 default, the meta kernel complex32
+    "full_complex_fill": lambda: torch.view_as_real(torch.full((2,), 1 + 2j)),
+    "full_bool_fill": lambda: torch.full((2,), True),
     "full_int_fill_then_div": lambda: torch.full((2,), 3) / 2,
     "linspace": lambda: torch.linspace(0, 1, 5),
     "arange_float": lambda: torch.arange(0.0, 2.0, 0.5),
@@ -56,6 +59,19 @@ def test_default_dtype_while_building_decides_the_replayed_dtype(name, dtype):
     eager, deferred = build_both(built_under(dtype, PROMOTING[name]))
     assert deferred.dtype == eager.dtype
     assert_same_tensor(torchdefer.materialize_tensor(deferred), eager)
+
+
+def test_bfloat16_times_complex_is_recorded_as_eager_promotes_it():
+    # An integer tensor times a complex scalar under a bfloat16 default is
+    # complex64 in eager (torch 2.15's meta kernels said bcomplex32); a
+    # bfloat16 tensor times one is what eager's promotion says (bcomplex32 on
+    # 2.15, whose CPU kernels then refuse it).
+    eager, deferred = build_both(built_under(torch.bfloat16, lambda: torch.arange(2) * 1j))
+    assert deferred.dtype == eager.dtype
+    bf16 = torch.ones(2, dtype=torch.bfloat16)
+    with torchdefer.fake_mode():
+        fake = torch.ones(2, dtype=torch.bfloat16) * 1j
+    assert fake.dtype == torch.result_type(bf16, 1j)
 
 
 def test_materializing_under_another_default_dtype_still_gives_the_recorded_one():

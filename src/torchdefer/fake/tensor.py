@@ -157,6 +157,9 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     if "device" in kwargs:
         kwargs = {**kwargs, "device": torch.device("meta")}
     device = normalize(device)
+    if func in _FULL and kwargs.get("dtype") is None:
+        fill = args[1] if len(args) > 1 else kwargs["fill_value"]
+        kwargs = {**kwargs, "dtype": _full_dtype(fill)}
     previous = _compat.meta_in_tls_dispatch_include()
     hint = _compat.meta_registrations.device_hint
     STATE.in_kernel = True
@@ -177,12 +180,27 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
     return out, device
 
 
+# full.names exists only in some torch versions
+_FULL = frozenset(getattr(torch.ops.aten.full, name) for name in torch.ops.aten.full.overloads()
+                  if name in ("default", "names"))
+
+
+def _full_dtype(fill: Any) -> torch.dtype:
+    """The dtype eager's ``torch.full`` infers from ``fill`` (in C++: a complex
+    fill gives complex64 under a float16 default dtype, the meta kernel's
+    Python inference complex32), read off an empty eager call."""
+    with _compat.DisableTorchDispatch():
+        return torch.ops.aten.full.default([0], fill, device="cpu").dtype
+
+
 def _eager_complex(out: Any, args: tuple, kwargs: dict) -> Any:
-    """complex64 where a meta kernel made a bcomplex32 no input asked for (see _compat)."""
+    """complex64 where a meta kernel made a bcomplex32 from the default dtype (see
+    _compat); a bfloat16 or bcomplex32 input gives bcomplex32 in eager too."""
     if isinstance(out, torch.Tensor):
         if out.dtype != _compat.BCOMPLEX32 or kwargs.get("dtype") == _compat.BCOMPLEX32:
             return out
-        if any(t.dtype == _compat.BCOMPLEX32 for t in flat_tensors(args, kwargs)):
+        if any(t.dtype in (torch.bfloat16, _compat.BCOMPLEX32)
+               for t in flat_tensors(args, kwargs)):
             return out
         return out.to(torch.complex64)
     if isinstance(out, (tuple, list)):

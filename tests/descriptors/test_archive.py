@@ -13,6 +13,7 @@ import torch
 import torchdefer
 from torchdefer._compat import export as compat
 from torchdefer.descriptors import DescriptorMismatch, MetaTensorType, ProgramFileError
+from torchdefer.descriptors.tree import from_json, normalize, to_json
 
 F32 = torch.float32
 
@@ -65,9 +66,38 @@ def test_descriptors_are_stored_as_json(tmp_path):
     path = tmp_path / "model.tdp"
     torchdefer.save(torchdefer.script(Model(), DESC), path)
     header = json.loads(_members(path)["torchdefer.json"])
-    x, flag = header["params"]
-    assert x["node"]["leaves"] == [{"tensor": MetaTensorType(["b", 6], F32, dim_ranges={"b": (0, 32)}).to_json()}]
-    assert flag["node"]["leaves"] == [{"value": True}]
+    x, flag = header["params"]["tuple"]
+    assert from_json(x) == torchdefer.descriptors.tree.Param("x", "POSITIONAL_OR_KEYWORD", DESC["x"], described=True)
+    assert x["Param"]["node"]["MetaTensorType"]["dtype"] == {"dtype": "float32"}
+    assert flag["Param"]["node"] == {"Value": {"value": True}}
+
+
+def test_descriptor_trees_round_trip_through_the_file_format():
+    d = MetaTensorType(
+        ["b", None, 3],
+        torch.bfloat16,
+        device="cpu",
+        requires_grad=False,
+        layout=torch.strided,
+        dim_ranges={"b": (1, None)},
+    )
+    tree = normalize({"x": d, "ids": list[int], "mask": MetaTensorType | None, "pair": (float, torch.int8),
+                      "dev": torch.device("cuda:1"), "n": None}, "inp")
+    for value in (d, tree, MetaTensorType(rank=2), (torch.strided, 1.5, "s", True)):
+        encoded = json.loads(json.dumps(to_json(value)))
+        assert from_json(encoded) == value
+
+
+@pytest.mark.parametrize("data", [
+    {"TypeOf": {"type": {"dtype": "float32"}}},
+    {"MetaTensorType": {"shape": {"tuple": [-1]}}},
+    {"dtype": "Tensor"},
+    {"Weights": {}},
+    {"tree": "[1, {\"type\": \"antigravity.Fly\", \"context\": \"null\", \"children_spec\": []}]", "leaves": []},
+])
+def test_file_format_builds_only_valid_descriptor_objects(data):
+    with pytest.raises((ValueError, TypeError, KeyError, NotImplementedError)):
+        from_json(data)
 
 
 # ------------------------------------------------------------ hostile files
@@ -206,7 +236,7 @@ def test_missing_member_is_reported_as_an_incomplete_file(member, saved):
 
 def test_header_from_another_version_or_not_json_says_so(saved):
     _edit_json(saved, "torchdefer.json", lambda h: h.update(version=99))
-    with pytest.raises(ProgramFileError, match="unsupported version 99; this torchdefer reads torchdefer.program version 2"):
+    with pytest.raises(ProgramFileError, match="unsupported version 99; this torchdefer reads torchdefer.program version 3"):
         torchdefer.load(saved)
     members = _members(saved)
     members["torchdefer.json"] = b"{not json"

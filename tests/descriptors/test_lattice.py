@@ -79,15 +79,3 @@ def test_describe_shares_symbols_across_arguments_and_keeps_equal_values():
     p = torchdefer.script(f, d)
     x = torch.randn(3, 8)
     torch.testing.assert_close(p(x, torch.ones(3, dtype=torch.bool), 7, True), x)
-
-
-def test_metatensortype_json_round_trip():
-    d = MetaTensorType(
-        ["b", None, 3],
-        torch.bfloat16,
-        device="cpu",
-        requires_grad=False,
-        layout=torch.strided,
-        dim_ranges={"b": (1, None)},
-    )
-    assert MetaTensorType.from_json(d.to_json()) == d

@@ -30,7 +30,6 @@ weights with :meth:`Program.with_weights`.
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import os
@@ -41,30 +40,23 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from torchdefer._compat import export as compat
 from torchdefer.descriptors._expr import UnsafeExpression, parse
-from torchdefer.descriptors.checker import Param, concrete_trees
+from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
 from torchdefer.descriptors.export_backend import Coverage, ExportRunner
 from torchdefer.descriptors.jit_backend import JitRunner
 from torchdefer.descriptors.outputs import OutputRecipe
 from torchdefer.descriptors.program import Program
-from torchdefer.descriptors.tree import (
-    from_json,
-    normalize,
-    to_json,
-    value_from_json,
-    value_to_json,
-)
+from torchdefer.descriptors.tree import Param, from_json, to_json
 from torchdefer.descriptors.weights import Weights, has_data
 from torchdefer.fake.layout import meta_twin
 
 __all__ = ["load", "save"]
 
 _FORMAT = "torchdefer.program"
-_VERSION = 2
+_VERSION = 3
 
 
 def save(program: Program, path: str | os.PathLike[str]) -> None:
@@ -91,7 +83,7 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
                         f"{type(program).__name__}")
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
-        "qualname": program.qualname, "params": [_param_to_json(p) for p in program._params],
+        "qualname": program.qualname, "params": to_json(program._params),
         "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
@@ -101,7 +93,7 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         files["program.ts"] = buffer.getvalue()
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
-        except (TypeError, ValueError):
+        except TypeError:
             header["outputs"] = None
     else:
         header["variants"], header["weights"] = _export_files(program, files)
@@ -133,65 +125,63 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         for member in zf.namelist():
             with _reading(name, member):
                 members[member] = zf.read(member)
-    if "torchdefer.json" not in members:
-        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json)")
-    header = _json(members, "torchdefer.json", name)
+    header = _json(members, "torchdefer.json", name) if "torchdefer.json" in members else None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
         raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header)")
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
+    backend = header.get("backend")
+    if backend == "jit" and not allow_torchscript:
+        raise ProgramFileError(
+            f"{name!r} holds a TorchScript program (backend='jit'): loading it runs the "
+            "TorchScript code inside the file, so it is refused by default; pass "
+            "allow_torchscript=True if you trust where the file comes from, or save a "
+            "program built with backend='export'")
     with _reading(name, "torchdefer.json"):
-        backend, qualname = header["backend"], header["qualname"]
-        params = tuple(_param_from_json(p) for p in header["params"])
+        qualname, params = header["qualname"], from_json(header["params"])
         ranges = {n: (lo, hi) for n, lo, hi in header["ranges"]}
-        if backend not in ("export", "jit"):
-            raise ValueError(f"unknown backend {backend!r}")
+        if backend not in ("export", "jit") or not all(isinstance(p, Param) for p in params):
+            raise ValueError(f"backend {backend!r} or parameters {params!r}")
+        variants = header["variants"] if backend == "export" else None
     if backend == "jit":
-        if not allow_torchscript:
-            raise ProgramFileError(
-                f"{name!r} holds a TorchScript program (backend='jit'): loading it runs the "
-                "TorchScript code inside the file, so it is refused by default; pass "
-                "allow_torchscript=True if you trust where the file comes from, or save a "
-                "program built with backend='export'")
         with _reading(name, "program.ts"):
-            data = io.BytesIO(_need(members, "program.ts", name))
+            data = io.BytesIO(_member(members, "program.ts", name))
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
                                            qualname)}
-            outputs = header.get("outputs") and from_json(header["outputs"])
-            weights = Weights()
+        weights, outputs = Weights(), header.get("outputs") and from_json(header["outputs"])
     else:
-        weights, runners = _export_runners(header, members, params, qualname, name)
+        weights, runners = _export_runners(header, variants, members, params, qualname, name)
         first = next(iter(runners.values()), None)
         outputs = None if first is None else first.output_descriptors(ranges)
-    return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                   runners=runners, weights=weights, output_descriptors=outputs)
+    with _reading(name, "torchdefer.json"):
+        return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
+                       runners=runners, weights=weights, output_descriptors=outputs)
 
 
-def _export_runners(header: dict[str, Any], members: dict[str, bytes], params: tuple[Param, ...],
-                    qualname: str, name: str) -> tuple[Weights, dict[tuple, ExportRunner]]:
+def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[str, bytes],
+                    params: tuple[Param, ...], qualname: str,
+                    name: str) -> tuple[Weights, dict[tuple, ExportRunner]]:
     state = _tensors(members, "weights.pt", name)
     weights = Weights(tensors=state) if header.get("weights") else Weights(
         missing=f"{qualname} program was saved from a deferred model, without weights; bind them "
         "with program.with_weights(materialized_module)")
     runners = {}
-    for i, v in enumerate(_need(header, "variants", name)):
+    for i, v in enumerate(variants):
         with _reading(name, f"graph {i} of torchdefer.json"):
-            facts = tuple(value_from_json(f) for f in v["facts"])
-            fixed = tuple((k if isinstance(k, str) else tuple(k), int(n)) for k, n in v["fixed"])
-            key, concrete = (facts, fixed), concrete_trees(params, facts, dict(fixed))
+            facts, fixed = case = from_json(v["case"])
+            concrete = concrete_trees(params, facts, dict(fixed))
             coverage = Coverage.from_json(v["coverage"])
             recipe = OutputRecipe.from_json(v["recipe"])
-        program = _read_graph(members, i, state, name)
-        runners[key] = ExportRunner(program, params, concrete, recipe, coverage, weights, qualname,
-                                    v.get("training"))
+        runners[case] = ExportRunner(_read_graph(members, i, state, name), params, concrete, recipe,
+                                     coverage, weights, qualname, v.get("training"))
     return weights, runners
 
 
 def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[str, Any]], bool]:
     weights: dict[str, torch.Tensor] = {}
     variants = []
-    for i, ((facts, fixed), runner) in enumerate(program._variants.items()):
+    for i, (case, runner) in enumerate(program._variants.items()):
         ep = runner.program
         live = dict(zip(runner.held, _live(runner)))
         for n, t in runner.held.items():
@@ -210,10 +200,8 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
                                 "only tensor constants can be saved")
             constants[n] = weights[n] if n in weights else c.detach()
         files[f"graph{i}.constants.pt"] = _tensor_bytes(constants)
-        variants.append({"facts": [value_to_json(f) for f in facts],
-                         "fixed": [[k if isinstance(k, str) else list(k), v] for k, v in fixed],
-                         "coverage": runner.coverage.to_json(), "recipe": runner.recipe.to_json(),
-                         "training": runner.training})
+        variants.append({"case": to_json(case), "coverage": runner.coverage.to_json(),
+                         "recipe": runner.recipe.to_json(), "training": runner.training})
     files["weights.pt"] = _tensor_bytes(weights)
     return variants, all(not t.is_meta for t in weights.values())
 
@@ -229,13 +217,12 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
                 name: str) -> torch.export.ExportedProgram:
     member = f"graph{i}.json"
     graph = _json(members, member, name)
+    constants = _tensors(members, f"graph{i}.constants.pt", name)
     with _reading(name, member):
         if graph.get("guards_code"):
             raise UnsafeExpression("it carries guards_code, Python source torch would exec")
         for text in _expressions(graph):
             parse(text)
-    constants = _tensors(members, f"graph{i}.constants.pt", name)
-    with _reading(name, member):
         # Non-persistent buffers are constants to torch; the runner reads them from weights.
         persistent = {n: t for n, t in state.items() if n not in constants}
         # torch's verifier, run by the deserializer, refuses nodes that call
@@ -268,21 +255,21 @@ def _reading(name: str, part: str) -> Iterator[None]:
                                f"({type(e).__name__}: {e}); save the program again") from None
 
 
-def _need(mapping: dict[str, Any], key: str, name: str) -> Any:
-    if key not in mapping:
-        raise ProgramFileError(f"{name!r}: {key} is missing; the file is incomplete, save the "
+def _member(members: dict[str, bytes], member: str, name: str) -> bytes:
+    if member not in members:
+        raise ProgramFileError(f"{name!r}: {member} is missing; the file is incomplete, save the "
                                "program again")
-    return mapping[key]
+    return members[member]
 
 
 def _json(members: dict[str, bytes], member: str, name: str) -> Any:
-    data = _need(members, member, name)
+    data = _member(members, member, name)
     with _reading(name, member):
         return json.loads(data)
 
 
 def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, torch.Tensor]:
-    data = _need(members, member, name)
+    data = _member(members, member, name)
     try:
         out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
     except Exception as e:
@@ -297,19 +284,3 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
     return buffer.getvalue()
-
-
-def _param_to_json(p: Param) -> dict[str, Any]:
-    empty = p.default is inspect.Parameter.empty
-    default = None if empty else to_json(normalize(p.default, p.name))
-    return {"name": p.name, "kind": p.kind, "described": p.described, "default": default,
-            "node": None if p.node is None else to_json(p.node)}
-
-
-def _param_from_json(data: dict[str, Any]) -> Param:
-    default = inspect.Parameter.empty
-    if data["default"] is not None:
-        leaves, spec = pytree.tree_flatten(from_json(data["default"]))
-        default = pytree.tree_unflatten([leaf.value for leaf in leaves], spec)
-    node = None if data["node"] is None else from_json(data["node"])
-    return Param(str(data["name"]), str(data["kind"]), node, default, bool(data["described"]))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch.utils._pytree as pytree
@@ -29,10 +29,10 @@ from torchdefer.descriptors.meta_tensor_type import (
     TensorCheck,
     describe_value,
 )
-from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
+from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
 
-__all__ = ["NOT_ACCEPTED", "Checker", "Key", "Param", "concrete_trees", "concretize",
-           "merge_ranges", "show_key"]
+__all__ = ["NOT_ACCEPTED", "Checker", "Key", "concrete_trees", "concretize", "merge_ranges",
+           "show_key"]
 
 Key = Any
 """A size as the checker binds it in ``env``: a symbolic name (``"b"``), a
@@ -45,20 +45,6 @@ program uses the default and refuses a passed value."""
 _KINDS = {k: getattr(inspect.Parameter, k)
           for k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")}
 Check = Callable[[Any, str, dict, dict, "list | None"], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Param:
-    """One parameter of the scripted callable: ``kind`` is an ``inspect`` kind's
-    name; ``node`` is ``None`` when not accepted (see ``NOT_ACCEPTED``);
-    ``default`` is ``inspect.Parameter.empty`` unless a plain value; an
-    undescribed parameter is fixed to its default."""
-
-    name: str
-    kind: str
-    node: Node | None
-    default: Any = inspect.Parameter.empty
-    described: bool = False
 
 
 class Checker:

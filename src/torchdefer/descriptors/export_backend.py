@@ -38,7 +38,7 @@ from torchdefer.descriptors.checker import Key, Param, show_key
 from torchdefer.descriptors.errors import DescriptorConflict
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
 from torchdefer.descriptors.outputs import OutputRecipe, describe_output
-from torchdefer.descriptors.tree import Node, TypeOf, Value
+from torchdefer.descriptors.tree import Node, TypeOf, Value, from_json, to_json
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Coverage", "ExportRunner", "build"]
@@ -78,15 +78,14 @@ class Coverage:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"keys": [k if isinstance(k, str) else list(k) for k in self.keys],
-                "ranges": [list(r) for r in self.ranges], "guards": [str(g) for g in self.guards]}
+        return {"keys": to_json(self.keys), "ranges": to_json(self.ranges),
+                "guards": [str(g) for g in self.guards]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Coverage:
         """Guards are read with the restricted parser: a file cannot run code here."""
-        keys = tuple(k if isinstance(k, str) else tuple(k) for k in data["keys"])
-        ranges = tuple((int(i), lo, hi) for i, lo, hi in data["ranges"])
-        return cls(keys, ranges, tuple(parse(g, _V) for g in data["guards"]))
+        return cls(from_json(data["keys"]), from_json(data["ranges"]),
+                   tuple(parse(g, _V) for g in data["guards"]))
 
 
 class ExportRunner:

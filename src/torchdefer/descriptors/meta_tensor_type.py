@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -169,26 +169,6 @@ requires_grad=False, layout=torch.strided)
         return replace(self, shape=shape, rank=rank, dtype=kept("dtype"), layout=kept("layout"),
                        device=_join_devices([self.device, tensor.device]) if self.device else None,
                        requires_grad=kept("requires_grad"), dim_ranges=ranges)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict; :meth:`from_json` reads it back."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("dtype", "device", "layout"):
-            out[name] = None if out[name] is None else str(out[name]).removeprefix("torch.")
-        out["shape"] = None if self.shape is None else list(self.shape)
-        out["dim_ranges"] = [list(r) for r in self.dim_ranges]
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MetaTensorType:
-        """Inverse of :meth:`to_json`; only looks up dtype/layout names on ``torch``."""
-        data = {f.name: data[f.name] for f in fields(cls)}
-        for name, kind in (("dtype", torch.dtype), ("layout", torch.layout)):
-            if data[name] is not None and not isinstance(getattr(torch, data[name], None), kind):
-                raise ValueError(f"not a torch {kind.__name__}: {data[name]!r}")
-            data[name] = data[name] and getattr(torch, data[name])
-        data["dim_ranges"] = [tuple(r) for r in data["dim_ranges"]]
-        return cls(**data)
 
     def __repr__(self) -> str:
         parts = [f"shape={list(self.shape)!r}" if self.shape is not None else

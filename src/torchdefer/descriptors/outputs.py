@@ -14,7 +14,6 @@ backwards on every call -- and once on descriptors, which gives
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
-from torchdefer.descriptors.tree import TypeOf
+from torchdefer.descriptors.tree import TypeOf, from_json, to_json
 
 __all__ = ["OutputRecipe", "describe_output"]
 
@@ -91,34 +90,23 @@ class OutputRecipe:
     def to_json(self) -> dict[str, Any]:
         """JSON form; raises ``TypeError`` for what a file cannot name safely
         (unregistered classes), saying what to register or return instead."""
-        slots = []
-        for slot in self.slots:
-            if isinstance(slot, _Object):
-                name = f"{slot.cls.__module__}.{slot.cls.__qualname__}"
-                raise TypeError(
-                    f"the program's outputs hold a {name}, which torch.utils._pytree does not "
-                    "know, so a file cannot rebuild it without running code; register it with "
-                    "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...) "
-                    "(for transformers caches: transformers.integrations.executorch."
-                    "register_dynamic_cache_export_support()) before script(), or return "
-                    "tensors")
-            if isinstance(slot, _Const):
-                try:
-                    json.dumps(slot.value)
-                except TypeError:
-                    raise TypeError(
-                        f"the program's outputs hold the constant {slot.value!r}, which cannot be "
-                        "saved as JSON") from None
-                slots.append({"const": slot.value})
-            else:
-                slots.append(_GRAPH)
+        objects = [s.cls for s in self.slots if isinstance(s, _Object)]
+        if objects:
+            raise TypeError(
+                f"the program's outputs hold a {objects[0].__module__}.{objects[0].__qualname__}, "
+                "which torch.utils._pytree does not know, so a file cannot rebuild it without "
+                "running code; register it with torch.utils._pytree.register_pytree_node(..., "
+                "serialized_type_name=...) (for transformers caches: transformers.integrations."
+                "executorch.register_dynamic_cache_export_support()) before script(), or return "
+                "tensors")
+        slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
         return {"spec": pytree.treespec_dumps(self.spec), "slots": slots}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OutputRecipe:
         """Inverse of :meth:`to_json`: containers only of types registered in this process."""
-        slots = tuple(_GRAPH if s == _GRAPH else _Const(s["const"]) for s in data["slots"])
-        return cls(pytree.treespec_loads(data["spec"]), slots)
+        slots = [_GRAPH if s == _GRAPH else _Const(from_json(s["const"])) for s in data["slots"]]
+        return cls(pytree.treespec_loads(data["spec"]), tuple(slots))
 
 
 def describe_output(val: Any, names: Mapping[str, str | None],

@@ -16,24 +16,22 @@ runs the graph of a backend runner. A runner is anything with::
 
 from __future__ import annotations
 
-import inspect
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
-import torch.utils._pytree as pytree
 
 from torchdefer.descriptors import export_backend, jit_backend
 from torchdefer.descriptors.checker import (
     Checker,
-    Param,
     concrete_trees,
     concretize,
     merge_ranges,
     show_key,
 )
-from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
-from torchdefer.descriptors.tree import SCALARS, ListOf, Node, OptionalOf, normalize
+from torchdefer.descriptors.meta_tensor_type import DimRange
+from torchdefer.descriptors.tree import Node, Param, parameters, tensors
 from torchdefer.descriptors.weights import Weights
 
 __all__ = ["Backend", "Program", "script"]
@@ -142,11 +140,10 @@ class Program:
             raise TypeError("with_weights() rebinds export programs; a jit program runs with "
                             "the weights it was scripted (or saved) with")
         module = source if isinstance(source, torch.nn.Module) else None
-        weights = Weights(module=module, tensors=None if module is not None else dict(source))
-        return Program(backend=self.backend, qualname=self.qualname, params=self._params,
-                       ranges=self._ranges, weights=weights, builder=self._builder,
-                       runners={k: r.with_weights(weights) for k, r in self._variants.items()},
-                       output_descriptors=self.output_descriptors)
+        new = copy.copy(self)
+        new._weights = Weights(module=module, tensors=None if module is not None else dict(source))
+        new._variants = {k: r.with_weights(new._weights) for k, r in self._variants.items()}
+        return new
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.input_descriptors.items())
@@ -200,8 +197,8 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     if not callable(fn):
         raise TypeError("script() takes an nn.Module or a function, got "
                         f"{type(model_or_fn).__name__}")
-    qualname, params = _parameters(fn, input_descriptors)
-    ranges = merge_ranges([leaf for p in params if p.node is not None for leaf in _tensors(p.node)])
+    qualname, params = parameters(fn, input_descriptors)
+    ranges = merge_ranges([leaf for p in params for leaf in tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})
     runners, outputs, build = {}, None, None
     if backend == "jit":
@@ -223,58 +220,6 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     if facts is not None:  # build now, so conflicts surface at script() time
         program._add(facts, {name: ranges[name][0] for name in program._pinned})
     return program
-
-
-def _parameters(fn: Callable[..., Any],
-                descriptors: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
-    """The callable's name and parameters, each with its descriptor tree."""
-    if not isinstance(descriptors, Mapping):
-        raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
-                        f"{type(descriptors).__name__}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"cannot read the signature of {fn!r}: {e}") from e
-    qualname = getattr(fn, "__qualname__", type(fn).__name__)
-    accepted = [p for p in signature.parameters.values()
-                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
-    if unknown:
-        raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
-                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
-    params = []
-    for p in accepted:
-        plain = p.default is not p.empty and _is_plain(p.default)
-        default = p.default if plain else p.empty
-        if p.name in descriptors:
-            node = normalize(descriptors[p.name], p.name)
-        elif plain:
-            node = normalize(p.default, p.name)
-        elif p.default is not p.empty:
-            node = None  # a tensor or object default: the program keeps it
-        else:
-            raise TypeError(f"parameter {p.name!r} of {qualname}() has no default and no input "
-                            f"descriptor; add input_descriptors[{p.name!r}]")
-        params.append(Param(p.name, p.kind.name, node, default, p.name in descriptors))
-    return qualname, tuple(params)
-
-
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, (tuple, list)):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(_is_plain(v) for v in value.values())
-    return isinstance(value, SCALARS)
-
-
-def _tensors(node: Node) -> list[MetaTensorType]:
-    out = []
-    for leaf in pytree.tree_leaves(node):
-        if isinstance(leaf, MetaTensorType):
-            out.append(leaf)
-        elif isinstance(leaf, (ListOf, OptionalOf)):
-            out += _tensors(leaf.element if isinstance(leaf, ListOf) else leaf.inner)
-    return out
 
 
 class _Unknown(Exception):

@@ -4,19 +4,21 @@ A user writes a descriptor per parameter: a :class:`MetaTensorType`, a plain
 Python value (value specialization), a typing object (``int``, ``List[int]``,
 ``list[MetaTensorType]``, ``Optional[...]``, as the RFC lists), or a tuple /
 list / dict of these shaped like the argument (seed 003's "spec formatted the
-way the function is called"). :func:`normalize` turns it into a
-``torch.utils._pytree`` tree whose containers are the argument's own (any type
-registered with pytree) and whose leaves are ``MetaTensorType`` or one of the
-classes below. Paths in messages are the parameter name plus ``pytree.keystr``
-(``inp['b'][1]``).
+way the function is called"). :func:`parameters` binds them to the signature
+and :func:`normalize` turns each into a ``torch.utils._pytree`` tree whose
+containers are the argument's own (any type registered with pytree) and whose
+leaves are ``MetaTensorType`` or one of the classes below. Paths in messages
+are the parameter name plus ``pytree.keystr`` (``inp['b'][1]``).
+:func:`to_json` / :func:`from_json` are the program file's one format.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 import types
 import typing
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any, TypeAlias
 
 import torch
@@ -24,10 +26,10 @@ import torch.utils._pytree as pytree
 
 from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 
-__all__ = ["ListOf", "Node", "OptionalOf", "TypeOf", "Value", "from_json", "normalize", "to_json",
-           "value_from_json", "value_to_json"]
+__all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
+           "parameters", "tensors", "to_json"]
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+_TYPES = {t.__name__: t for t in (int, float, bool, str)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,10 @@ class TypeOf:
     """Type specialization: any value of this type (``int`` excludes ``bool``)."""
 
     type: type
+
+    def __post_init__(self) -> None:
+        if _TYPES.get(getattr(self.type, "__name__", None)) is not self.type:
+            raise ValueError(f"TypeOf takes one of {list(_TYPES)}, got {self.type!r}")
 
     def __repr__(self) -> str:
         return self.type.__name__
@@ -75,6 +81,53 @@ Node: TypeAlias = Any
 """A normalized descriptor: one of ``LEAVES`` or a pytree container of nodes."""
 
 
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of the scripted callable: ``kind`` is an ``inspect`` kind's
+    name; ``node`` is ``None`` when the default is not a plain value (a tensor:
+    the program keeps it and refuses a passed value); ``default`` is
+    ``inspect.Parameter.empty`` unless a plain value; an undescribed parameter
+    is fixed to its default."""
+
+    name: str
+    kind: str
+    node: Node | None
+    default: Any = inspect.Parameter.empty
+    described: bool = False
+
+
+def parameters(fn: Callable[..., Any],
+               descriptors: Mapping[str, Any]) -> tuple[str, tuple[Param, ...]]:
+    """``fn``'s name and parameters (``*args``/``**kwargs`` left out), each
+    with its descriptor tree; raises ``TypeError`` for what does not fit."""
+    if not isinstance(descriptors, Mapping):
+        raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
+                        f"{type(descriptors).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"cannot read the signature of {fn!r}: {e}") from e
+    qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    accepted = [p for p in signature.parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
+    if unknown:
+        raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
+                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
+    params = []
+    for p in accepted:
+        plain = p.default is not p.empty and all(
+            isinstance(v, SCALARS) for v in pytree.tree_leaves(p.default))
+        if p.name not in descriptors and p.default is p.empty:
+            raise TypeError(f"parameter {p.name!r} of {qualname}() has no default and no input "
+                            f"descriptor; add input_descriptors[{p.name!r}]")
+        node = (normalize(descriptors[p.name], p.name) if p.name in descriptors
+                else normalize(p.default, p.name) if plain else None)
+        params.append(Param(p.name, p.kind.name, node, p.default if plain else p.empty,
+                            p.name in descriptors))
+    return qualname, tuple(params)
+
+
 def normalize(descriptor: Any, path: str) -> Node:
     """Turn a user's descriptor for the argument at ``path`` into a tree.
 
@@ -102,9 +155,8 @@ def _leaf(d: Any, path: str) -> Node:
     if origin is tuple and args and args[-1] is not Ellipsis:
         return tuple(normalize(a, f"{path}[{i}]") for i, a in enumerate(args))
     if origin in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
-        inner = next(a for a in args if a is not type(None))
-        return OptionalOf(normalize(inner, path))
-    if isinstance(d, type) and d.__name__ in _TYPES and _TYPES[d.__name__] is d:
+        return OptionalOf(normalize(next(a for a in args if a is not type(None)), path))
+    if isinstance(d, type) and _TYPES.get(d.__name__) is d:
         return TypeOf(d)
     if isinstance(d, torch.Tensor):
         raise TypeError(
@@ -118,60 +170,60 @@ def _leaf(d: Any, path: str) -> Node:
         "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these")
 
 
+def tensors(node: Node) -> list[MetaTensorType]:
+    """Every ``MetaTensorType`` in a tree, inside ``List``/``Optional`` too."""
+    out = []
+    for leaf in pytree.tree_leaves(node):
+        if isinstance(leaf, (ListOf, OptionalOf)):
+            out += tensors(leaf.element if isinstance(leaf, ListOf) else leaf.inner)
+        elif isinstance(leaf, MetaTensorType):
+            out.append(leaf)
+    return out
+
+
 # ------------------------------------------------------------------- JSON
-def to_json(node: Node) -> dict[str, Any]:
-    """A JSON-ready form of the tree: containers by ``pytree.treespec_dumps``
-    (types by their registered ``serialized_type_name``), leaves as plain data."""
-    leaves, spec = pytree.tree_flatten(node)
-    return {"spec": pytree.treespec_dumps(spec), "leaves": [_leaf_to_json(x) for x in leaves]}
+_CLASSES = {c.__name__: c for c in (*LEAVES, Param)}
+_TORCH = {"dtype": torch.dtype, "layout": torch.layout}
 
 
-def from_json(data: dict[str, Any]) -> Node:
-    """Inverse of :func:`to_json`; builds only descriptor objects and containers
-    registered with pytree in this process, never runs code from ``data``."""
-    spec = pytree.treespec_loads(data["spec"])
-    return pytree.tree_unflatten([_leaf_from_json(x) for x in data["leaves"]], spec)
+def to_json(x: Any) -> Any:
+    """A JSON-ready form of a tree, a ``Param`` or a plain value: this
+    package's classes by field, dtypes/layouts/devices/types by name, other
+    containers by ``pytree.treespec_dumps`` (types by their registered
+    ``serialized_type_name``); raises ``TypeError`` for anything else."""
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    if isinstance(x, (torch.dtype, torch.layout, torch.device)):
+        return {type(x).__name__: str(x).removeprefix("torch.")}
+    if x is inspect.Parameter.empty:
+        return {"empty": None}
+    if isinstance(x, type) and _TYPES.get(x.__name__) is x:
+        return {"type": x.__name__}
+    if type(x) in _CLASSES.values():
+        return {type(x).__name__: {f.name: to_json(getattr(x, f.name)) for f in fields(x)}}
+    if type(x) in (list, tuple):
+        return {type(x).__name__: [to_json(v) for v in x]}
+    leaves, spec = pytree.tree_flatten(x)
+    if spec.is_leaf():
+        raise TypeError(f"{x!r} cannot be saved as JSON")
+    return {"tree": pytree.treespec_dumps(spec), "leaves": [to_json(v) for v in leaves]}
 
 
-def _leaf_to_json(leaf: Node) -> dict[str, Any]:
-    if isinstance(leaf, MetaTensorType):
-        return {"tensor": leaf.to_json()}
-    if isinstance(leaf, TypeOf):
-        return {"type": leaf.type.__name__}
-    if isinstance(leaf, ListOf):
-        return {"list": to_json(leaf.element)}
-    if isinstance(leaf, OptionalOf):
-        return {"optional": to_json(leaf.inner)}
-    return value_to_json(leaf.value)
-
-
-def _leaf_from_json(data: dict[str, Any]) -> Node:
-    (kind, payload), = data.items()
-    if kind == "tensor":
-        return MetaTensorType.from_json(payload)
-    if kind == "type" and payload in _TYPES:
-        return TypeOf(_TYPES[payload])
-    if kind in ("list", "optional"):
-        return (ListOf if kind == "list" else OptionalOf)(from_json(payload))
-    return Value(value_from_json(data))
-
-
-def value_to_json(value: Any) -> dict[str, Any]:
-    """A plain value (scalar, dtype, device, layout) as JSON; raises for others."""
-    if isinstance(value, (torch.dtype, torch.layout, torch.device)):
-        return {type(value).__name__: str(value).removeprefix("torch.")}
-    json.dumps(value)  # raises for what JSON cannot hold
-    return {"value": value}
-
-
-def value_from_json(data: dict[str, Any]) -> Any:
-    """Inverse of :func:`value_to_json`; looks names up on ``torch`` only."""
+def from_json(data: Any) -> Any:
+    """Inverse of :func:`to_json`. Builds only this package's classes (which
+    check their fields), names looked up on ``torch`` and containers
+    registered with pytree in this process: never runs code from ``data``."""
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    if data.keys() == {"tree", "leaves"}:
+        spec = pytree.treespec_loads(data["tree"])
+        return pytree.tree_unflatten([from_json(v) for v in data["leaves"]], spec)
     ((kind, payload),) = data.items()
-    if kind in ("dtype", "layout") and isinstance(getattr(torch, payload, None),
-                                                  getattr(torch, kind)):
+    if kind in ("list", "tuple"):
+        return {"list": list, "tuple": tuple}[kind](from_json(v) for v in payload)
+    if kind in _TORCH and isinstance(getattr(torch, payload, None), _TORCH[kind]):
         return getattr(torch, payload)
-    if kind == "device":
-        return torch.device(payload)
-    if kind == "value" and isinstance(payload, SCALARS):
-        return payload
-    raise ValueError(f"unknown value {data!r}")
+    if kind in ("device", "type", "empty"):
+        return (torch.device(payload) if kind == "device" else _TYPES[payload] if kind == "type"
+                else inspect.Parameter.empty)
+    return _CLASSES[kind](**{name: from_json(v) for name, v in payload.items()})

@@ -58,22 +58,21 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
 
 def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:
     """The descriptor of one argument's values across the calls."""
-    flat = [pytree.tree_flatten(v, is_leaf=lambda x: isinstance(x, torch.Tensor)) for v in values]
-    spec = flat[0][1]
-    if any(s != spec for _, s in flat):
+    flat = [pytree.tree_flatten(v) for v in values]
+    if any(spec != flat[0][1] for _, spec in flat):
         raise TypeError(f"describe(): {path} differs in structure across example calls; "
                         "describe it by hand")
     return pytree.tree_unflatten(
-        [_leaf(list(col), path, shared) for col in zip(*(leaves for leaves, _ in flat))], spec)
+        [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))],
+        flat[0][1])
 
 
 def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:
+    kinds = {type(v) for v in values}
     if all(isinstance(v, torch.Tensor) for v in values):
         return examples_descriptor(values, shared)
-    first = values[0]
-    if all(type(v) is type(first) and v == first for v in values):
-        return first
-    kinds = {type(v) for v in values}
+    if len(kinds) == 1 and all(v == values[0] for v in values):
+        return values[0]
     if len(kinds) == 1 and kinds <= {int, float, bool, str}:
         return kinds.pop()
     if kinds <= {int, float}:

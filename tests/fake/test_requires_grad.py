@@ -152,3 +152,35 @@ def test_legacy_type_names_move_fake_tensors_as_eager_moves_real_ones(name):
     assert fake.is_cuda and fake.dtype == eager.dtype and fake.requires_grad == eager.requires_grad
     back = torchdefer.deferred_init(lambda: torch.ones(3, device="cuda").type(f"torch.{name}"))
     assert back.device.type == "cpu" and back.dtype == eager.dtype
+
+
+@pytest.mark.parametrize("reshape_in_place", ["unsqueeze_", "t_", "as_strided_"])
+def test_view_reshaped_in_place_under_no_grad_gets_a_clear_error_not_a_torch_assert(reshape_in_place):
+    # A view (reshape) made to require grad, a view of it reshaped in place
+    # under no_grad, then used: eager works; autograd on fake tensors (PyTorch's
+    # own FakeTensorMode too) trips an internal assert rebuilding its history.
+    def build():
+        w = torch.linspace(-2, 3, 35).reshape(5, 7)
+        w.requires_grad_()
+        row = w.narrow(1, 0, 2)
+        with torch.no_grad():
+            getattr(row, reshape_in_place)(*{"unsqueeze_": (0,), "t_": (), "as_strided_": ((2,), (1,))}[reshape_in_place])
+        return row * 2
+
+    build()  # eager
+    with pytest.raises(torchdefer.TorchdeferError, match=r"mul at .*test_requires_grad.py:\d+: PyTorch's autograd cannot rebuild the history of this view"):
+        torchdefer.deferred_init(build)
+    with pytest.raises(torchdefer.TorchdeferError, match="Change the shape out of place"), torchdefer.fake_mode():
+        build()
+
+
+def test_same_code_records_when_the_grad_tensor_is_not_a_view():
+    def build():
+        w = torch.linspace(-2, 3, 35).reshape(5, 7).clone()
+        w.requires_grad_()
+        row = w.narrow(1, 0, 2)
+        with torch.no_grad():
+            row.unsqueeze_(0)
+        return row * 2
+
+    torch.testing.assert_close(torchdefer.materialize_tensor(torchdefer.deferred_init(build)), build(), rtol=0, atol=0)

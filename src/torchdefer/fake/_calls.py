@@ -26,9 +26,10 @@ from torchdefer.fake._grad import (
     leafness,
     touches_missing_device,
 )
+from torchdefer.fake._source import user_frame
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
-from torchdefer.fake.tensor import flat_tensors
+from torchdefer.fake.tensor import FakeTensorError, flat_tensors
 
 __all__ = ["GUARDED", "call_grad_safe"]
 
@@ -90,7 +91,27 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         and touches_missing_device(args, kwargs)
     ):
         return call_without_autograd(func, args, kwargs)
-    return func(*args, **kwargs)
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if "new_fn INTERNAL ASSERT" not in str(e):
+            raise
+        raise _view_history_error(func) from e
+
+
+def _view_history_error(func: Callable[..., Any]) -> FakeTensorError:
+    """PyTorch's autograd asserts (also under its own ``FakeTensorMode``) when it
+    rebuilds the history of a view of a view whose shape was changed in place
+    under ``no_grad``; eager does not. Say so instead of "please report a bug"."""
+    where = user_frame(2)
+    at = f" at {where[0]}:{where[1]}" if where else ""
+    return FakeTensorError(
+        f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history of "
+        "this view on fake tensors: its shape was changed in place (unsqueeze_, transpose_, "
+        "...) under torch.no_grad(), and it is a view of a view of the tensor that requires "
+        "grad (PyTorch's own FakeTensorMode fails the same way; eager does not). Change the "
+        "shape out of place (v = v.unsqueeze(0)), or call requires_grad_() on a tensor that "
+        "is not itself a view (e.g. after .clone())")
 
 
 def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):

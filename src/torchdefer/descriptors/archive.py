@@ -183,7 +183,10 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     variants = []
     for i, (case, runner) in enumerate(program._variants.items()):
         ep = runner.program
-        live = dict(zip(runner.held, _live(runner)))
+        try:
+            live = dict(zip(runner.held, runner.resolve()))
+        except RuntimeError:  # deferred or unbound: store metadata only
+            live = {}
         for n, t in runner.held.items():
             source = live.get(n, t)
             source = (source if has_data(source) else meta_twin(t)).detach()
@@ -204,13 +207,6 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
                          "recipe": runner.recipe.to_json(), "training": runner.training})
     files["weights.pt"] = _tensor_bytes(weights)
     return variants, all(not t.is_meta for t in weights.values())
-
-
-def _live(runner: ExportRunner) -> list[torch.Tensor]:
-    try:
-        return runner.resolve()
-    except RuntimeError:  # deferred or unbound: store metadata only
-        return []
 
 
 def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor],

@@ -155,11 +155,6 @@ class ExportRunner:
         return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def _is_dynamic(leaf: Node) -> bool:
-    """Whether a concrete leaf is a graph input (not baked in)."""
-    return isinstance(leaf, MetaTensorType) or (isinstance(leaf, TypeOf) and leaf.type is int)
-
-
 def _inputs(params: tuple[Param, ...],
             concrete: Mapping[str, Node]) -> tuple[list[tuple], list[tuple[str, Node]]]:
     """The graph inputs of a case: per parameter feeding the graph ``(index,
@@ -170,7 +165,8 @@ def _inputs(params: tuple[Param, ...],
         if p.name not in concrete:
             continue
         flat, spec = pytree.tree_flatten_with_path(concrete[p.name])
-        positions = [j for j, (_, leaf) in enumerate(flat) if _is_dynamic(leaf)]
+        positions = [j for j, (_, leaf) in enumerate(flat)  # graph inputs, not baked in
+                     if isinstance(leaf, MetaTensorType) or leaf == TypeOf(int)]
         if positions:
             picks.append((i, None if spec.is_leaf() else spec, positions))
             leaves += [(p.name + pytree.keystr(flat[j][0]), flat[j][1]) for j in positions]

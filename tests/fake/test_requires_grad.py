@@ -7,6 +7,7 @@ meta twins. Eager CPU code is the reference: autograd metadata does not depend
 on the device.
 """
 
+import functools
 import subprocess
 import sys
 
@@ -154,24 +155,55 @@ def test_legacy_type_names_move_fake_tensors_as_eager_moves_real_ones(name):
     assert back.device.type == "cpu" and back.dtype == eager.dtype
 
 
-@pytest.mark.parametrize("reshape_in_place", ["unsqueeze_", "t_", "as_strided_"])
-def test_view_reshaped_in_place_under_no_grad_gets_a_clear_error_not_a_torch_assert(reshape_in_place):
-    # A view (reshape) made to require grad, a view of it reshaped in place
-    # under no_grad, then used: eager works; autograd on fake tensors (PyTorch's
-    # own FakeTensorMode too) trips an internal assert rebuilding its history.
-    def build():
-        w = torch.linspace(-2, 3, 35).reshape(5, 7)
-        w.requires_grad_()
-        row = w.narrow(1, 0, 2)
-        with torch.no_grad():
-            getattr(row, reshape_in_place)(*{"unsqueeze_": (0,), "t_": (), "as_strided_": ((2,), (1,))}[reshape_in_place])
-        return row * 2
+def _reshaped_in_place_under_no_grad(how):
+    w = torch.linspace(-2, 3, 35).reshape(5, 7)  # a view, made to require grad
+    w.requires_grad_()
+    row = w.narrow(1, 0, 2)
+    with torch.no_grad():
+        {"unsqueeze_": lambda: row.unsqueeze_(0), "t_": row.t_, "as_strided_": lambda: row.as_strided_((2,), (1,))}[how]()
+    return row * 2
 
+
+def _base_given_new_data():
+    w = torch.zeros(3, 5)
+    w.requires_grad_()
+    wide = w.expand(2, 3, 5)
+    with torch.no_grad():
+        w.zero_()
+    w.data = w.data.t()
+    return wide.transpose(0, -1)
+
+
+BROKEN_HISTORY = {
+    **{f"view_of_view_{how}_under_no_grad": functools.partial(_reshaped_in_place_under_no_grad, how)
+       for how in ("unsqueeze_", "t_", "as_strided_")},
+    "base_given_new_data": _base_given_new_data,
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_HISTORY))
+def test_view_whose_autograd_history_cannot_be_rebuilt_gets_a_clear_error(name):
+    # Eager rebuilds the view's history with as_strided; autograd on fake
+    # tensors (PyTorch's own FakeTensorMode too) replays the view's ops and
+    # fails, or trips an internal assert.
+    build = BROKEN_HISTORY[name]
     build()  # eager
-    with pytest.raises(torchdefer.TorchdeferError, match=r"mul at .*test_requires_grad.py:\d+: PyTorch's autograd cannot rebuild the history of this view"):
+    with pytest.raises(torchdefer.TorchdeferError, match=r"(mul|transpose) at .*test_requires_grad.py:\d+: PyTorch's autograd cannot rebuild the history of a view"):
         torchdefer.deferred_init(build)
-    with pytest.raises(torchdefer.TorchdeferError, match="Change the shape out of place"), torchdefer.fake_mode():
+    with pytest.raises(torchdefer.TorchdeferError, match="Take the view again after the change"), torchdefer.fake_mode():
         build()
+
+
+def test_autograd_errors_eager_raises_too_are_left_as_they_are():
+    def build():
+        w = torch.zeros(3, 5, requires_grad=True)
+        w[0].unsqueeze_(0)
+
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad is being used in an in-place") as eager:
+        build()
+    with pytest.raises(RuntimeError) as deferred:
+        torchdefer.deferred_init(build)
+    assert str(deferred.value) == str(eager.value) and not isinstance(deferred.value, torchdefer.TorchdeferError)
 
 
 def test_same_code_records_when_the_grad_tensor_is_not_a_view():

@@ -38,6 +38,9 @@ __all__ = ["GUARDED", "call_grad_safe"]
 # CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
 # Found by running every OpInfo sample on fake CUDA tensors (nonzero's binding
 # is handwritten, python_torch_functions_manual.cpp).
+# Reads of autograd history that rebuild a view's grad_fn, also under no_grad.
+_HISTORY_READS = frozenset({_compat.TensorBase.is_leaf.__get__, _compat.TensorBase.grad_fn.__get__})
+
 GUARDED: frozenset[Callable[..., Any]] = frozenset(
     {
         torch.Tensor.__getitem__,
@@ -91,27 +94,43 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         and touches_missing_device(args, kwargs)
     ):
         return call_without_autograd(func, args, kwargs)
-    try:
-        return func(*args, **kwargs)
-    except RuntimeError as e:
-        if "new_fn INTERNAL ASSERT" not in str(e):
-            raise
-        raise _view_history_error(func) from e
+    if torch.is_grad_enabled() or func in _HISTORY_READS:
+        _check_view_history(func, args, kwargs)
+    return func(*args, **kwargs)
 
 
-def _view_history_error(func: Callable[..., Any]) -> FakeTensorError:
-    """PyTorch's autograd asserts (also under its own ``FakeTensorMode``) when it
-    rebuilds the history of a view of a view whose shape was changed in place
-    under ``no_grad``; eager does not. Say so instead of "please report a bug"."""
+def _check_view_history(func: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """Raise a clear error where autograd cannot rebuild a view argument's history.
+
+    Autograd rebuilds the ``grad_fn`` of a view that requires grad after an
+    in-place change. On tensors with Python dispatch it replays the view's
+    own ops on the base (eager uses ``as_strided``): that fails when the base
+    changed shape or storage (``set_``, ``.data =``), and asserts after an
+    in-place reshape of a view of a view under ``no_grad``; PyTorch's
+    ``FakeTensorMode`` fails alike. Reading ``grad_fn`` first is the rebuild
+    the call would do, so a failure here is that failure and nothing else.
+    """
+    for t in flat_tensors(args, kwargs):
+        if t.requires_grad and t._is_view():
+            try:
+                t.grad_fn  # noqa: B018 -- the rebuild, done once and kept
+            except RuntimeError as e:
+                raise _view_history_error(func, e) from e
+
+
+def _view_history_error(func: Callable[..., Any], error: RuntimeError) -> FakeTensorError:
     where = user_frame(2)
     at = f" at {where[0]}:{where[1]}" if where else ""
+    first = (str(error).strip().splitlines() or [""])[0]
     return FakeTensorError(
-        f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history of "
-        "this view on fake tensors: its shape was changed in place (unsqueeze_, transpose_, "
-        "...) under torch.no_grad(), and it is a view of a view of the tensor that requires "
-        "grad (PyTorch's own FakeTensorMode fails the same way; eager does not). Change the "
-        "shape out of place (v = v.unsqueeze(0)), or call requires_grad_() on a tensor that "
-        "is not itself a view (e.g. after .clone())")
+        f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history "
+        f"of a view passed to it on fake tensors ({first}). It is a view of a tensor that "
+        "requires grad, used after an in-place change: its base changed shape or storage "
+        "(set_, .data = ...), or it was reshaped in place (unsqueeze_, t_, as_strided_) under "
+        "torch.no_grad() while being a view of a view. Eager rebuilds the history with "
+        "as_strided; on fake tensors (PyTorch's own FakeTensorMode too) autograd replays the "
+        "view's ops. Take the view again after the change, reshape out of place "
+        "(v = v.unsqueeze(0)), or clone() the tensor before requires_grad_()")
 
 
 def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):

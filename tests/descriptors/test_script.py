@@ -191,6 +191,17 @@ def test_descriptor_contradicted_by_the_code_is_reported_at_script_time_with_the
     assert e.value.dims == ("b",)
 
 
+@pytest.mark.parametrize("code", ["return x.view(4, -1)", "raise ValueError('boom')"])
+def test_model_code_from_exec_or_a_notebook_cell_is_the_line_named(code):
+    # Code compiled from a string ("<string>", "<stdin>", a notebook cell) is
+    # the user's, not generated library code: the message points at it.
+    namespace = {}
+    exec(compile(f"def forward(x):\n    y = x + 1\n    {code}\n", "<user-cell>", "exec"), namespace)
+    with pytest.raises(DescriptorConflict, match=r"at <user-cell>:3 in forward") as e:
+        torchdefer.script(namespace["forward"], {"x": MetaTensorType(["b", 10], F32)})
+    assert "torchdefer" not in str(e.value).replace("torchdefer.script", "")
+
+
 def test_static_descriptor_that_satisfies_the_code_scripts_fine():
     p = torchdefer.script(NeedsFour(), {"x": MetaTensorType([4, 10], F32)})
     x = torch.randn(4, 10)

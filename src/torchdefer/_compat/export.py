@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -24,15 +23,12 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.reference import PythonReferenceAnalysis
 from torch.utils._sympy.symbol import prefix_str
 
-__all__ = ["LIBRARY_FILES", "FakeTensor", "deserialize", "evaluate", "example_mode",
+from torchdefer.fake._source import is_library_file
+
+__all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
            "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
            "sympy_functions"]
-
-LIBRARY_FILES = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-                 os.path.dirname(os.path.abspath(__file__)) + os.sep, "<")
-"""Prefixes of files that are torch's or ours (or generated): never the user's line."""
-
 
 class _ShapeEnv(ShapeEnv):
     """A ShapeEnv whose guard records point at the model's line, not torch's.
@@ -43,7 +39,7 @@ class _ShapeEnv(ShapeEnv):
 
     def _get_user_frame(self) -> Any:
         frame = inspect.currentframe()
-        while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_FILES):
+        while frame is not None and is_library_file(frame.f_code.co_filename):
             frame = frame.f_back
         return frame
 

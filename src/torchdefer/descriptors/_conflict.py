@@ -12,10 +12,8 @@ contradiction (an exception while tracing) names the innermost model frame.
 from __future__ import annotations
 
 import linecache
-import os
 import random
 import re
-import sysconfig
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -24,10 +22,10 @@ import sympy
 
 from torchdefer._compat import export as compat
 from torchdefer.descriptors.checker import show_key
+from torchdefer.fake._source import is_library_file
 
 __all__ = ["conflict"]
 
-_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _SAMPLES = (2, 3, 4, 5, 7, 8, 16, 31, 64, 97, 128, 1000)
 _FIX = ("  Fix the code, or describe the dimension with the length it needs "
         "(a static int or a narrower dim_ranges).")
@@ -51,8 +49,7 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
     if compat.is_constraint_violation(error):
         return _violation(error, shape_env, display, bounds, qualname)
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(compat.LIBRARY_FILES)
-              and not (f.filename.startswith(_STDLIB) and "-packages" not in f.filename)]
+              if not is_library_file(f.filename)]
     where = _line(frames[-1].filename, frames[-1].lineno or 0, frames[-1].name) if frames else (
         "<no user frame>")
     first = (str(error).strip().splitlines() or [""])[0]
@@ -108,4 +105,5 @@ def _restricts(expr: Any, display: Mapping[str, str],
 
 
 def _line(filename: str, lineno: int, name: str) -> str:
-    return f"{filename}:{lineno} in {name}: {linecache.getline(filename, lineno).strip()}"
+    source = linecache.getline(filename, lineno).strip()
+    return f"{filename}:{lineno} in {name}" + (f": {source}" if source else "")

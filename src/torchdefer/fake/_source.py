@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -18,6 +19,7 @@ _STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep  # contextlib, 
 _GENERATED = ("<frozen", "<eval_with_key")
 
 
+@functools.cache  # one answer per file: called for each frame of each recorded op
 def is_library_file(filename: str) -> bool:
     """Whether a frame's file is torch's, torchdefer's, the standard library's
     (not its site-packages) or generated code: never the user's line."""

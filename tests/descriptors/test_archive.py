@@ -253,3 +253,16 @@ def test_loading_a_file_that_is_not_a_program_says_so(tmp_path):
     path.write_bytes(b"plain text")
     with pytest.raises(ProgramFileError, match="the archive is damaged or truncated"):
         torchdefer.load(path)
+
+
+def test_outputs_holding_dtypes_devices_and_numbers_save_and_load(tmp_path):
+    def f(x):
+        return {"y": x * 2, "dtype": x.dtype, "device": x.device, "n": 3}
+
+    path = tmp_path / "f.tdp"
+    torchdefer.save(torchdefer.script(f, {"x": MetaTensorType(["b", 3], F32)}), path)
+    q = torchdefer.load(path)
+    x = torch.randn(4, 3)
+    out = q(x)
+    assert (out["dtype"], out["device"], out["n"]) == (F32, torch.device("cpu"), 3)
+    assert torch.equal(out["y"], x * 2)

@@ -191,6 +191,50 @@ def test_output_structure_naming_an_unregistered_type_imports_nothing(saved):
     assert "antigravity" not in sys.modules
 
 
+_LEAF = {"type": None, "context": None, "children_spec": []}
+# Two of torch's own pytree readers import what a spec names: a defaultdict's
+# default_factory, and a dict key written as an enum.
+IMPORTING_SPECS = {
+    "defaultdict": json.dumps([1, {"type": "collections.defaultdict", "context": {
+        "default_factory_module": "tabnanny", "default_factory_name": "check", "dict_context": ["k"]},
+        "children_spec": [_LEAF]}]),
+    "enum_key": json.dumps([1, {"type": "builtins.dict", "context": json.dumps(
+        [{"__enum__": True, "fqn": "tabnanny:NannyNag", "name": "x"}]), "children_spec": [_LEAF]}]),
+}
+
+
+def _spec_in_descriptor(h, spec):
+    x = h["params"]["tuple"][0]["Param"]
+    x["node"] = {"tree": spec, "leaves": [x["node"]]}
+
+
+def _spec_in_outputs(h, spec):
+    h["variants"][0]["recipe"]["spec"] = spec
+
+
+@pytest.mark.parametrize("spec", sorted(IMPORTING_SPECS))
+@pytest.mark.parametrize("where", ["descriptor", "outputs", "graph"])
+def test_pytree_spec_naming_something_to_import_is_refused_before_torch_reads_it(where, spec, saved):
+    sys.modules.pop("tabnanny", None)
+    text = IMPORTING_SPECS[spec]
+    if where == "graph":  # export's own in_spec, read by its deserializer
+        _edit_json(saved, "graph0.json", lambda g: g["graph_module"]["module_call_graph"][0]["signature"].update(in_spec=text))
+    else:
+        _edit_json(saved, "torchdefer.json", lambda h: (_spec_in_descriptor if where == "descriptor" else _spec_in_outputs)(h, text))
+    with pytest.raises(ProgramFileError, match="holds something loading would execute .*a pytree spec naming something to import"):
+        torchdefer.load(saved)
+    assert "tabnanny" not in sys.modules
+
+
+def test_value_that_reads_back_otherwise_is_refused_at_save(tmp_path):
+    def f(x, table={(1, 2): 3}):  # noqa: B006 -- a tuple key would load as a list
+        return x
+
+    p = torchdefer.script(f, {"x": MetaTensorType(["b"], F32)})
+    with pytest.raises(TypeError, match=r"\{\(1, 2\): 3\} \(a dict\) cannot be saved in a program file"):
+        torchdefer.save(p, tmp_path / "f.tdp")
+
+
 class _Payload:
     def __reduce__(self):
         return (exec, (f"import sys; setattr(sys, {MARK!r}, 1)",))

@@ -22,7 +22,7 @@ import sympy
 
 from torchdefer._compat import export as compat
 from torchdefer.descriptors.checker import show_key
-from torchdefer.fake._source import is_library_file
+from torchdefer.fake._source import is_library_code
 
 __all__ = ["conflict"]
 
@@ -48,9 +48,9 @@ def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tupl
                 bounds[display[symbol.name]] = plan.ranges.get(key, (0, None))
     if compat.is_constraint_violation(error):
         return _violation(error, shape_env, display, bounds, qualname)
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not is_library_file(f.filename)]
-    where = _line(frames[-1].filename, frames[-1].lineno or 0, frames[-1].name) if frames else (
+    frames = [(f.f_code, line) for f, line in traceback.walk_tb(error.__traceback__)
+              if not is_library_code(f.f_code)]
+    where = _line(frames[-1][0].co_filename, frames[-1][1], frames[-1][0].co_name) if frames else (
         "<no user frame>")
     first = (str(error).strip().splitlines() or [""])[0]
     symbols = set(re.findall(r"\b[su]\d+\b", first))

@@ -1,4 +1,4 @@
-"""Shape expressions read from files, parsed without ever evaluating text.
+"""Shape expressions and pytree specs read from files, without ever running their text.
 
 torch.export stores symbolic sizes as text (``Eq(Mod(s0, 4), 0)``, or the
 spelled-out ``Mul(Integer(3), Symbol('s0', integer=True))``) and rebuilds them
@@ -10,21 +10,30 @@ fixed table of sympy and ``torch.utils._sympy`` functions, building the
 sympy object itself. No name the file chose is looked up outside that table,
 no attribute is read, and length, depth and powers are bounded
 (``2**2**2**99`` would otherwise hang the loader).
+
+Pytree specs (a program's output structure, a descriptor's containers,
+export's ``in_spec``/``out_spec``) are read by ``pytree.treespec_loads``,
+which only builds types registered in this process, but two of torch's own
+readers import what the text names: a ``collections.defaultdict`` context
+names its ``default_factory`` (module and attribute), and a dict key written
+as an enum names the enum's module. :func:`treespec` refuses both first.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 from typing import Any
 
 import sympy
+import torch.utils._pytree as pytree
 
 from torchdefer._compat.export import int_oo, prefix_str
 from torchdefer._compat.export import sympy_functions as _fns
 
-__all__ = ["TORCH_SYMBOL", "UnsafeExpression", "parse"]
+__all__ = ["TORCH_SYMBOL", "UnsafeExpression", "parse", "treespec"]
 
 TORCH_SYMBOL = re.compile("(?:" + "|".join(map(re.escape, prefix_str.values())) + r")\d+")
 """Names torch gives symbols (``s0``, ``u3``, ``zf1``)."""
@@ -146,3 +155,24 @@ def _literal(node: ast.AST) -> Any:
         value = _literal(node.operand)
         return -value if type(value) in (int, float) else None
     return node.value if isinstance(node, ast.Constant) else None
+
+
+def treespec(text: str) -> pytree.TreeSpec:
+    """The pytree spec ``text`` writes, read only if no reader would import anything.
+
+    Raises:
+        UnsafeExpression: a ``defaultdict`` node or an enum-keyed context.
+    """
+    try:
+        _, root = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise UnsafeExpression(f"not a pytree spec ({e})") from None
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict) or not isinstance(node.get("children_spec"), list):
+            raise UnsafeExpression(f"not a pytree spec node: {str(node)[:80]}")
+        if node.get("type") == "collections.defaultdict" or "__enum__" in str(node.get("context")):
+            raise UnsafeExpression(f"a pytree spec naming something to import ({node['type']})")
+        stack += node["children_spec"]
+    return pytree.treespec_loads(text)

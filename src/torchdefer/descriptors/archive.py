@@ -42,11 +42,12 @@ from typing import Any
 import torch
 
 from torchdefer._compat import export as compat
-from torchdefer.descriptors._expr import UnsafeExpression, parse
+from torchdefer.descriptors._expr import UnsafeExpression, parse, treespec
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
 from torchdefer.descriptors.export_backend import Coverage, ExportRunner
 from torchdefer.descriptors.jit_backend import JitRunner
+from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.outputs import OutputRecipe
 from torchdefer.descriptors.program import Program
 from torchdefer.descriptors.tree import Param, from_json, to_json
@@ -141,20 +142,23 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     with _reading(name, "torchdefer.json"):
         qualname, params = header["qualname"], from_json(header["params"])
         ranges = {n: (lo, hi) for n, lo, hi in header["ranges"]}
+        MetaTensorType(dim_ranges=ranges)  # checks them
         if backend not in ("export", "jit") or not all(isinstance(p, Param) for p in params):
             raise ValueError(f"backend {backend!r} or parameters {params!r}")
-        variants = header["variants"] if backend == "export" else None
+        variants = list(header["variants"]) if backend == "export" else []
+        outputs = header.get("outputs") and from_json(header["outputs"])
     if backend == "jit":
         with _reading(name, "program.ts"):
             data = io.BytesIO(_member(members, "program.ts", name))
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
                                            qualname)}
-        weights, outputs = Weights(), header.get("outputs") and from_json(header["outputs"])
+        weights = Weights()
     else:
         weights, runners = _export_runners(header, variants, members, params, qualname, name)
-        first = next(iter(runners.values()), None)
-        outputs = None if first is None else first.output_descriptors(ranges)
     with _reading(name, "torchdefer.json"):
+        first = next(iter(runners.values()), None)
+        if backend == "export":
+            outputs = None if first is None else first.output_descriptors(ranges)
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                        runners=runners, weights=weights, output_descriptors=outputs)
 
@@ -170,6 +174,7 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
     for i, v in enumerate(variants):
         with _reading(name, f"graph {i} of torchdefer.json"):
             facts, fixed = case = from_json(v["case"])
+            hash(case)  # a key of the program's graphs
             concrete = concrete_trees(params, facts, dict(fixed))
             coverage = Coverage.from_json(v["coverage"])
             recipe = OutputRecipe.from_json(v["recipe"])
@@ -217,8 +222,8 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
     with _reading(name, member):
         if graph.get("guards_code"):
             raise UnsafeExpression("it carries guards_code, Python source torch would exec")
-        for text in _expressions(graph):
-            parse(text)
+        for key, text in _texts(graph):
+            parse(text) if key == "expr_str" else treespec(text)
         # Non-persistent buffers are constants to torch; the runner reads them from weights.
         persistent = {n: t for n, t in state.items() if n not in constants}
         # torch's verifier, run by the deserializer, refuses nodes that call
@@ -226,11 +231,12 @@ def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor
         return compat.deserialize(members[member], persistent, constants)
 
 
-def _expressions(data: Any) -> Iterator[str]:
-    """Every ``expr_str`` in torch.export's graph JSON (the texts it sympifies)."""
+def _texts(data: Any) -> Iterator[tuple[str, str]]:
+    """Every text torch.export's graph JSON has read by ``sympify`` (``expr_str``)
+    or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``), with its key."""
     if isinstance(data, (dict, list)):
         for k, v in data.items() if isinstance(data, dict) else enumerate(data):
-            yield from [v] if k == "expr_str" else _expressions(v)
+            yield from [(k, v)] if k in ("expr_str", "in_spec", "out_spec") else _texts(v)
 
 
 @contextmanager

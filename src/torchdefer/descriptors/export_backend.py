@@ -84,8 +84,12 @@ class Coverage:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Coverage:
         """Guards are read with the restricted parser: a file cannot run code here."""
-        return cls(from_json(data["keys"]), from_json(data["ranges"]),
-                   tuple(parse(g, _V) for g in data["guards"]))
+        keys = tuple(k if isinstance(k, str) else tuple(k) for k in from_json(data["keys"]))
+        ranges = tuple((int(i), lo, hi) for i, lo, hi in from_json(data["ranges"]))
+        if any(not 0 <= i < len(keys) or {type(lo), type(hi)} - {int, type(None)}
+               for i, lo, hi in ranges):
+            raise ValueError(f"coverage ranges {ranges} over keys {keys}")
+        return cls(keys, ranges, tuple(parse(g, _V) for g in data["guards"]))
 
 
 class ExportRunner:

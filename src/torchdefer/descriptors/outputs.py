@@ -22,6 +22,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
 from torchdefer.descriptors.tree import TypeOf, from_json, to_json
 
@@ -99,14 +100,20 @@ class OutputRecipe:
                 "serialized_type_name=...) (for transformers caches: transformers.integrations."
                 "executorch.register_dynamic_cache_export_support()) before script(), or return "
                 "tensors")
-        slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
+        try:
+            slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
+        except TypeError as e:
+            raise TypeError(f"the program's outputs hold a constant that {e}") from None
         return {"spec": pytree.treespec_dumps(self.spec), "slots": slots}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OutputRecipe:
         """Inverse of :meth:`to_json`: containers only of types registered in this process."""
         slots = [_GRAPH if s == _GRAPH else _Const(from_json(s["const"])) for s in data["slots"]]
-        return cls(pytree.treespec_loads(data["spec"]), tuple(slots))
+        spec = treespec(data["spec"])
+        if len(slots) != spec.num_leaves:
+            raise ValueError(f"{len(slots)} slots for {spec.num_leaves} leaves")
+        return cls(spec, tuple(slots))
 
 
 def describe_output(val: Any, names: Mapping[str, str | None],

@@ -24,6 +24,7 @@ from typing import Any, TypeAlias
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 
 __all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
@@ -37,6 +38,10 @@ class Value:
     """Value specialization: the argument must equal ``value`` (same type)."""
 
     value: Any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, SCALARS):
+            raise ValueError(f"Value takes a plain value, got a {type(self.value).__name__}")
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -94,6 +99,11 @@ class Param:
     node: Node | None
     default: Any = inspect.Parameter.empty
     described: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and type(self.described) is bool and self.kind in (
+                "POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")):
+            raise ValueError(f"not a parameter: {self.name!r} {self.kind!r} {self.described!r}")
 
 
 def parameters(fn: Callable[..., Any],
@@ -204,19 +214,27 @@ def to_json(x: Any) -> Any:
     if type(x) in (list, tuple):
         return {type(x).__name__: [to_json(v) for v in x]}
     leaves, spec = pytree.tree_flatten(x)
-    if spec.is_leaf():
-        raise TypeError(f"{x!r} cannot be saved as JSON")
-    return {"tree": pytree.treespec_dumps(spec), "leaves": [to_json(v) for v in leaves]}
+    text = None if spec.is_leaf() else pytree.treespec_dumps(spec)
+    try:
+        if text is None or treespec(text) != spec:
+            raise ValueError
+    except Exception:  # what loading would refuse or read back otherwise
+        raise TypeError(
+            f"{x!r} (a {type(x).__name__}) cannot be saved in a program file, which holds "
+            "plain values (None, bool, int, float, str), torch dtypes, layouts and devices, "
+            "and containers registered with torch.utils._pytree") from None
+    return {"tree": text, "leaves": [to_json(v) for v in leaves]}
 
 
 def from_json(data: Any) -> Any:
     """Inverse of :func:`to_json`. Builds only this package's classes (which
     check their fields), names looked up on ``torch`` and containers
-    registered with pytree in this process: never runs code from ``data``."""
+    registered with pytree in this process (``_expr.treespec``): never runs
+    code from ``data``."""
     if data is None or type(data) in (bool, int, float, str):
         return data
     if data.keys() == {"tree", "leaves"}:
-        spec = pytree.treespec_loads(data["tree"])
+        spec = treespec(data["tree"])
         return pytree.tree_unflatten([from_json(v) for v in data["leaves"]], spec)
     ((kind, payload),) = data.items()
     if kind in ("list", "tuple"):

@@ -1,6 +1,7 @@
 """script(): specialization on both backends, compared against eager."""
 
 import dataclasses
+import sys
 from typing import List, Optional  # noqa: UP035 (typing objects are descriptors, per the RFC)
 
 import pytest
@@ -200,6 +201,22 @@ def test_model_code_from_exec_or_a_notebook_cell_is_the_line_named(code):
     with pytest.raises(DescriptorConflict, match=r"at <user-cell>:3 in forward") as e:
         torchdefer.script(namespace["forward"], {"x": MetaTensorType(["b", 10], F32)})
     assert "torchdefer" not in str(e.value).replace("torchdefer.script", "")
+
+
+@dataclasses.dataclass
+class Box:
+    t: torch.Tensor
+
+
+def compares_boxes(x):
+    y = x + 1
+    return y if Box(y) == Box(x) else x
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="code objects know their qualified name from 3.11")
+def test_failure_inside_a_dataclass_generated_method_names_the_users_line():
+    with pytest.raises(DescriptorConflict, match=r"test_script.py:\d+ in compares_boxes: return y if Box"):
+        torchdefer.script(compares_boxes, {"x": MetaTensorType(["b", 10], F32)})
 
 
 def test_static_descriptor_that_satisfies_the_code_scripts_fine():

@@ -23,7 +23,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.reference import PythonReferenceAnalysis
 from torch.utils._sympy.symbol import prefix_str
 
-from torchdefer.fake._source import is_library_file
+from torchdefer.fake._source import is_library_code
 
 __all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
@@ -39,7 +39,7 @@ class _ShapeEnv(ShapeEnv):
 
     def _get_user_frame(self) -> Any:
         frame = inspect.currentframe()
-        while frame is not None and is_library_file(frame.f_code.co_filename):
+        while frame is not None and is_library_code(frame.f_code):
             frame = frame.f_back
         return frame
 

@@ -14,16 +14,19 @@ called as is.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torchdefer import _compat
+from torchdefer.errors import TorchdeferError
 from torchdefer.fake._grad import (
     NOT_HANDLED,
     call_without_autograd,
     leafness,
+    runs_on_twins,
     touches_missing_device,
 )
 from torchdefer.fake._source import user_frame
@@ -33,14 +36,15 @@ from torchdefer.fake.tensor import FakeTensorError, flat_tensors
 
 __all__ = ["GUARDED", "call_grad_safe"]
 
+# Autograd's own refusals about views and in-place ops: eager raises them too.
+_EAGER_AUTOGRAD_ERRORS = re.compile(
+    r"in-place operation|modified inplace|view was created|custom Function|requires_grad flags")
+
 # Python bindings that take a device guard for their tensor argument before
 # dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
 # CPU-only build has no CUDA guard: PyTorch's own FakeTensorMode fails there.
 # Found by running every OpInfo sample on fake CUDA tensors (nonzero's binding
 # is handwritten, python_torch_functions_manual.cpp).
-# Reads of autograd history that rebuild a view's grad_fn, also under no_grad.
-_HISTORY_READS = frozenset({_compat.TensorBase.is_leaf.__get__, _compat.TensorBase.grad_fn.__get__})
-
 GUARDED: frozenset[Callable[..., Any]] = frozenset(
     {
         torch.Tensor.__getitem__,
@@ -94,28 +98,32 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         and touches_missing_device(args, kwargs)
     ):
         return call_without_autograd(func, args, kwargs)
-    if torch.is_grad_enabled() or func in _HISTORY_READS:
-        _check_view_history(func, args, kwargs)
-    return func(*args, **kwargs)
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if not _lost_view_history(e, func, args, kwargs):
+            raise
+        raise _view_history_error(func, e) from e
 
 
-def _check_view_history(func: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """Raise a clear error where autograd cannot rebuild a view argument's history.
+def _lost_view_history(error: RuntimeError, func: Callable[..., Any], args: tuple,
+                       kwargs: dict) -> bool:
+    """Whether ``error`` is autograd failing to rebuild a view argument's history.
 
     Autograd rebuilds the ``grad_fn`` of a view that requires grad after an
     in-place change. On tensors with Python dispatch it replays the view's
     own ops on the base (eager uses ``as_strided``): that fails when the base
     changed shape or storage (``set_``, ``.data =``), and asserts after an
     in-place reshape of a view of a view under ``no_grad``; PyTorch's
-    ``FakeTensorMode`` fails alike. Reading ``grad_fn`` first is the rebuild
-    the call would do, so a failure here is that failure and nothing else.
+    ``FakeTensorMode`` fails alike. The failure leaves the view's autograd
+    state unreadable, so it is told apart from errors eager raises too: it is
+    not one of autograd's own refusals, and the same call runs on meta twins,
+    which have no such history.
     """
-    for t in flat_tensors(args, kwargs):
-        if t.requires_grad and t._is_view():
-            try:
-                t.grad_fn  # noqa: B018 -- the rebuild, done once and kept
-            except RuntimeError as e:
-                raise _view_history_error(func, e) from e
+    if isinstance(error, TorchdeferError) or _EAGER_AUTOGRAD_ERRORS.search(str(error)):
+        return False
+    return any(t._is_view() for t in flat_tensors(args, kwargs)) and runs_on_twins(
+        func, args, kwargs)
 
 
 def _view_history_error(func: Callable[..., Any], error: RuntimeError) -> FakeTensorError:

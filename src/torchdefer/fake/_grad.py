@@ -27,7 +27,8 @@ from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
 from torchdefer.fake.layout import meta_twin
 
-__all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "touches_missing_device"]
+__all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "runs_on_twins",
+           "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
@@ -114,6 +115,18 @@ def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict):
     return [(o.requires_grad, o.is_leaf) for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
 
 
+def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Whether the call runs on meta twins of its arguments, autograd included."""
+    from torchdefer.fake.mode import no_fake_modes
+
+    with no_fake_modes():
+        try:
+            func(*_twins(args), **_twins(kwargs))
+        except Exception:
+            return False
+    return True
+
+
 def _twins(tree: Any) -> Any:
     if isinstance(tree, dict) and isinstance(tree.get("device"), (str, int)):
         tree = {**tree, "device": "meta"}
@@ -127,12 +140,19 @@ def _twin(x: Any) -> Any:
             if not x.requires_grad:
                 return twin
             twin.requires_grad_(True)
-            if not x.is_leaf or getattr(x, "__dict__", {}).get(NONLEAF, False):
+            if not _is_leaf(x) or getattr(x, "__dict__", {}).get(NONLEAF, False):
                 twin = twin.clone()  # a non-leaf, as eager's
         return twin
     if isinstance(x, torch.device) and x.type != "meta":
         return torch.device("meta")
     return x
+
+
+def _is_leaf(x: torch.Tensor) -> bool:
+    try:
+        return x.is_leaf
+    except RuntimeError:  # autograd could not rebuild a view's history: a view is no leaf
+        return False
 
 
 def _flat(args: tuple, kwargs: dict):

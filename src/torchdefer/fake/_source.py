@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import CodeType
 
 import torch
 
-__all__ = ["is_library_file", "user_frame"]
+__all__ = ["is_library_code", "is_library_file", "user_frame"]
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -22,17 +23,25 @@ _GENERATED = ("<frozen", "<eval_with_key")
 @functools.cache  # one answer per file: called for each frame of each recorded op
 def is_library_file(filename: str) -> bool:
     """Whether a frame's file is torch's, torchdefer's, the standard library's
-    (not its site-packages) or generated code: never the user's line."""
-    if filename.startswith(_STDLIB):
-        return "-packages" not in filename
-    return filename.startswith((*_LIBRARY_DIRS, *_GENERATED))
+    (not the site-packages some layouts keep inside it) or generated code:
+    never the user's line."""
+    if filename.startswith((*_LIBRARY_DIRS, *_GENERATED)):
+        return True
+    return filename.startswith(_STDLIB) and "-packages" not in filename
+
+
+def is_library_code(code: CodeType) -> bool:
+    """:func:`is_library_file`, and methods ``dataclasses`` generates (``__eq__``
+    of a dataclass holding tensors is compiled from a string, like user code)."""
+    return is_library_file(code.co_filename) or getattr(code, "co_qualname", "").startswith(
+        "__create_fn__.")
 
 
 def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
     """``(file, line, function)`` of the innermost frame outside torch and torchdefer."""
     frame = sys._getframe(skip)
     while frame is not None:
-        if not is_library_file(frame.f_code.co_filename):
+        if not is_library_code(frame.f_code):
             return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return None

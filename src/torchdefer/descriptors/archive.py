@@ -11,7 +11,9 @@ The file is a zip archive:
 
 **Loading never runs code from the file.** Descriptors and cases are JSON
 read into descriptor objects; containers are rebuilt only from types
-registered with ``torch.utils._pytree`` in the loading process; tensors are
+registered with ``torch.utils._pytree`` in the loading process, and no pytree
+spec (ours, or export's ``in_spec``/``out_spec``) reaches torch's reader if
+it names something to import (``_expr.treespec``); tensors are
 read with ``torch.load(weights_only=True)``; every symbolic expression in the
 graph JSON is checked by the restricted parser of ``_expr`` *before* torch's
 deserializer (which would ``sympify``, i.e. evaluate, it) sees it; the

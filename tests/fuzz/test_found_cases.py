@@ -78,6 +78,20 @@ CASES: dict[str, Program] = {
                                                                    mutation="ext.data.add_(1)"),
     "numpy_array_changed_after_from_numpy_is_not_replayed_stale": Program(
         0, (("t11 = torch.from_numpy(arr).float()",),), mutation="arr += 1"),
+    # numpy arrays read while recording keep eager's strides (numpy sums in stride order)
+    "numpy_sum_of_an_expanded_view_is_eagers": Program(0, ((
+        "t1 = torch.arange(24.0).sin().reshape((2, 3, 4))",
+        "t2 = t1.expand(2, *t1.shape)",
+        "v3 = t2.numpy().sum().item()",
+        "t12 = torch.full((3,), 0.1, dtype=torch.float64)",
+        "t12.add_(v3)",
+    ),)),
+    "numpy_sum_of_a_permuted_slice_is_eagers": Program(0, ((
+        "t1 = torch.arange(60.0).cos().reshape((3, 4, 5))",
+        "v2 = float(t1.permute(2, 0, 1)[:, 1:].numpy().sum())",
+        "v3 = float(t1[:, ::2].__array__().sum())",
+        "t4 = torch.zeros(2, dtype=torch.float64).add_(v2).add_(v3)",
+    ),)),
     # strides of storages rebuilt from the cache (fake strides differ for size-1 dims)
     "like_of_a_transposed_row_keeps_eager_strides_after_caching": Program(0, ((
         "t1 = torch.zeros((1, 5))",

@@ -411,11 +411,9 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     # would be recorded and the array would read a fake tensor's memory.
     with suspended(), _compat.DisableTorchFunctionSubclass():
         result = func(real, *args[1:], **kwargs)
-    if func in (torch.Tensor.numpy, torch.Tensor.__array__):
-        # The array would share memory with a real tensor nobody keeps; own it,
-        # in the tensor's memory order (numpy's reductions follow it, so a
-        # C-ordered copy of a transposed tensor sums in another order).
-        result = result.copy(order="K")
+    # An array from numpy() keeps the replayed tensor alive (its base) and has
+    # eager's strides, zero strides of expand() included: numpy's reductions
+    # follow the strides, so any copy could sum in another order.
     graph = fake._graph
     node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
                 (fake._value,), (fake._value.storage.version,))

@@ -280,10 +280,8 @@ def _kept(target: Any) -> Iterator[None]:
         yield
     finally:
         for m, attrs in saved:
-            if m.__dict__.keys() != attrs.keys() or any(m.__dict__[k] is not v
-                                                         for k, v in attrs.items()):
-                m.__dict__.clear()
-                m.__dict__.update(attrs)
+            m.__dict__.clear()
+            m.__dict__.update(attrs)
 
 
 class _Plan:

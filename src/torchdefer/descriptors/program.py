@@ -16,6 +16,7 @@ runs the graph of a backend runner. A runner is anything with::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -203,10 +204,9 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     runners, outputs, build = {}, None, None
     if backend == "jit":
         runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
-        try:  # export names output lengths after the inputs'; the jit graph cannot
+        # Export names output lengths after the inputs'; the jit graph cannot.
+        with contextlib.suppress(Exception):
             outputs = script(model_or_fn, input_descriptors).output_descriptors
-        except Exception:
-            outputs = None
     else:
 
         def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
@@ -216,7 +216,7 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
 
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                       runners=runners, weights=weights, builder=build, output_descriptors=outputs)
-    facts = _default_facts(params, _device(module)) if backend == "export" else None
+    facts = _default_facts(params, module) if backend == "export" else None
     if facts is not None:  # build now, so conflicts surface at script() time
         program._add(facts, {name: ranges[name][0] for name in program._pinned})
     return program
@@ -226,10 +226,13 @@ class _Unknown(Exception):
     """A fact the descriptors leave open and no call has told yet."""
 
 
-def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | None:
+def _default_facts(params: tuple[Param, ...], module: torch.nn.Module | None) -> tuple | None:
     """The facts of the case built at script time -- unknown devices are the
-    module's, layouts strided -- or ``None`` if the descriptors leave a dtype,
-    rank, length or value open (then the first call builds its case)."""
+    module's (its first weight's, else CPU), layouts strided -- or ``None`` if
+    the descriptors leave a dtype, rank, length or value open (then the first
+    call builds its case)."""
+    weights = [*module.parameters(), *module.buffers()] if module is not None else []
+    device = weights[0].device if weights else torch.device("cpu")
     facts: list[Any] = []
 
     def fact(kind: str) -> Any:
@@ -245,9 +248,4 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
     except _Unknown:
         return None
     return tuple(facts)
-
-
-def _device(module: torch.nn.Module | None) -> torch.device:
-    tensors = [*module.parameters(), *module.buffers()] if module is not None else []
-    return tensors[0].device if tensors else torch.device("cpu")
 

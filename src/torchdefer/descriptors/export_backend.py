@@ -122,11 +122,7 @@ class ExportRunner:
         self.resolve = weights.resolver(list(self.held), metas, qualname)
         self.constants = [lifted_constants[s.target] for s in constants]
         self.picks, inputs = _inputs(params, self.concrete)
-        self.sizes = _sizes(program, inputs)
-        self.symbols: dict[Any, Key] = {}  # export symbol -> key of the first size it stands for
-        for key, expr in self.sizes:
-            if expr.is_Symbol:
-                self.symbols.setdefault(expr, key)
+        self.sizes, self.symbols = _sizes(program, inputs)
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         module, traced = self.weights.module, self.training
@@ -186,19 +182,22 @@ def _inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> tuple[li
     return picks, inputs
 
 
-def _sizes(program: ExportedProgram, inputs: list[tuple]) -> list[tuple[Key, Any]]:
+def _sizes(program: ExportedProgram,
+           inputs: list[tuple]) -> tuple[list[tuple[Key, Any]], dict[Any, Key]]:
     """``(checker key, export expression)`` of every symbolic input size, read
     from the graph's placeholders (an int or another symbol's expression where
-    the code fixed or tied it)."""
+    the code fixed or tied it), and export symbol -> key of its first size."""
     user = set(program.graph_signature.user_inputs)
     nodes = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
-    out = []
+    sizes, symbols = [], {}
     for (_, _, keys), node in zip(inputs, nodes):
         for dim, key in keys.items():
             size = node.meta["val"] if dim is None else node.meta["val"].shape[dim]
-            symbolic = isinstance(size, torch.SymInt)
-            out.append((key, size.node.expr if symbolic else sympy.Integer(size)))
-    return out
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+            sizes.append((key, expr))
+            if expr.is_Symbol:
+                symbols.setdefault(expr, key)
+    return sizes, symbols
 
 
 def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],

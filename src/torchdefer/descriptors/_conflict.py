@@ -33,16 +33,15 @@ _FIX = ("  Fix the code, or describe the dimension with the length it needs "
 
 def conflict(error: Exception, shape_env: Any, plan: Any, qualname: str) -> tuple[str, list[str]]:
     """The message and dims of a ``DescriptorConflict`` for what ``torch.export``
-    raised, traced with ``shape_env`` on ``plan`` (input names, leaves, example
+    raised, traced with ``shape_env`` on ``plan`` (input names, inputs, example
     sizes, ranges)."""
     display: dict[str, str] = {}  # export symbol -> descriptor name
     bounds: dict[str, tuple[int, int | None]] = {}  # descriptor name of a tensor dim -> range
-    inputs = dict(zip(plan.names, plan.leaves))
+    inputs = dict(zip(plan.names, plan.inputs))
     for symbol, (name, dim) in compat.symbol_sources(shape_env).items():
         if name in inputs:
-            path, leaf = inputs[name]
-            d = None if dim is None else leaf.shape[dim]
-            key = (path,) if dim is None else d if isinstance(d, str) else (path, dim)
+            path, _, keys = inputs[name]
+            key = (path,) if dim is None else keys.get(dim, (path, dim))
             display[symbol.name] = show_key(key)
             if dim is not None:
                 bounds[display[symbol.name]] = plan.ranges.get(key, (0, None))

@@ -37,7 +37,7 @@ import json
 import os
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,9 +91,8 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     }
     files: dict[str, bytes] = {}
     if program.backend == "jit":
-        buffer = io.BytesIO()
-        torch.jit.save(next(iter(program._variants.values())).scripted, buffer)
-        files["program.ts"] = buffer.getvalue()
+        scripted = next(iter(program._variants.values())).scripted
+        files["program.ts"] = _bytes(torch.jit.save, scripted)
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
         except TypeError:
@@ -180,8 +179,21 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
             concrete = concrete_trees(params, facts, dict(fixed))
             coverage = Coverage.from_json(v["coverage"])
             recipe = OutputRecipe.from_json(v["recipe"])
-        runners[case] = ExportRunner(_read_graph(members, i, state, name), params, concrete, recipe,
-                                     coverage, weights, qualname, v.get("training"))
+        member = f"graph{i}.json"
+        graph = _json(members, member, name)
+        constants = _tensors(members, f"graph{i}.constants.pt", name)
+        with _reading(name, member):
+            if graph.get("guards_code"):
+                raise UnsafeExpression("it carries guards_code, Python source torch would exec")
+            for key, text in _texts(graph):
+                parse(text) if key == "expr_str" else treespec(text)
+            # Non-persistent buffers are constants to torch; the runner reads them from weights.
+            persistent = {n: t for n, t in state.items() if n not in constants}
+            # torch's verifier, run by the deserializer, refuses nodes that call
+            # anything but operators (test_archive checks it still does).
+            ep = compat.deserialize(members[member], persistent, constants)
+        runners[case] = ExportRunner(ep, params, concrete, recipe, coverage, weights, qualname,
+                                     v.get("training"))
     return weights, runners
 
 
@@ -209,28 +221,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
                 raise TypeError(f"save(): constant {n!r} of the program is a {type(c).__name__}; "
                                 "only tensor constants can be saved")
             constants[n] = weights[n] if n in weights else c.detach()
-        files[f"graph{i}.constants.pt"] = _tensor_bytes(constants)
+        files[f"graph{i}.constants.pt"] = _bytes(torch.save, constants)
         variants.append({"case": to_json(case), "coverage": runner.coverage.to_json(),
                          "recipe": runner.recipe.to_json(), "training": runner.training})
-    files["weights.pt"] = _tensor_bytes(weights)
+    files["weights.pt"] = _bytes(torch.save, weights)
     return variants, all(not t.is_meta for t in weights.values())
-
-
-def _read_graph(members: dict[str, bytes], i: int, state: dict[str, torch.Tensor],
-                name: str) -> torch.export.ExportedProgram:
-    member = f"graph{i}.json"
-    graph = _json(members, member, name)
-    constants = _tensors(members, f"graph{i}.constants.pt", name)
-    with _reading(name, member):
-        if graph.get("guards_code"):
-            raise UnsafeExpression("it carries guards_code, Python source torch would exec")
-        for key, text in _texts(graph):
-            parse(text) if key == "expr_str" else treespec(text)
-        # Non-persistent buffers are constants to torch; the runner reads them from weights.
-        persistent = {n: t for n, t in state.items() if n not in constants}
-        # torch's verifier, run by the deserializer, refuses nodes that call
-        # anything but operators (test_archive checks it still does).
-        return compat.deserialize(members[member], persistent, constants)
 
 
 def _texts(data: Any) -> Iterator[tuple[str, str]]:
@@ -267,9 +262,8 @@ def _member(members: dict[str, bytes], member: str, name: str) -> bytes:
 
 
 def _json(members: dict[str, bytes], member: str, name: str) -> Any:
-    data = _member(members, member, name)
     with _reading(name, member):
-        return json.loads(data)
+        return json.loads(_member(members, member, name))
 
 
 def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, torch.Tensor]:
@@ -284,7 +278,8 @@ def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, tor
     return out
 
 
-def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+def _bytes(save: Callable[[Any, io.BytesIO], None], obj: Any) -> bytes:
+    """What ``torch.save`` or ``torch.jit.save`` writes for ``obj``."""
     buffer = io.BytesIO()
-    torch.save(tensors, buffer)
+    save(obj, buffer)
     return buffer.getvalue()

@@ -42,8 +42,6 @@ NOT_ACCEPTED = object()
 """Stands for a parameter whose default is not a plain value (a tensor): the
 program uses the default and refuses a passed value."""
 
-_KINDS = {k: getattr(inspect.Parameter, k)
-          for k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")}
 Check = Callable[[Any, str, dict, dict, "list | None"], None]
 
 
@@ -60,7 +58,7 @@ class Checker:
         self.qualname, self.params, self.specialize = qualname, params, specialize
         self.ranges = dict(ranges)
         self.signature = inspect.Signature([
-            inspect.Parameter(p.name, _KINDS[p.kind],
+            inspect.Parameter(p.name, getattr(inspect.Parameter, p.kind),
                               default=NOT_ACCEPTED if p.node is None else p.default)
             for p in params])
         self.checks = [None if p.node is None else self.compile(p.node) for p in params]

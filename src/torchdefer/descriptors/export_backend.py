@@ -121,8 +121,8 @@ class ExportRunner:
         metas = [(t.dtype, tuple(t.shape)) for t in self.held.values()]
         self.resolve = weights.resolver(list(self.held), metas, qualname)
         self.constants = [lifted_constants[s.target] for s in constants]
-        self.picks, leaves = _inputs(params, self.concrete)
-        self.symbols = _symbols(_sizes(program, leaves))
+        self.picks, inputs = _inputs(params, self.concrete)
+        self.sizes, self.symbols = _sizes(program, inputs)
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         module, traced = self.weights.module, self.training
@@ -159,12 +159,12 @@ class ExportRunner:
         return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
 
 
-def _inputs(params: tuple[Param, ...],
-            concrete: Mapping[str, Node]) -> tuple[list[tuple], list[tuple[str, Node]]]:
+def _inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> tuple[list, list]:
     """The graph inputs of a case: per parameter feeding the graph ``(index,
     pytree spec or None for a bare leaf, positions of its graph inputs)``, and
-    ``(path, leaf)`` of every graph input, in the graph's order."""
-    picks, leaves = [], []
+    per graph input, in the graph's order, ``(path, leaf, keys)``: ``keys`` maps
+    each symbolic size's dim (``None`` for an int) to its checker key."""
+    picks, inputs = [], []
     for i, p in enumerate(params):
         if p.name not in concrete:
             continue
@@ -173,34 +173,31 @@ def _inputs(params: tuple[Param, ...],
                      if isinstance(leaf, MetaTensorType) or leaf == TypeOf(int)]
         if positions:
             picks.append((i, None if spec.is_leaf() else spec, positions))
-            leaves += [(p.name + pytree.keystr(flat[j][0]), flat[j][1]) for j in positions]
-    return picks, leaves
+        for kp, leaf in (flat[j] for j in positions):
+            path = p.name + pytree.keystr(kp)
+            keys = {None: (path,)} if isinstance(leaf, TypeOf) else {
+                dim: d if isinstance(d, str) else (path, dim)
+                for dim, d in enumerate(leaf.shape) if not isinstance(d, int)}
+            inputs.append((path, leaf, keys))
+    return picks, inputs
 
 
-def _sizes(program: ExportedProgram, leaves: list[tuple[str, Node]]) -> list[tuple[Key, Any]]:
+def _sizes(program: ExportedProgram,
+           inputs: list[tuple]) -> tuple[list[tuple[Key, Any]], dict[Any, Key]]:
     """``(checker key, export expression)`` of every symbolic input size, read
     from the graph's placeholders (an int or another symbol's expression where
-    the code fixed or tied it)."""
+    the code fixed or tied it), and export symbol -> key of its first size."""
     user = set(program.graph_signature.user_inputs)
     nodes = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
-    out = []
-    for (path, leaf), node in zip(leaves, nodes):
-        val = node.meta["val"]
-        sizes = [val] if isinstance(leaf, TypeOf) else [
-            s for d, s in zip(leaf.shape, val.shape) if not isinstance(d, int)]
-        for key, size in zip(_keys(path, leaf), sizes):
-            symbolic = isinstance(size, torch.SymInt)
-            out.append((key, size.node.expr if symbolic else sympy.Integer(size)))
-    return out
-
-
-def _symbols(sizes: list[tuple[Key, Any]]) -> dict[Any, Key]:
-    """Export symbol -> the key of the first input size it stands for."""
-    out: dict[Any, Key] = {}
-    for key, expr in sizes:
-        if expr.is_Symbol:
-            out.setdefault(expr, key)
-    return out
+    sizes, symbols = [], {}
+    for (_, _, keys), node in zip(inputs, nodes):
+        for dim, key in keys.items():
+            size = node.meta["val"] if dim is None else node.meta["val"].shape[dim]
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+            sizes.append((key, expr))
+            if expr.is_Symbol:
+                symbols.setdefault(expr, key)
+    return sizes, symbols
 
 
 def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mapping[str, Node],
@@ -214,8 +211,7 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
         DescriptorConflict: the code contradicts a symbolic dimension, or
             tracing failed (the message names the model's line).
     """
-    _, leaves = _inputs(params, concrete)
-    plan = _Plan(leaves, ranges, sizes or {})
+    plan = _Plan(_inputs(params, concrete)[1], ranges, sizes or {})
     recipes: list[OutputRecipe] = []  # filled by the traced call
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
     with compat.example_mode():
@@ -230,10 +226,11 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
                                               dynamic_shapes=tuple(plan.specs), strict=False)
             except Exception as e:
                 raise DescriptorConflict(*conflict(e, shape_env, plan, qualname)) from e
-    coverage = _coverage(_sizes(program, leaves), shape_env)
     training = target.training if isinstance(target, torch.nn.Module) else None
-    return ExportRunner(program, params, concrete, recipes[-1], coverage, weights, qualname,
-                        training)
+    runner = ExportRunner(program, params, concrete, recipes[-1], Coverage(), weights, qualname,
+                          training)
+    runner.coverage = _coverage(runner, shape_env)  # from the sizes the runner read
+    return runner
 
 
 class _Bound(torch.nn.Module):
@@ -282,26 +279,22 @@ def _kept(target: Any) -> Iterator[None]:
         yield
     finally:
         for m, attrs in saved:
-            if m.__dict__.keys() != attrs.keys() or any(m.__dict__[k] is not v
-                                                         for k, v in attrs.items()):
-                m.__dict__.clear()
-                m.__dict__.update(attrs)
+            m.__dict__.clear()
+            m.__dict__.update(attrs)
 
 
 class _Plan:
     """``Dim`` specs, example sizes and input names for the graph inputs of one case."""
 
-    def __init__(self, leaves: list[tuple[str, Node]], ranges: Mapping[str, DimRange],
+    def __init__(self, inputs: list[tuple], ranges: Mapping[str, DimRange],
                  sizes: Mapping[Key, int]) -> None:
-        self.leaves, self.ranges = leaves, ranges
-        self.names = _identifiers([path for path, _ in leaves])
+        self.inputs, self.ranges = inputs, ranges
+        self.names = _identifiers([path for path, _, _ in inputs])
         self.hints: dict[Key, int] = {}
         dims: dict[str, Any] = {}
-        taken = {d for _, leaf in leaves if isinstance(leaf, MetaTensorType)
+        taken = {d for _, leaf, _ in inputs if isinstance(leaf, MetaTensorType)
                  for d in leaf.shape if isinstance(d, int)}
-        for key in [k for path, leaf in leaves for k in _keys(path, leaf)]:
-            if key in self.hints:
-                continue
+        for i, key in enumerate(dict.fromkeys(k for _, _, keys in inputs for k in keys.values())):
             lo, hi = ranges.get(key, (0, None))
             value = max(lo, 2)
             while value in taken and (hi is None or value < hi):
@@ -311,31 +304,22 @@ class _Plan:
             taken.add(self.hints[key])
             if isinstance(key, str):
                 ok = key.isidentifier() and not keyword.iskeyword(key)
-                dims[key] = Dim(key if ok else f"d{len(self.hints) - 1}", min=lo, max=hi)
+                dims[key] = Dim(key if ok else f"d{i}", min=lo, max=hi)
         self.specs = [Dim.AUTO if isinstance(leaf, TypeOf) else
-                      {i: dims[d] if isinstance(d, str) else Dim.AUTO
-                       for i, d in enumerate(leaf.shape) if not isinstance(d, int)} or None
-                      for _, leaf in leaves]
+                      {dim: dims[k] if isinstance(k, str) else Dim.AUTO
+                       for dim, k in keys.items()} or None
+                      for _, leaf, keys in inputs]
 
     def examples(self) -> list[Any]:
         out: list[Any] = []
-        for path, leaf in self.leaves:
+        for _, leaf, keys in self.inputs:
             if isinstance(leaf, TypeOf):
-                out.append(self.hints[(path,)])
-                continue
-            keys = iter(_keys(path, leaf))
-            shape = [d if isinstance(d, int) else self.hints[next(keys)] for d in leaf.shape]
-            t = torch.empty(shape, dtype=leaf.dtype, device=leaf.device)
-            out.append(t.requires_grad_() if leaf.requires_grad else t)
+                out.append(self.hints[keys[None]])
+            else:
+                shape = [self.hints[keys[i]] if i in keys else d for i, d in enumerate(leaf.shape)]
+                out.append(torch.empty(shape, dtype=leaf.dtype, device=leaf.device,
+                                       requires_grad=bool(leaf.requires_grad)))
         return out
-
-
-def _keys(path: str, leaf: Node) -> list[Key]:
-    """The checker's keys of a graph input's symbolic sizes, in order."""
-    if isinstance(leaf, TypeOf):
-        return [(path,)]
-    return [d if isinstance(d, str) else (path, i)
-            for i, d in enumerate(leaf.shape) if not isinstance(d, int)]
 
 
 def _identifiers(paths: list[str]) -> list[str]:
@@ -368,18 +352,18 @@ def _fake_weights(module: torch.nn.Module, mode: Any) -> dict[str, torch.Tensor]
     return {name: twins[identity] for name, identity, *_ in metas}
 
 
-def _coverage(sizes: list[tuple[Key, Any]], shape_env: Any) -> Coverage:
+def _coverage(runner: ExportRunner, shape_env: Any) -> Coverage:
     """What the graph assumed about each input size -- the ShapeEnv's value
     ranges (sizes >= 2), its guards, and the sizes it fixed or tied -- over
     the checker's keys."""
-    keys = {key: i for i, key in enumerate(dict.fromkeys(k for k, _ in sizes))}
-    first = _symbols(sizes)
-    renamed = {e: sympy.Symbol(f"v{keys[k]}", integer=True) for e, k in first.items()}
+    keys = {key: i for i, key in enumerate(dict.fromkeys(k for k, _ in runner.sizes))}
+    renamed = {e: sympy.Symbol(f"v{keys[k]}", integer=True) for e, k in runner.symbols.items()}
     ranges, guards = [], []
-    for key, expr in sizes:
-        if first.get(expr) == key:
+    for key, expr in runner.sizes:
+        if runner.symbols.get(expr) == key:
             vr = shape_env.var_to_range.get(expr)
-            lo, hi = (_int(vr.lower), _int(vr.upper)) if vr is not None else (None, None)
+            lo, hi = (None, None) if vr is None else (
+                int(b) if b.is_Integer else None for b in (vr.lower, vr.upper))
             if lo is not None or hi is not None:
                 ranges.append((keys[key], lo, hi))
         else:  # fixed by the code, or tied to another size
@@ -388,7 +372,3 @@ def _coverage(sizes: list[tuple[Key, Any]], shape_env: Any) -> Coverage:
     guards += [g.expr.xreplace(renamed) for g in shape_env.guards
                if g.expr.free_symbols and g.expr.free_symbols <= renamed.keys()]
     return Coverage(tuple(keys), tuple(ranges), tuple(dict.fromkeys(guards)))
-
-
-def _int(bound: Any) -> int | None:
-    return int(bound) if bound.is_Integer else None

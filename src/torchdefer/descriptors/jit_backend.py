@@ -66,8 +66,10 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
     try:
         scripted = torch.jit.script(target)
     except Exception as e:
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
         raise TypeError(f"backend='jit': torch.jit.script cannot compile {qualname}: "
-                        f"{_first_line(e)}; {advice}") from e
+                        f"{reason}; {advice}") from e
     return JitRunner(scripted, params, qualname, module)
 
 
@@ -99,15 +101,12 @@ class JitRunner:
             p, value = params[i], inputs[i]
             if p.node is None:  # a tensor default: passed as TorchScript recorded it
                 self.defaults[i] = schema[i].default_value
-                self.keep.insert(0, i)
-                continue
-            if not _fits(value.type(), p.node):
+            elif not _fits(value.type(), p.node):
                 raise TypeError(
                     f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
                     f"{value.type()} (unannotated parameters are Tensor), but it is described as "
                     f"{p.node!r}; annotate the parameter to match, or use backend='export'")
-            constant = _constant(p.node)
-            if constant is not None:
+            elif (constant := _constant(p.node)) is not None:
                 c = graph.insertConstant(constant[0])
                 if anchor is not None:
                     c.node().moveBefore(anchor)
@@ -115,7 +114,7 @@ class JitRunner:
                 value.replaceAllUsesWith(c)
                 graph.eraseInput(first + i)
                 continue
-            if isinstance(p.node, MetaTensorType):
+            elif isinstance(p.node, MetaTensorType):
                 value.setType(_refined(value.type(), p.node))
             self.keep.insert(0, i)
         compat.jit_fold(graph)
@@ -206,9 +205,4 @@ def _refined(base: Any, desc: MetaTensorType) -> Any:
         shape = desc.shape or (None,) * desc.rank
         base = base.with_sizes([d if isinstance(d, int) else None for d in shape])
     return base
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 

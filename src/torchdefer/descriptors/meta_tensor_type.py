@@ -155,20 +155,15 @@ requires_grad=False, layout=torch.strided)
             raise TypeError(f"MetaTensorType.widen takes a tensor, got {type(tensor).__name__}")
         if self.admits(tensor):
             return self
-        shape, ranges = self.shape, self.ranges
-        if self.rank is not None and self.rank != tensor.dim():
+        shape, ranges, rank = self.shape, self.ranges, self.rank
+        if rank is not None and rank != tensor.dim():
             shape, ranges, rank = None, {}, None
-        else:
-            rank = self.rank
-            if shape is not None:
-                shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
-        def kept(name: str) -> Any:
-            mine = getattr(self, name)
-            return mine if mine in (None, getattr(tensor, name)) else None
-
-        return replace(self, shape=shape, rank=rank, dtype=kept("dtype"), layout=kept("layout"),
-                       device=_join_devices([self.device, tensor.device]) if self.device else None,
-                       requires_grad=kept("requires_grad"), dim_ranges=ranges)
+        elif shape is not None:
+            shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
+        kept = {n: getattr(self, n) if getattr(self, n) in (None, getattr(tensor, n)) else None
+                for n in ("dtype", "layout", "requires_grad")}  # what it differs on: unknown
+        return replace(self, shape=shape, rank=rank, dim_ranges=ranges, **kept,
+                       device=_join_devices([self.device, tensor.device]) if self.device else None)
 
     def __repr__(self) -> str:
         parts = [f"shape={list(self.shape)!r}" if self.shape is not None else
@@ -326,16 +321,15 @@ def _widen_shape(shape: tuple[Dim, ...], ranges: dict[str, DimRange],
     for d, size in zip(shape, sizes, strict=True):
         if d is None or d == size:
             out.append(d)
-            continue
-        if isinstance(d, int):
+        elif isinstance(d, int):
             out.append(next(fresh))
-            continue
-        bound = first_size.setdefault(d, size)
-        name = d if bound == size else split.setdefault((d, size), next(fresh))
-        if name != d and d in ranges:
-            ranges[name] = ranges[d]
-        if name in ranges:
-            lo, hi = ranges[name]
-            ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
-        out.append(name)
+        else:
+            bound = first_size.setdefault(d, size)
+            name = d if bound == size else split.setdefault((d, size), next(fresh))
+            if name != d and d in ranges:
+                ranges[name] = ranges[d]
+            if name in ranges:
+                lo, hi = ranges[name]
+                ranges[name] = (min(lo, size), None if hi is None else max(hi, size))
+            out.append(name)
     return tuple(out), ranges

@@ -16,6 +16,7 @@ runs the graph of a backend runner. A runner is anything with::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -37,7 +38,6 @@ from torchdefer.descriptors.weights import Weights
 __all__ = ["Backend", "Program", "script"]
 
 Backend = Literal["export", "jit"]
-Builder = Callable[[tuple, dict, Weights, dict], Any]
 
 
 class Program:
@@ -56,12 +56,12 @@ class Program:
 
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
-                 builder: Builder | None = None, output_descriptors: Any = None) -> None:
+                 target: Callable[..., Any] | None = None, output_descriptors: Any = None) -> None:
         self.backend, self.qualname, self.output_descriptors = backend, qualname, output_descriptors
         self._params, self._ranges, self._weights = params, dict(ranges), weights
         self._check = Checker(qualname, params, ranges, specialize=backend == "export")
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
-        self._builder = builder
+        self._target = target  # what export traces for a new case (None: loaded, or jit)
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
@@ -89,7 +89,7 @@ class Program:
 
     def _add(self, facts: tuple, fixed: dict, sizes: dict | None = None) -> Any:
         """Build the graph for one case and keep it."""
-        if self._builder is None:
+        if self._target is None:
             case = ", ".join(f"{show_key(k)}={v}" for k, v in fixed.items()) or "general sizes"
             if facts:
                 case += f"; inputs {', '.join(map(str, facts))}"
@@ -99,7 +99,9 @@ class Program:
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
                 "model; script it again, or call the scripted program with such inputs once "
                 "before save() so the file holds it")
-        runner = self._builder(facts, fixed, self._weights, sizes or {})
+        concrete = concrete_trees(self._params, facts, fixed)
+        runner = export_backend.build(self._target, self._params, concrete, self._ranges,
+                                      self._weights, self.qualname, sizes or {})
         self._variants[(facts, _frozen(fixed))] = runner
         if self.output_descriptors is None:
             self.output_descriptors = runner.output_descriptors(self._ranges)
@@ -200,23 +202,16 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     qualname, params = parameters(fn, input_descriptors)
     ranges = merge_ranges([leaf for p in params for leaf in tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})
-    runners, outputs, build = {}, None, None
+    runners, outputs = {}, None
     if backend == "jit":
         runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
-        try:  # export names output lengths after the inputs'; the jit graph cannot
+        # Export names output lengths after the inputs'; the jit graph cannot.
+        with contextlib.suppress(Exception):
             outputs = script(model_or_fn, input_descriptors).output_descriptors
-        except Exception:
-            outputs = None
-    else:
-
-        def build(facts: tuple, fixed: dict, weights: Weights, sizes: dict) -> Any:
-            concrete = concrete_trees(params, facts, fixed)
-            return export_backend.build(model_or_fn, params, concrete, ranges, weights, qualname,
-                                        sizes)
-
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                      runners=runners, weights=weights, builder=build, output_descriptors=outputs)
-    facts = _default_facts(params, _device(module)) if backend == "export" else None
+                      runners=runners, weights=weights, output_descriptors=outputs,
+                      target=model_or_fn if backend == "export" else None)
+    facts = _default_facts(params, module) if backend == "export" else None
     if facts is not None:  # build now, so conflicts surface at script() time
         program._add(facts, {name: ranges[name][0] for name in program._pinned})
     return program
@@ -226,10 +221,13 @@ class _Unknown(Exception):
     """A fact the descriptors leave open and no call has told yet."""
 
 
-def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | None:
+def _default_facts(params: tuple[Param, ...], module: torch.nn.Module | None) -> tuple | None:
     """The facts of the case built at script time -- unknown devices are the
-    module's, layouts strided -- or ``None`` if the descriptors leave a dtype,
-    rank, length or value open (then the first call builds its case)."""
+    module's (its first weight's, else CPU), layouts strided -- or ``None`` if
+    the descriptors leave a dtype, rank, length or value open (then the first
+    call builds its case)."""
+    weights = [*module.parameters(), *module.buffers()] if module is not None else []
+    device = weights[0].device if weights else torch.device("cpu")
     facts: list[Any] = []
 
     def fact(kind: str) -> Any:
@@ -245,9 +243,4 @@ def _default_facts(params: tuple[Param, ...], device: torch.device) -> tuple | N
     except _Unknown:
         return None
     return tuple(facts)
-
-
-def _device(module: torch.nn.Module | None) -> torch.device:
-    tensors = [*module.parameters(), *module.buffers()] if module is not None else []
-    return tensors[0].device if tensors else torch.device("cpu")
 

@@ -92,6 +92,12 @@ CASES: dict[str, Program] = {
         "v3 = float(t1[:, ::2].__array__().sum())",
         "t4 = torch.zeros(2, dtype=torch.float64).add_(v2).add_(v3)",
     ),)),
+    "write_after_a_numpy_read_is_kept": Program(0, ((
+        "t1 = torch.tensor([4, 8, 2, 4, 7])",
+        "t2 = t1.detach()",
+        "v10 = t2.numpy().sum().item()",
+        "with torch.no_grad(): t1[0] = 1.5",
+    ),)),
     # strides of storages rebuilt from the cache (fake strides differ for size-1 dims)
     "like_of_a_transposed_row_keeps_eager_strides_after_caching": Program(0, ((
         "t1 = torch.zeros((1, 5))",

@@ -410,10 +410,9 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     # numpy() detaches internally: with the recording mode on, that detach
     # would be recorded and the array would read a fake tensor's memory.
     with suspended(), _compat.DisableTorchFunctionSubclass():
+        if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+            real = _own_copy(real)
         result = func(real, *args[1:], **kwargs)
-    # An array from numpy() keeps the replayed tensor alive (its base) and has
-    # eager's strides, zero strides of expand() included: numpy's reductions
-    # follow the strides, so any copy could sum in another order.
     graph = fake._graph
     node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
                 (fake._value,), (fake._value.storage.version,))
@@ -422,6 +421,22 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     node.graph = graph
     graph.observations.append(node)
     return result
+
+
+def _own_copy(real: torch.Tensor) -> torch.Tensor:
+    """``real`` with its sizes and strides (zero strides of ``expand()`` too) in
+    memory of its own: the bytes its elements span, copied.
+
+    An array over the replayed tensor itself would keep that storage alive in
+    the replay cache, where later recorded writes would land in it. Strides
+    matter: numpy's reductions follow them, so a compact copy sums in another
+    order than eager's array over the tensor.
+    """
+    sizes, strides = real.shape, real.stride()
+    span = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if real.numel() else 0
+    with torch.no_grad():
+        own = real.as_strided((span,), (1,)).clone().as_strided(sizes, strides)
+    return own.requires_grad_() if real.requires_grad else own
 
 
 def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:

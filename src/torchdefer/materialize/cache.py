@@ -50,7 +50,11 @@ class ReplayCache:
     def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
         key = (id(value.storage), device_key)
         entry = self._storages.get(key)
-        if entry is None or entry.version != version or entry.ref.expired():
+        # Only the storage's current contents: an older version still alive (a
+        # data read's tensor someone holds) must not become the input that a
+        # later write is replayed into while the storage is rebuilt beside it.
+        if (entry is None or entry.version != version or version != value.storage.version
+                or entry.ref.expired()):
             return None
         known = entry.layouts.get(id(value))
         if known is not None:

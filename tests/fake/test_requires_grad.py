@@ -164,14 +164,18 @@ def _reshaped_in_place_under_no_grad(how):
     return row * 2
 
 
-def _base_given_new_data():
+def _view_of_a_rebound_base():
     w = torch.zeros(3, 5)
     w.requires_grad_()
     wide = w.expand(2, 3, 5)
     with torch.no_grad():
         w.zero_()
     w.data = w.data.t()
-    return wide.transpose(0, -1)
+    return wide
+
+
+def _base_given_new_data():
+    return _view_of_a_rebound_base().transpose(0, -1)
 
 
 BROKEN_HISTORY = {
@@ -252,12 +256,7 @@ def _stale_views_read_for_metadata_only():
 
 
 def _view_of_rebound_base_read_for_metadata_only():
-    w = torch.zeros(3, 5)
-    w.requires_grad_()
-    wide = w.expand(2, 3, 5)
-    with torch.no_grad():
-        w.zero_()
-    w.data = w.data.t()
+    wide = _view_of_a_rebound_base()
     return torch.ones(wide.shape), wide.detach() + 1
 
 

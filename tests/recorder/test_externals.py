@@ -66,3 +66,21 @@ def test_a_change_outside_the_elements_an_external_covers_is_not_a_change():
     out = torchdefer.deferred_init(lambda: external + 1)
     base.data[5] = 100.0  # same storage, element not covered
     assert_same_tensor(torchdefer.materialize_tensor(out), eager)
+
+
+def test_an_external_read_while_recording_is_still_checked_when_materialized():
+    # A data-dependent op (torch.equal) replays the external while recording;
+    # its storage is the user's numpy memory and must not be kept as a replay
+    # result, or the later change would be read back silently.
+    array = np.arange(4, dtype=np.float32)
+
+    def build():
+        t = torch.from_numpy(array).float()  # float32 already: the same memory
+        half = t.type(torch.float16)
+        assert not torch.equal(t[2], half)
+        return half
+
+    lazy = torchdefer.deferred_init(build)
+    array += 1
+    with pytest.raises(ExternalTensorModifiedError, match="numpy"):
+        torchdefer.materialize_tensor(lazy)

@@ -9,7 +9,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
-from torchdefer.recorder.graph import Graph, Storage, TensorMeta, Value
+from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
 
 __all__ = ["ReplayCache", "cache_for", "rebuild"]
 
@@ -30,8 +30,12 @@ class ReplayCache:
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
-    eager code are rebuilt as views of it (shared storage stays shared, and
-    nothing is computed twice).
+    eager code are rebuilt as views of it (shared storage stays shared). Only
+    targets are looked up (``plan.make_plan``): a cached storage is the user's
+    tensor, which a training step may have changed, so a node that reads one
+    is replayed from what construction gave. Only a storage's current version
+    is answered, and external tensors' storages are never kept (each replay
+    reads those through their change check).
 
     A value the replay computed is rebuilt with the layout it really had. Any
     other view is rebuilt from its recorded sizes and strides, which are the
@@ -74,7 +78,14 @@ class ReplayCache:
         real: torch.Tensor,
         layouts: dict[int, tuple[Value, TensorMeta]] | None = None,
     ) -> None:
-        """Keep ``real``'s storage; ``layouts``: real layouts of the storage's values seen."""
+        """Keep ``real``'s storage; ``layouts``: real layouts of the storage's values seen.
+
+        Not the storage of an external tensor: that is the user's memory, which
+        can change without a version bump (the numpy array behind
+        ``from_numpy``), so each replay reads it through its change check.
+        """
+        if value.storage.creator.kind == NodeKind.EXTERNAL:
+            return
         ref = StorageWeakRef(real.untyped_storage())
         known = dict(layouts or {})
         known[id(value)] = (value, TensorMeta.of(real, real.device))

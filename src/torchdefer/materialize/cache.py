@@ -30,12 +30,12 @@ class ReplayCache:
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
-    eager code are rebuilt as views of it (shared storage stays shared). Only
-    targets are looked up (``plan.make_plan``): a cached storage is the user's
-    tensor, which a training step may have changed, so a node that reads one
-    is replayed from what construction gave. Only a storage's current version
-    is answered, and external tensors' storages are never kept (each replay
-    reads those through their change check).
+    eager code are rebuilt as views of it (shared storage stays shared, and
+    nothing is computed twice). Only a storage's current version is answered,
+    and external tensors' storages are never kept (each replay reads those
+    through their change check). A cached storage is the user's tensor, so a
+    tensor computed from it is computed from what it holds now (README,
+    "Limits").
 
     A value the replay computed is rebuilt with the layout it really had. Any
     other view is rebuilt from its recorded sizes and strides, which are the

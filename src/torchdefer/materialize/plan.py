@@ -55,17 +55,12 @@ def make_plan(
     expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
     # (value, version, whether its contents are needed or only the tensor object)
     work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
-    target_keys = {(id(v), version) for v, version in targets}
     while work:
         value, version, contents = work.pop()
         key = (id(value), version)
         if key in cached:
             continue
-        # Cached storages are the user's tensors now. A target may be one of
-        # them, or a view of one, as in eager; what a node reads is what
-        # construction gave, which a training step may since have changed.
-        real = None if key not in target_keys else cache.lookup(
-            value, version, device_key, device or value.meta.device)
+        real = cache.lookup(value, version, device_key, device or value.meta.device)
         if real is None and substitute is not None and contents:
             real = substitute(value, version)
         if real is not None:

@@ -155,4 +155,3 @@ def test_chains_of_views_rebuild_like_eager_in_any_order(root, chains, write, or
     reals = {i: torchdefer.materialize_tensor(deferred[i]) for i in indices}
     for i in range(len(eager)):
         assert_same_layout(reals[i], eager[i], f"tensor {i}")
-

@@ -356,3 +356,55 @@ def test_an_eager_draw_between_recorded_draws_matches_eager():
     assert_same_module(deferred[0], eager[0])
     assert_same_tensor(deferred[1], eager[1])
     assert_same_tensor(deferred[2], eager[2])
+
+
+VIEWS_READ_BY_NUMPY = {
+    "transposed": lambda x: x.transpose(0, 2),
+    "strided": lambda x: x[:, ::2],
+    "expanded": lambda x: x[0].expand(3, 4, 5),
+    "scalar": lambda x: x[0, 0, 0],
+    "empty": lambda x: x[:, :0],
+    "bool": lambda x: x > 0,
+    "int_slice": lambda x: (x * 10).long()[:, 1:],
+    "half_permuted": lambda x: x.half().permute(1, 0, 2),
+}
+
+
+@pytest.mark.parametrize("read", ["numpy", "asarray", "numpy_force"])
+@pytest.mark.parametrize("view", sorted(VIEWS_READ_BY_NUMPY))
+def test_numpy_reads_while_building_have_eagers_strides_and_sums(view, read):
+    # numpy's reductions follow the array's strides: a copy in another layout
+    # (zero strides of expand() dropped) sums in another order.
+    def build():
+        v = VIEWS_READ_BY_NUMPY[view](torch.arange(60.0).sin().reshape(3, 4, 5))
+        a = {"numpy": v.numpy, "asarray": lambda: np.asarray(v), "numpy_force": lambda: v.numpy(force=True)}[read]()
+        return a.strides, a.dtype.str, repr(a.sum())
+
+    assert torchdefer.deferred_init(build) == build()
+
+
+@pytest.mark.parametrize("tensor", [
+    lambda: torch.randn(3, requires_grad=True) * 1,
+    lambda: torch.randn(3, dtype=torch.cfloat).conj(),
+    lambda: torch.randn(3, dtype=torch.cfloat).conj().imag,
+])
+def test_numpy_reads_while_building_refuse_what_eager_refuses(tensor):
+    with pytest.raises(RuntimeError) as eager:
+        tensor().numpy()
+    with pytest.raises(RuntimeError) as deferred:
+        torchdefer.deferred_init(lambda: tensor().numpy())
+    assert str(deferred.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("read", ["tolist", "item", "numpy", "asarray", "bool"])
+def test_a_write_after_a_data_read_is_kept(read):
+    def build():
+        t = torch.tensor([4.0, 8.0])
+        v = t[:1]
+        {"tolist": v.tolist, "item": v.item, "numpy": lambda: v.numpy().sum(),
+         "asarray": lambda: np.asarray(v).sum(), "bool": lambda: bool(v)}[read]()
+        with torch.no_grad():
+            t.mul_(3)
+        return t
+
+    assert_same_tensor(torchdefer.materialize_tensor(torchdefer.deferred_init(build)), build())

@@ -411,7 +411,7 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     # would be recorded and the array would read a fake tensor's memory.
     with suspended(), _compat.DisableTorchFunctionSubclass():
         if func in (torch.Tensor.numpy, torch.Tensor.__array__):
-            real = _own_copy(real)
+            real = _own_copy(real, fake.requires_grad)
         result = func(real, *args[1:], **kwargs)
     graph = fake._graph
     node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
@@ -423,20 +423,27 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     return result
 
 
-def _own_copy(real: torch.Tensor) -> torch.Tensor:
-    """``real`` with its sizes and strides (zero strides of ``expand()`` too) in
-    memory of its own: the bytes its elements span, copied.
+def _own_copy(real: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """``real`` with its sizes, strides (zero strides of ``expand()`` too) and
+    conjugate/negative bits in memory of its own: the bytes its elements span,
+    copied; ``requires_grad`` as the deferred tensor's, so numpy() refuses as
+    eager does.
 
     An array over the replayed tensor itself would keep that storage alive in
     the replay cache, where later recorded writes would land in it. Strides
     matter: numpy's reductions follow them, so a compact copy sums in another
     order than eager's array over the tensor.
     """
+    conj, neg = real.is_conj(), real.is_neg()
+    physical = _compat.neg_view(real) if neg else real  # the bits toggle off, data untouched
+    physical = physical.conj() if conj else physical
     sizes, strides = real.shape, real.stride()
     span = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if real.numel() else 0
     with torch.no_grad():
-        own = real.as_strided((span,), (1,)).clone().as_strided(sizes, strides)
-    return own.requires_grad_() if real.requires_grad else own
+        own = physical.as_strided((span,), (1,)).clone().as_strided(sizes, strides)
+    own = own.conj() if conj else own
+    own = _compat.neg_view(own) if neg else own
+    return own.requires_grad_() if requires_grad else own
 
 
 def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:

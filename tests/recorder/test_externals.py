@@ -68,17 +68,29 @@ def test_a_change_outside_the_elements_an_external_covers_is_not_a_change():
     assert_same_tensor(torchdefer.materialize_tensor(out), eager)
 
 
-def test_an_external_read_while_recording_is_still_checked_when_materialized():
-    # A data-dependent op (torch.equal) replays the external while recording;
-    # its storage is the user's numpy memory and must not be kept as a replay
-    # result, or the later change would be read back silently.
+READS = {
+    "equal": lambda t, h: torch.equal(t, h),
+    "item": lambda t, h: t[1].item(),
+    "tolist": lambda t, h: t.tolist(),
+    "nonzero": lambda t, h: t.nonzero(),
+    "numpy": lambda t, h: t.numpy().sum(),
+    "bool": lambda t, h: bool(t[1]),
+    "item_of_a_result": lambda t, h: h.max().item(),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_an_external_read_while_recording_is_still_checked_when_materialized(read):
+    # A data read replays the external while recording; its storage is the
+    # user's numpy memory and must not be kept as a replay result, or the later
+    # change would be read back silently.
     array = np.arange(4, dtype=np.float32)
 
     def build():
-        t = torch.from_numpy(array).float()  # float32 already: the same memory
-        half = t.type(torch.float16)
-        assert not torch.equal(t[2], half)
-        return half
+        t = torch.from_numpy(array)
+        h = t.type(torch.float16)
+        READS[read](t, h)
+        return h
 
     lazy = torchdefer.deferred_init(build)
     array += 1

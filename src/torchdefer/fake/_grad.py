@@ -117,14 +117,10 @@ def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict):
 
 def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
     """Whether the call runs on meta twins of its arguments, autograd included."""
-    from torchdefer.fake.mode import no_fake_modes
-
-    with no_fake_modes():
-        try:
-            func(*_twins(args), **_twins(kwargs))
-        except Exception:
-            return False
-    return True
+    try:
+        return _eager_autograd(func, args, kwargs) is not None
+    except Exception:  # autograd's own refusal on the twins
+        return False
 
 
 def _twins(tree: Any) -> Any:

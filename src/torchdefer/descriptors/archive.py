@@ -133,7 +133,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         >>> loaded(torch.arange(3))  # still checked: an int64 tensor is refused
         Traceback (most recent call last):
         ...
-        torchdefer.descriptors.errors.DescriptorMismatch: x.dtype: expected torch.float32, got torch.int64
+        torchdefer.descriptors.errors.DescriptorMismatch: x.dtype: expected torch.float32, ...
     """
     name = os.fspath(path)
     members: dict[str, bytes] = {}

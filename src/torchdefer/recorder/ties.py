@@ -25,7 +25,7 @@ from torch import nn
 
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["BrokenTieWarning", "HOMES", "warn_broken_ties", "watching_registrations"]
+__all__ = ["HOMES", "BrokenTieWarning", "warn_broken_ties", "watching_registrations"]
 
 # The private attribute of a deferred parameter listing (module ref, name)
 # of every module it was registered on while recording.

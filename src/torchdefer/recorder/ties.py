@@ -64,7 +64,8 @@ def warn_broken_ties(param: DeferredTensor, path: str, root: nn.Module) -> None:
         if module is None:
             continue
         now = module._parameters.get(name)
-        if now is not param and isinstance(now, torch.Tensor) and not isinstance(now, DeferredTensor):
+        replaced = now is not param and isinstance(now, torch.Tensor)
+        if replaced and not isinstance(now, DeferredTensor):
             lost.append(_path_in(root, module, name))
     if lost:
         shown = ", ".join(repr(p) for p in lost)

@@ -27,8 +27,8 @@ from torchdefer.fake._source import is_library_code
 
 __all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
-           "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
-           "sympy_functions"]
+           "jit_function", "prefix_str", "reparametrize", "serialize", "spec_children",
+           "symbol_sources", "sympy_functions"]
 
 class _ShapeEnv(ShapeEnv):
     """A ShapeEnv whose guard records point at the model's line, not torch's.
@@ -165,3 +165,10 @@ def jit_fold(graph: torch._C.Graph) -> None:
     """Constant-propagate and delete dead code: value-decided branches vanish."""
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
+
+
+def spec_children(spec: Any) -> list[Any]:
+    """A pytree ``TreeSpec``'s child specs: ``children()`` where torch has it
+    (2.13 deprecates ``children_specs``, which older releases only have)."""
+    children = getattr(type(spec), "children", None)
+    return spec.children() if callable(children) else list(spec.children_specs)

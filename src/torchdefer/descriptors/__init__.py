@@ -25,7 +25,8 @@ from torchdefer.descriptors.archive import load, save
 from torchdefer.descriptors.describe import describe
 from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch, ProgramFileError
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
+from torchdefer.descriptors.outputs import ObjectOf
 from torchdefer.descriptors.program import Program, script
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "Program",
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "ObjectOf", "Program",
            "ProgramFileError", "describe", "load", "save", "script"]

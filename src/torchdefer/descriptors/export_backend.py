@@ -156,7 +156,7 @@ class ExportRunner:
                  for s, k in self.symbols.items()}
         output = next(n for n in self.gm.graph.nodes if n.op == "output")
         vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in output.args[0]]
-        return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
+        return self.recipe.describe(iter(describe_output(v, names, ranges) for v in vals))
 
 
 def _inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> tuple[list, list]:

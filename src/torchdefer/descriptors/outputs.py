@@ -8,12 +8,22 @@ rebuild an output from the graph's flat outputs: pytree's ``TreeSpec`` for
 registered containers; for an object of an unregistered class, its class and
 its attributes (``vars``), walked the same way; non-tensor leaves (``None``,
 a flag, a dtype) are kept as they were. :meth:`OutputRecipe.rebuild` runs it
-backwards on every call -- and once on descriptors, which gives
-``Program.output_descriptors`` the outputs' own structure.
+backwards on every call.
+
+:meth:`OutputRecipe.describe` gives ``Program.output_descriptors`` the
+outputs' own structure, but never runs the model's classes on descriptors: an
+``unflatten`` or ``__init__`` may reject what is not a tensor (``P holds
+tensors``), or compute from its inputs. Python's and torch's own containers
+(tuple, list, dict, namedtuple, ``torch.return_types``) are rebuilt; any other
+object becomes an :class:`ObjectOf`: its class and its children's descriptors,
+named by the keys its pytree registration gives (``.logits``), which the
+recipe records at trace time from the real object.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import namedtuple
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +32,81 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer._compat.export import spec_children
 from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
 from torchdefer.descriptors.tree import TypeOf, from_json, to_json
 
-__all__ = ["OutputRecipe", "describe_output"]
+__all__ = ["ObjectOf", "OutputRecipe", "describe_output"]
 
 _GRAPH = "graph"  # a leaf the graph computes
 _SYMBOLIC = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+_KEYS = {"attr": (pytree.GetAttrKey, "name"), "item": (pytree.MappingKey, "key"),
+         "index": (pytree.SequenceKey, "idx")}
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectOf:
+    """The descriptor of an output object of a class other than Python's and
+    torch's containers: its class and its children's descriptors, each under
+    its pytree key (``GetAttrKey``, ``MappingKey`` or ``SequenceKey``).
+
+    Read a child as the object's attribute or item: ``.logits``, ``["out"]``.
+
+    Example:
+        >>> import dataclasses, torch, torchdefer
+        >>> from torchdefer.descriptors import MetaTensorType
+        >>> @dataclasses.dataclass
+        ... class Out:
+        ...     logits: torch.Tensor
+        >>> torch.utils._pytree.register_dataclass(Out, serialized_type_name="doc.Out")
+        >>> p = torchdefer.script(lambda x: Out(x * 2), {"x": MetaTensorType(["b", 4], torch.float32)})
+        >>> p.output_descriptors.logits.shape
+        ('b', 4)
+        >>> type(p(torch.ones(3, 4))).__name__
+        'Out'
+    """
+
+    type: type
+    keys: tuple[Any, ...]
+    children: tuple[Any, ...]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("type", "keys", "children"):
+            raise AttributeError(name)  # also while copy/pickle build the object
+        for key, child in zip(self.keys, self.children):
+            if _key_value(key) == name and not isinstance(key, pytree.SequenceKey):
+                return child
+        raise AttributeError(f"the descriptor of a {self.type.__qualname__} output has no "
+                             f"{name!r}; it has {self._names()}")
+
+    def __getitem__(self, name: Any) -> Any:
+        for key, child in zip(self.keys, self.children):
+            if _key_value(key) == name and type(_key_value(key)) is type(name):
+                return child
+        raise KeyError(f"the descriptor of a {self.type.__qualname__} output has no {name!r}; "
+                       f"it has {self._names()}")
+
+    def _names(self) -> str:
+        return ", ".join(pytree.keystr((k,)) for k in self.keys) or "no children"
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{pytree.keystr((k,))}: {c!r}" for k, c in zip(self.keys, self.children))
+        return f"ObjectOf({self.type.__module__}.{self.type.__qualname__}, {{{items}}})"
+
+
+def _key_value(key: Any) -> Any:
+    return getattr(key, _KEYS[_key_kind(key)][1])
+
+
+def _key_kind(key: Any) -> str:
+    return next(kind for kind, (cls, _) in _KEYS.items() if isinstance(key, cls))
+
+
+def _plain(kind: Any) -> bool:
+    """Containers whose rebuilding runs no code of the model's (namedtuples
+    are built with ``tuple.__new__``, past a class's own ``__new__``)."""
+    return kind in pytree.BUILTIN_TYPES or getattr(kind, "__module__", None) == "torch.return_types"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +124,13 @@ class _Object:
 class OutputRecipe:
     """How to rebuild a model's output from a graph's flat outputs: its pytree
     structure (unregistered objects are leaves) and, per leaf, ``"graph"`` (the
-    next graph output), a constant, or an unregistered object to rebuild."""
+    next graph output), a constant, or an unregistered object to rebuild;
+    ``keys``: per container of a class not :func:`_plain`, in pre-order, its
+    children's pytree keys (names for :class:`ObjectOf`; empty: by position)."""
 
     spec: pytree.TreeSpec
     slots: tuple[Any, ...]
+    keys: tuple[tuple[Any, ...], ...] = ()
 
     @classmethod
     def capture(cls, out: Any) -> tuple[list[Any], OutputRecipe]:
@@ -70,7 +150,7 @@ class OutputRecipe:
                 slots.append(_Object(type(leaf), recipe))
             else:
                 slots.append(_Const(leaf))  # functions, classes: kept by reference
-        return flat, cls(spec, tuple(slots))
+        return flat, cls(spec, tuple(slots), tuple(_node_keys(out, spec)))
 
     def rebuild(self, flat: Iterator[Any]) -> Any:
         """The output with graph leaves taken in order from ``flat``."""
@@ -88,6 +168,22 @@ class OutputRecipe:
                 leaves.append(obj)
         return pytree.tree_unflatten(leaves, self.spec)
 
+    def describe(self, flat: Iterator[Any]) -> Any:
+        """The output's descriptor, graph leaves' descriptors taken in order
+        from ``flat``: like :meth:`rebuild`, but objects of the model's
+        classes are :class:`ObjectOf`, never built."""
+        leaves = []
+        for slot in self.slots:
+            if slot is _GRAPH:
+                leaves.append(next(flat))
+            elif isinstance(slot, _Const):
+                leaves.append(slot.value)
+            else:
+                attrs = slot.attrs.describe(flat)  # a dict
+                keys = tuple(map(pytree.GetAttrKey, attrs))
+                leaves.append(ObjectOf(slot.cls, keys, tuple(attrs.values())))
+        return _describe(self.spec, iter(leaves), iter(self.keys))
+
     def to_json(self) -> dict[str, Any]:
         """JSON form; raises ``TypeError`` for what a file cannot name safely
         (unregistered classes), saying what to register or return instead."""
@@ -104,7 +200,8 @@ class OutputRecipe:
             slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
         except TypeError as e:
             raise TypeError(f"the program's outputs hold a constant that {e}") from None
-        return {"spec": pytree.treespec_dumps(self.spec), "slots": slots}
+        keys = [[_key_json(k, i) for i, k in enumerate(node)] for node in self.keys]
+        return {"spec": pytree.treespec_dumps(self.spec), "slots": slots, "keys": keys}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OutputRecipe:
@@ -113,7 +210,71 @@ class OutputRecipe:
         spec = treespec(data["spec"])
         if len(slots) != spec.num_leaves:
             raise ValueError(f"{len(slots)} slots for {spec.num_leaves} leaves")
-        return cls(spec, tuple(slots))
+        keys = tuple(tuple(_key_from_json(k) for k in node) for node in data.get("keys", ()))
+        if keys and [len(k) for k in keys] != [len(spec_children(s)) for s in _objects(spec)]:
+            raise ValueError(f"output keys {keys} do not fit the structure {spec}")
+        return cls(spec, tuple(slots), keys)
+
+
+def _node_keys(obj: Any, spec: pytree.TreeSpec) -> list[tuple[Any, ...]]:
+    """Per container in ``spec`` (the structure of ``obj``) of a class not
+    :func:`_plain`, in pre-order, its children's keys from its pytree
+    registration; positions where it gives none."""
+    if spec.is_leaf():
+        return []
+    node = pytree.SUPPORTED_NODES[spec.type]
+    children = node.flatten_fn(obj)[0]
+    out = []
+    if not _plain(spec.type):
+        keys = tuple(map(pytree.SequenceKey, range(len(children))))
+        with_keys = getattr(node, "flatten_with_keys_fn", None)
+        with contextlib.suppress(Exception):  # names only: positions serve as well
+            named = tuple(k for k, _ in with_keys(obj)[0]) if with_keys else ()
+            if len(named) == len(children):
+                keys = named
+        out.append(keys)
+    for child, sub in zip(children, spec_children(spec)):
+        out += _node_keys(child, sub)
+    return out
+
+
+def _objects(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
+    """The container specs of classes not :func:`_plain`, in pre-order."""
+    if spec.is_leaf():
+        return []
+    own = [] if _plain(spec.type) else [spec]
+    return own + [s for child in spec_children(spec) for s in _objects(child)]
+
+
+def _describe(spec: pytree.TreeSpec, leaves: Iterator[Any], keys: Iterator[tuple]) -> Any:
+    """``tree_unflatten`` that runs no code of the model's classes."""
+    if spec.is_leaf():
+        return next(leaves)
+    own = None if _plain(spec.type) else next(keys, None)
+    children = [_describe(child, leaves, keys) for child in spec_children(spec)]
+    if spec.type is namedtuple:
+        return tuple.__new__(spec.context, children)
+    if _plain(spec.type):
+        return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
+    own = own or tuple(map(pytree.SequenceKey, range(len(children))))
+    return ObjectOf(spec.type, own, tuple(children))
+
+
+def _key_json(key: Any, position: int) -> list[Any]:
+    kind = _key_kind(key)
+    try:
+        return [kind, to_json(_key_value(key))]
+    except TypeError:  # a key a file cannot hold: read back by position
+        return ["index", position]
+
+
+def _key_from_json(data: Any) -> Any:
+    kind, value = data
+    cls, _ = _KEYS[kind]
+    value = from_json(value)
+    if {"attr": str, "index": int}.get(kind, type(value)) is not type(value):
+        raise ValueError(f"output key {data!r}")
+    return cls(value)
 
 
 def describe_output(val: Any, names: Mapping[str, str | None],

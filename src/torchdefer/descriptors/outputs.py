@@ -60,7 +60,8 @@ class ObjectOf:
         ... class Out:
         ...     logits: torch.Tensor
         >>> torch.utils._pytree.register_dataclass(Out, serialized_type_name="doc.Out")
-        >>> p = torchdefer.script(lambda x: Out(x * 2), {"x": MetaTensorType(["b", 4], torch.float32)})
+        >>> x = MetaTensorType(["b", 4], torch.float32)
+        >>> p = torchdefer.script(lambda x: Out(x * 2), {"x": x})
         >>> p.output_descriptors.logits.shape
         ('b', 4)
         >>> type(p(torch.ones(3, 4))).__name__

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.errors import DescriptorMismatch
 from torchdefer.descriptors.meta_tensor_type import (
     SCALARS,
@@ -54,8 +55,9 @@ class Checker:
     """
 
     def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
-                 specialize: bool) -> None:
+                 specialize: bool, method: bool = False) -> None:
         self.qualname, self.params, self.specialize = qualname, params, specialize
+        self.method = method  # a bound method: Python's messages count its self
         self.ranges = dict(ranges)
         self.signature = inspect.Signature([
             inspect.Parameter(p.name, getattr(inspect.Parameter, p.kind),
@@ -81,7 +83,8 @@ class Checker:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.qualname}(): {e}") from None
+            message = call_error(self.qualname, self.signature, args, kwargs, self.method)
+            raise TypeError(message or f"{self.qualname}(): {e}") from None
         passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
                   and self.signature.parameters[n].default is NOT_ACCEPTED]
         if passed:

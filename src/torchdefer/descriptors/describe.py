@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.meta_tensor_type import examples_descriptor
 
 __all__ = ["describe"]
@@ -46,10 +47,14 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
     sig = inspect.signature(target)
     bound = []
     for i, call in enumerate(example_calls):
+        args, kwargs = ((), dict(call)) if isinstance(call, Mapping) else (tuple(call), {})
         try:
-            b = sig.bind(**call) if isinstance(call, Mapping) else sig.bind(*call)
+            b = sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"describe(): example call {i} does not fit {sig}: {e}") from e
+            qualname = getattr(target, "__qualname__", type(target).__name__)
+            why = None if _variadic(sig) else call_error(qualname, sig, args, kwargs,
+                                                         inspect.ismethod(target))
+            raise TypeError(f"describe(): example call {i} does not fit {sig}: {why or e}") from e
         bound.append(dict(b.arguments))
     shared: dict[tuple[int, ...], str] = {}  # lengths across calls -> name, over all tensors
     return {n: _common([b[n] for b in bound], n, shared)
@@ -62,9 +67,20 @@ def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) ->
     if any(spec != flat[0][1] for _, spec in flat):
         raise TypeError(f"describe(): {path} differs in structure across example calls; "
                         "describe it by hand")
-    return pytree.tree_unflatten(
-        [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))],
-        flat[0][1])
+    leaves = [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))]
+    try:  # the containers' own unflatten, given descriptors where they held tensors
+        return pytree.tree_unflatten(leaves, flat[0][1])
+    except Exception as e:
+        raise TypeError(
+            f"describe(): {path} is held in a pytree-registered container whose unflatten refuses "
+            f"descriptor objects ({type(e).__name__}: {e}), so no descriptor can stand for it; "
+            "pass its tensors as arguments of their own, or make its unflatten accept any "
+            "leaves") from e
+
+
+def _variadic(sig: inspect.Signature) -> bool:
+    """Whether ``sig`` takes ``*args`` or ``**kwargs`` (Python's words then differ)."""
+    return any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values())
 
 
 def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:

@@ -193,3 +193,13 @@ def test_llama_with_transformers_cache_export_support_scripts_saves_and_matches_
     run = subprocess.run([sys.executable, "-c", LLAMA], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+def test_describe_of_an_input_whose_container_refuses_descriptors_says_so():
+    def f(p):
+        return p.value + p.total
+
+    with pytest.raises(TypeError, match=r"describe\(\): p is held in a pytree-registered container "
+                                        r"whose unflatten refuses descriptor objects \(TypeError: P "
+                                        r"holds tensors\)"):
+        torchdefer.describe(f, (P(torch.ones(2), torch.ones(2)),))

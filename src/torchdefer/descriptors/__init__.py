@@ -23,10 +23,15 @@ from the project's compat package, ``torchdefer._compat.export``.
 
 from torchdefer.descriptors.archive import load, save
 from torchdefer.descriptors.describe import describe
-from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch, ProgramFileError
+from torchdefer.descriptors.errors import (
+    DescriptorConflict,
+    DescriptorMismatch,
+    MissingGraph,
+    ProgramFileError,
+)
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.outputs import ObjectOf
 from torchdefer.descriptors.program import Program, script
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "ObjectOf", "Program",
-           "ProgramFileError", "describe", "load", "save", "script"]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "MissingGraph",
+           "ObjectOf", "Program", "ProgramFileError", "describe", "load", "save", "script"]

@@ -128,7 +128,7 @@ class JitRunner:
                 value.replaceAllUsesWith(c)
                 graph.eraseInput(first + i)
                 continue
-            elif isinstance(p.node, MetaTensorType):
+            else:
                 value.setType(_refined(value.type(), p.node))
             self.keep.insert(0, i)
         compat.jit_fold(graph)
@@ -274,8 +274,11 @@ def _constant(node: Node) -> tuple[Any] | None:
     return None if isinstance(value, (list, dict)) else (value,)  # no mutable constants
 
 
-def _refined(base: Any, desc: MetaTensorType) -> Any:
-    if not isinstance(base, torch.TensorType):
+def _refined(base: Any, desc: Node) -> Any:
+    """``base`` with the tensor properties ``desc`` knows, also inside tuples."""
+    if type(desc) is tuple and isinstance(base, torch.TupleType):
+        return torch.TupleType([_refined(t, d) for t, d in zip(base.elements(), desc)])
+    if not (isinstance(base, torch.TensorType) and isinstance(desc, MetaTensorType)):
         return base
     if desc.dtype is not None:
         base = base.with_dtype(desc.dtype)

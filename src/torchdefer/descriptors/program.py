@@ -51,9 +51,10 @@ class Program:
         backend: ``"export"`` or ``"jit"``.
         input_descriptors: the descriptors given to :func:`script`, normalized.
         output_descriptors: descriptors of the outputs, nested like them,
-            symbolic lengths named after the inputs' (``["b", 10]``); ``None``
-            while the descriptors leave the dtype or rank open and no call has
-            built a graph yet.
+            symbolic lengths named after the inputs' (``["b", 10]``); objects
+            of classes other than Python's and torch's containers are
+            :class:`~torchdefer.descriptors.ObjectOf` (never built from
+            descriptors); ``None`` while no graph has been built yet.
     """
 
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],

@@ -118,3 +118,9 @@ def test_jit_programs_are_generic_and_save_without_a_call(tmp_path):
     q = torchdefer.load(tmp_path / "p.tdp", allow_torchscript=True)
     x = torch.randn(2, 4, dtype=torch.float16)
     torch.testing.assert_close(q(x), f(x))
+
+
+@pytest.mark.parametrize("dtypes", [torch.float16, [float], ["float16"]])
+def test_dtypes_that_are_not_a_list_of_torch_dtypes_are_refused(dtypes):
+    with pytest.raises(TypeError, match=r"dtypes must be a list of torch dtypes"):
+        torchdefer.script(double, {"x": PARTIAL}, dtypes=dtypes)

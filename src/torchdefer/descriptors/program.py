@@ -249,6 +249,8 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     """
     if backend not in ("export", "jit"):
         raise ValueError(f"backend must be 'export' or 'jit', got {backend!r}")
+    if isinstance(dtypes, torch.dtype) or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):

@@ -263,3 +263,15 @@ def test_none_described_for_an_unannotated_parameter_folds_its_branch():
     torch.testing.assert_close(p(x, None), masked(x, None))
     with pytest.raises(DescriptorMismatch, match=r"mask \(value\): expected None"):
         p(x, x)
+
+
+def to_device(x, device):
+    return x.to(device)
+
+
+def test_a_device_value_types_an_unannotated_parameter_as_device():
+    p = torchdefer.script(to_device, {"x": V, "device": torch.device("cpu")}, backend="jit")
+    x = torch.randn(3)
+    torch.testing.assert_close(p(x, torch.device("cpu")), to_device(x, torch.device("cpu")))
+    with pytest.raises(DescriptorMismatch, match=r"device \(value\): expected device"):
+        p(x, torch.device("meta"))

@@ -197,8 +197,9 @@ def _torchscript_type(node: Node) -> str | None:
         return "Tensor"
     if isinstance(node, (TypeOf, Value)):
         kind = node.type if isinstance(node, TypeOf) else type(node.value)
-        return "Optional[Tensor]" if kind is type(None) else (
-            kind.__name__ if kind in (int, float, bool, str) else None)
+        names = {type(None): "Optional[Tensor]", torch.device: "Device",
+                 **{t: t.__name__ for t in (int, float, bool, str)}}
+        return names.get(kind)  # a dtype has no name TorchScript reads without torch
     if isinstance(node, (ListOf, OptionalOf)):
         inner = _torchscript_type(node.element if isinstance(node, ListOf) else node.inner)
         wrap = "List" if isinstance(node, ListOf) else "Optional"

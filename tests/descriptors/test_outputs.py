@@ -14,7 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import torchdefer
-from torchdefer.descriptors import MetaTensorType, ObjectOf
+from torchdefer.descriptors import DescriptorMismatch, MetaTensorType, ObjectOf
 
 F32 = torch.float32
 ROWS = MetaTensorType(["b", 4], F32)
@@ -90,7 +90,7 @@ def test_output_descriptors_of_registered_classes_are_named_by_their_pytree_keys
     assert d["out"]["logits"] is d["out"].logits
     assert d["out"].extra.type is P and d["out"].extra[1].shape == (4,)
     assert "'out'" in repr(d) and ".logits" in repr(d)
-    with pytest.raises(AttributeError, match=r"Named output has no 'logit'; it has \.logits, \.extra"):
+    with pytest.raises(AttributeError, match=r"Named has no 'logit'; it has \.logits, \.extra"):
         getattr(d["out"], "logit")  # noqa: B009 (the attribute read is the test)
     with pytest.raises(KeyError, match=r"has no 2; it has \[0\], \[1\]"):
         d["out"].extra[2]
@@ -153,7 +153,7 @@ def test_output_keys_survive_save_and_load(tmp_path):
 LLAMA = textwrap.dedent("""
     import os, sys, tempfile, torch, torchdefer, transformers
     from transformers.integrations.executorch import register_dynamic_cache_export_support
-    from torchdefer.descriptors import MetaTensorType, ObjectOf
+    from torchdefer.descriptors import DescriptorMismatch, MetaTensorType, ObjectOf
     register_dynamic_cache_export_support()
     config = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -195,11 +195,44 @@ def test_llama_with_transformers_cache_export_support_scripts_saves_and_matches_
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
-def test_describe_of_an_input_whose_container_refuses_descriptors_says_so():
-    def f(p):
-        return p.value + p.total
+def sum_p(p, scale: float = 1.0):
+    return p.value * scale + p.total
 
-    with pytest.raises(TypeError, match=r"describe\(\): p is held in a pytree-registered container "
-                                        r"whose unflatten refuses descriptor objects \(TypeError: P "
-                                        r"holds tensors\)"):
-        torchdefer.describe(f, (P(torch.ones(2), torch.ones(2)),))
+
+def test_inputs_of_a_class_whose_unflatten_rejects_descriptors_are_described_and_checked():
+    UNFLATTENED.clear()
+    examples = [(P(torch.ones(b, 4), torch.ones(4)),) for b in (2, 3)]
+    d = torchdefer.describe(sum_p, *examples)
+    assert isinstance(d["p"], ObjectOf) and d["p"].type is P
+    assert d["p"][0].shape == ("d0", 4) and d["p"][1].shape == (4,)
+    p = torchdefer.script(sum_p, d)
+    for b in (0, 1, 2, 5):
+        arg = P(torch.randn(b, 4), torch.randn(4))
+        torch.testing.assert_close(p(arg), sum_p(arg))
+    assert all(isinstance(c, torch.Tensor) for call in UNFLATTENED for c in call)
+    with pytest.raises(DescriptorMismatch, match=r"p\[1\].shape\[0\]: expected 4, got 3"):
+        p(P(torch.randn(2, 4), torch.randn(3)))
+    with pytest.raises(DescriptorMismatch, match=r"p \(structure\): expected a P of length 2, "
+                                                 r"got a tuple"):
+        p((torch.randn(2, 4), torch.randn(4)))
+
+
+def test_dataclass_inputs_are_described_by_their_attribute_names():
+    def f(n):
+        return n.logits + n.extra.total
+
+    d = torchdefer.describe(f, (Named(torch.ones(2, 4), P(torch.ones(4), torch.ones(4))),))
+    assert d["n"].type is Named and d["n"].logits.shape == (2, 4)
+    p = torchdefer.script(f, d)
+    arg = Named(torch.randn(2, 4), P(torch.randn(4), torch.randn(4)))
+    torch.testing.assert_close(p(arg), f(arg))
+    with pytest.raises(DescriptorMismatch, match=r"n.logits.shape\[1\]: expected 4, got 5"):
+        p(Named(torch.randn(2, 5), P(torch.randn(4), torch.randn(4))))
+
+
+def test_a_program_with_object_inputs_says_a_file_cannot_hold_them(tmp_path):
+    d = torchdefer.describe(sum_p, (P(torch.ones(2, 4), torch.ones(4)),))
+    p = torchdefer.script(sum_p, d)
+    with pytest.raises(TypeError, match=r"cannot be saved in a program file: it describes a P "
+                                        r"without building one"):
+        torchdefer.save(p, tmp_path / "p.tdp")

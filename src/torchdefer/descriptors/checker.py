@@ -30,6 +30,7 @@ from torchdefer.descriptors.meta_tensor_type import (
     TensorCheck,
     describe_value,
 )
+from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
 
 __all__ = ["NOT_ACCEPTED", "Checker", "Key", "concrete_trees", "concretize", "merge_ranges",
@@ -113,11 +114,13 @@ class Checker:
     def _check_container(self, node: Node) -> Check:
         """One level of a tuple / list / dict / pytree-registered container."""
         level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
-        kind, n = type(node), len(level)
+        # An ObjectOf stands for an argument of its class, flattened by its class.
+        kind = node.type if isinstance(node, ObjectOf) else type(node)
+        n = len(level)
         keys = [kp[0].key for kp, _ in level] if kind is dict else None
         checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
         flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
-        context = flatten(node)[1]
+        context = node.context if isinstance(node, ObjectOf) else flatten(node)[1]
         want = (f"a dict with keys {keys}" if keys is not None
                 else f"a {kind.__name__} of length {n}")
 

@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 
 from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.meta_tensor_type import examples_descriptor
+from torchdefer.descriptors.object_of import node_keys, unflatten
 
 __all__ = ["describe"]
 
@@ -22,7 +23,9 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
     :meth:`MetaTensorType.from_examples`); lengths that vary but are equal to
     each other in every call share one name across tensors (the example's
     ``x`` and ``mask``). Other arguments equal in every call become values,
-    else types.
+    else types. Containers of classes other than Python's and torch's
+    (a dataclass, a pytree-registered class) are
+    :class:`~torchdefer.descriptors.ObjectOf`, never built around descriptors.
 
     Args:
         fn: a module (its ``forward``) or a function.
@@ -68,14 +71,8 @@ def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) ->
         raise TypeError(f"describe(): {path} differs in structure across example calls; "
                         "describe it by hand")
     leaves = [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))]
-    try:  # the containers' own unflatten, given descriptors where they held tensors
-        return pytree.tree_unflatten(leaves, flat[0][1])
-    except Exception as e:
-        raise TypeError(
-            f"describe(): {path} is held in a pytree-registered container whose unflatten refuses "
-            f"descriptor objects ({type(e).__name__}: {e}), so no descriptor can stand for it; "
-            "pass its tensors as arguments of their own, or make its unflatten accept any "
-            "leaves") from e
+    # Containers of the model's own classes are ObjectOf: never built around descriptors.
+    return unflatten(flat[0][1], iter(leaves), iter(node_keys(values[0], flat[0][1])))
 
 
 def _variadic(sig: inspect.Signature) -> bool:

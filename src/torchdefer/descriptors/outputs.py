@@ -22,8 +22,6 @@ recipe records at trace time from the real object.
 
 from __future__ import annotations
 
-import contextlib
-from collections import namedtuple
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,81 +33,21 @@ import torch.utils._pytree as pytree
 from torchdefer._compat.export import spec_children
 from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
+from torchdefer.descriptors.object_of import (
+    KEYS,
+    ObjectOf,
+    key_kind,
+    key_value,
+    node_keys,
+    plain,
+    unflatten,
+)
 from torchdefer.descriptors.tree import TypeOf, from_json, to_json
 
-__all__ = ["ObjectOf", "OutputRecipe", "describe_output"]
+__all__ = ["OutputRecipe", "describe_output"]
 
 _GRAPH = "graph"  # a leaf the graph computes
 _SYMBOLIC = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
-_KEYS = {"attr": (pytree.GetAttrKey, "name"), "item": (pytree.MappingKey, "key"),
-         "index": (pytree.SequenceKey, "idx")}
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectOf:
-    """The descriptor of an output object of a class other than Python's and
-    torch's containers: its class and its children's descriptors, each under
-    its pytree key (``GetAttrKey``, ``MappingKey`` or ``SequenceKey``).
-
-    Read a child as the object's attribute or item: ``.logits``, ``["out"]``.
-
-    Example:
-        >>> import dataclasses, torch, torchdefer
-        >>> from torchdefer.descriptors import MetaTensorType
-        >>> @dataclasses.dataclass
-        ... class Out:
-        ...     logits: torch.Tensor
-        >>> torch.utils._pytree.register_dataclass(Out, serialized_type_name="doc.Out")
-        >>> x = MetaTensorType(["b", 4], torch.float32)
-        >>> p = torchdefer.script(lambda x: Out(x * 2), {"x": x})
-        >>> p.output_descriptors.logits.shape
-        ('b', 4)
-        >>> type(p(torch.ones(3, 4))).__name__
-        'Out'
-    """
-
-    type: type
-    keys: tuple[Any, ...]
-    children: tuple[Any, ...]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("type", "keys", "children"):
-            raise AttributeError(name)  # also while copy/pickle build the object
-        for key, child in zip(self.keys, self.children):
-            if _key_value(key) == name and not isinstance(key, pytree.SequenceKey):
-                return child
-        raise AttributeError(f"the descriptor of a {self.type.__qualname__} output has no "
-                             f"{name!r}; it has {self._names()}")
-
-    def __getitem__(self, name: Any) -> Any:
-        for key, child in zip(self.keys, self.children):
-            if _key_value(key) == name and type(_key_value(key)) is type(name):
-                return child
-        raise KeyError(f"the descriptor of a {self.type.__qualname__} output has no {name!r}; "
-                       f"it has {self._names()}")
-
-    def _names(self) -> str:
-        return ", ".join(pytree.keystr((k,)) for k in self.keys) or "no children"
-
-    def __repr__(self) -> str:
-        items = ", ".join(f"{pytree.keystr((k,))}: {c!r}" for k, c in zip(self.keys, self.children))
-        return f"ObjectOf({self.type.__module__}.{self.type.__qualname__}, {{{items}}})"
-
-
-def _key_value(key: Any) -> Any:
-    return getattr(key, _KEYS[_key_kind(key)][1])
-
-
-def _key_kind(key: Any) -> str:
-    return next(kind for kind, (cls, _) in _KEYS.items() if isinstance(key, cls))
-
-
-def _plain(kind: Any) -> bool:
-    """Containers whose rebuilding runs no code of the model's (namedtuples
-    are built with ``tuple.__new__``, past a class's own ``__new__``)."""
-    return kind in pytree.BUILTIN_TYPES or getattr(kind, "__module__", None) == "torch.return_types"
-
-
 @dataclass(frozen=True, slots=True)
 class _Const:
     value: Any
@@ -126,7 +64,7 @@ class OutputRecipe:
     """How to rebuild a model's output from a graph's flat outputs: its pytree
     structure (unregistered objects are leaves) and, per leaf, ``"graph"`` (the
     next graph output), a constant, or an unregistered object to rebuild;
-    ``keys``: per container of a class not :func:`_plain`, in pre-order, its
+    ``keys``: per container of a class not ``plain``, in pre-order, its
     children's pytree keys (names for :class:`ObjectOf`; empty: by position)."""
 
     spec: pytree.TreeSpec
@@ -151,7 +89,7 @@ class OutputRecipe:
                 slots.append(_Object(type(leaf), recipe))
             else:
                 slots.append(_Const(leaf))  # functions, classes: kept by reference
-        return flat, cls(spec, tuple(slots), tuple(_node_keys(out, spec)))
+        return flat, cls(spec, tuple(slots), tuple(node_keys(out, spec)))
 
     def rebuild(self, flat: Iterator[Any]) -> Any:
         """The output with graph leaves taken in order from ``flat``."""
@@ -183,7 +121,7 @@ class OutputRecipe:
                 attrs = slot.attrs.describe(flat)  # a dict
                 keys = tuple(map(pytree.GetAttrKey, attrs))
                 leaves.append(ObjectOf(slot.cls, keys, tuple(attrs.values())))
-        return _describe(self.spec, iter(leaves), iter(self.keys))
+        return unflatten(self.spec, iter(leaves), iter(self.keys))
 
     def to_json(self) -> dict[str, Any]:
         """JSON form; raises ``TypeError`` for what a file cannot name safely
@@ -217,61 +155,25 @@ class OutputRecipe:
         return cls(spec, tuple(slots), keys)
 
 
-def _node_keys(obj: Any, spec: pytree.TreeSpec) -> list[tuple[Any, ...]]:
-    """Per container in ``spec`` (the structure of ``obj``) of a class not
-    :func:`_plain`, in pre-order, its children's keys from its pytree
-    registration; positions where it gives none."""
-    if spec.is_leaf():
-        return []
-    node = pytree.SUPPORTED_NODES[spec.type]
-    children = node.flatten_fn(obj)[0]
-    out = []
-    if not _plain(spec.type):
-        keys = tuple(map(pytree.SequenceKey, range(len(children))))
-        with_keys = getattr(node, "flatten_with_keys_fn", None)
-        with contextlib.suppress(Exception):  # names only: positions serve as well
-            named = tuple(k for k, _ in with_keys(obj)[0]) if with_keys else ()
-            if len(named) == len(children):
-                keys = named
-        out.append(keys)
-    for child, sub in zip(children, spec_children(spec)):
-        out += _node_keys(child, sub)
-    return out
-
-
 def _objects(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
-    """The container specs of classes not :func:`_plain`, in pre-order."""
+    """The container specs of classes not ``plain``, in pre-order."""
     if spec.is_leaf():
         return []
-    own = [] if _plain(spec.type) else [spec]
+    own = [] if plain(spec.type) else [spec]
     return own + [s for child in spec_children(spec) for s in _objects(child)]
 
 
-def _describe(spec: pytree.TreeSpec, leaves: Iterator[Any], keys: Iterator[tuple]) -> Any:
-    """``tree_unflatten`` that runs no code of the model's classes."""
-    if spec.is_leaf():
-        return next(leaves)
-    own = None if _plain(spec.type) else next(keys, None)
-    children = [_describe(child, leaves, keys) for child in spec_children(spec)]
-    if spec.type is namedtuple:
-        return tuple.__new__(spec.context, children)
-    if _plain(spec.type):
-        return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
-    own = own or tuple(map(pytree.SequenceKey, range(len(children))))
-    return ObjectOf(spec.type, own, tuple(children))
-
-
 def _key_json(key: Any, position: int) -> list[Any]:
-    kind = _key_kind(key)
+    kind = key_kind(key)
     try:
-        return [kind, to_json(_key_value(key))]
+        return [kind, to_json(key_value(key))]
     except TypeError:  # a key a file cannot hold: read back by position
         return ["index", position]
 
 
 def _key_from_json(data: Any) -> Any:
     kind, value = data
-    cls, _ = _KEYS[kind]
+    cls, _ = KEYS[kind]
     value = from_json(value)
     if {"attr": str, "index": int}.get(kind, type(value)) is not type(value):
         raise ValueError(f"output key {data!r}")

@@ -114,3 +114,25 @@ def test_describe_words_an_example_call_that_does_not_fit_as_python_does():
     with pytest.raises(TypeError, match=r"Forward.forward\(\) takes from 2 to 3 positional "
                                         r"arguments but 4 were given$"):
         torchdefer.describe(Forward(), (T, True, 1))
+
+
+def with_rest(x, *rest, **options):
+    return x
+
+
+@pytest.mark.parametrize("backend", ["export", "jit"])
+def test_extra_arguments_for_a_variadic_callable_say_the_program_takes_none(backend, tmp_path):
+    if backend == "jit":
+        with pytest.raises(TypeError, match=r"torch.jit.script cannot compile"):
+            torchdefer.script(with_rest, {"x": X}, backend=backend)
+        return
+    p = torchdefer.script(with_rest, {"x": X})
+    torchdefer.save(p, tmp_path / "p.tdp")
+    for program in (p, torchdefer.load(tmp_path / "p.tdp")):
+        with pytest.raises(TypeError, match=r"with_rest\(\) takes 1 positional argument but 2 were "
+                                            r"given \(the program takes no \*args or \*\*kwargs"):
+            program(T, T)
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'k' \(the program"):
+            program(T, k=1)
+        with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'x'$"):
+            program()

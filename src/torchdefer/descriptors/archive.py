@@ -89,6 +89,7 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
         "qualname": program.qualname, "params": to_json(program._params),
         "method": program._check.method,  # a module's forward: messages count its self
+        "variadic": program._check.variadic,
         "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
@@ -178,7 +179,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             outputs = None if first is None else first.output_descriptors(ranges)
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                        runners=runners, weights=weights, output_descriptors=outputs,
-                       method=header.get("method") is True)
+                       method=header.get("method") is True,
+                       variadic=header.get("variadic") is True)
 
 
 def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[str, bytes],

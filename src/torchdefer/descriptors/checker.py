@@ -56,9 +56,10 @@ class Checker:
     """
 
     def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
-                 specialize: bool, method: bool = False) -> None:
+                 specialize: bool, method: bool = False, variadic: bool = False) -> None:
         self.qualname, self.params, self.specialize = qualname, params, specialize
         self.method = method  # a bound method: Python's messages count its self
+        self.variadic = variadic  # the callable takes *args/**kwargs, which the program does not
         self.ranges = dict(ranges)
         self.signature = inspect.Signature([
             inspect.Parameter(p.name, getattr(inspect.Parameter, p.kind),
@@ -85,6 +86,10 @@ class Checker:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             message = call_error(self.qualname, self.signature, args, kwargs, self.method)
+            if message and self.variadic and ("were given" in message or "was given" in message
+                                              or "unexpected keyword" in message):
+                message += (" (the program takes no *args or **kwargs, which descriptors cannot "
+                            "describe; its parameters are the named ones)")
             raise TypeError(message or f"{self.qualname}(): {e}") from None
         passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
                   and self.signature.parameters[n].default is NOT_ACCEPTED]

@@ -60,11 +60,11 @@ class Program:
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
                  target: Callable[..., Any] | None = None, output_descriptors: Any = None,
-                 method: bool = False) -> None:
+                 method: bool = False, variadic: bool = False) -> None:
         self.backend, self.qualname, self.output_descriptors = backend, qualname, output_descriptors
         self._params, self._ranges, self._weights = params, dict(ranges), weights
         self._check = Checker(qualname, params, ranges, specialize=backend == "export",
-                              method=method)
+                              method=method, variadic=variadic)
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
         self._target = target  # what export traces for a new case (None: loaded, or jit)
         self._unbuilt: str | None = None  # why script() built no graph, for save()
@@ -271,7 +271,9 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                       runners=runners, weights=weights, output_descriptors=outputs,
                       target=model_or_fn if backend == "export" else None,
-                      method=inspect.ismethod(fn))
+                      method=inspect.ismethod(fn), variadic=any(
+                          p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                          for p in inspect.signature(fn).parameters.values()))
     if backend == "export":
         program._build_at_script(module, dtypes)
     return program

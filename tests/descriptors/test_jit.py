@@ -275,3 +275,30 @@ def test_a_device_value_types_an_unannotated_parameter_as_device():
     torch.testing.assert_close(p(x, torch.device("cpu")), to_device(x, torch.device("cpu")))
     with pytest.raises(DescriptorMismatch, match=r"device \(value\): expected device"):
         p(x, torch.device("meta"))
+
+
+class Stacked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x, n, flag=True):
+        for _ in range(n):
+            x = self.drop(self.lin(x))
+        return x if flag else -x
+
+
+def test_a_module_typed_from_descriptors_keeps_its_submodules_weights_and_mode():
+    model = Stacked().eval()
+    p = torchdefer.script(model, {**X, "n": int}, backend="jit")
+    x = torch.randn(2, 3)
+    for n, flag in [(0, True), (2, False), (3, True)]:
+        torch.testing.assert_close(p(x, n, flag), model(x, n, flag))
+    model.lin.weight = torch.nn.Parameter(torch.randn(3, 3))  # reassigned after script()
+    torch.testing.assert_close(p(x, 2), model(x, 2))
+    model.train()
+    torch.manual_seed(0)
+    got = p(x, 1)
+    torch.manual_seed(0)
+    torch.testing.assert_close(got, model(x, 1))

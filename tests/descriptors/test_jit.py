@@ -302,3 +302,18 @@ def test_a_module_typed_from_descriptors_keeps_its_submodules_weights_and_mode()
     got = p(x, 1)
     torch.manual_seed(0)
     torch.testing.assert_close(got, model(x, 1))
+
+
+def mask_default(x, mask=None, scale: float = 0.5, weight: torch.Tensor | None = None):
+    x = x if mask is None else x * mask
+    return x * scale if weight is None else x * weight
+
+
+def test_undescribed_none_defaults_stay_generic_as_optional_tensors():
+    p = torchdefer.script(mask_default, {"x": V}, backend="jit")
+    assert "%mask.1 : Tensor?" in p.graph and "%weight.1 : Tensor?" in p.graph
+    x, m, w = torch.randn(3), torch.randn(3), torch.randn(3)
+    for args, kwargs in [((), {}), ((None, 3), {}), ((m,), {}), ((m, 2.0), {"weight": w})]:
+        torch.testing.assert_close(p(x, *args, **kwargs), mask_default(x, *args, **kwargs))
+    with pytest.raises(DescriptorMismatch, match=r"mask \(type\): expected a Tensor, got int 1"):
+        p(x, 1)

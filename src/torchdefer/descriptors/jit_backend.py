@@ -14,9 +14,9 @@ Descriptors take precedence over missing annotations (the RFC): a described
 parameter without an annotation is compiled with the type its descriptor
 gives (``Tuple[Tensor, Tensor]``, ``int``, ``bool`` for ``flag=True``), where
 TorchScript alone would assume ``Tensor``. An undescribed parameter stays
-generic: typed by its annotation, else by its default's type, and checked by
-type on each call, not pinned to its default (unless its type is one no
-descriptor expresses, such as a dict).
+generic: typed by its annotation, else by its default's type (``=None``:
+``Optional[Tensor]``), and checked by type on each call, not pinned to its
+default (unless its type is one no descriptor expresses, such as a dict).
 
 What TorchScript would get wrong is refused at ``script()`` time: a model it
 cannot compile, a decorated or instance-level ``forward`` (it compiles the
@@ -176,15 +176,13 @@ class _Sync:
 
 def _annotations(fn: Any, params: tuple[Param, ...]) -> dict[str, str]:
     """TorchScript types for the unannotated parameters of ``fn`` that a
-    descriptor (or, undescribed, a default other than ``None``) types."""
+    descriptor or, undescribed, its default types (``=None``: ``Optional[Tensor]``)."""
     signature = inspect.signature(fn)
     out = {}
     for p in params:
         declared = signature.parameters[p.name].annotation
         if p.node is None or declared is not inspect.Parameter.empty:
             continue
-        if not p.described and p.node == Value(None):
-            continue  # TorchScript's own reading of a None default stands
         text = _torchscript_type(p.node)
         if text is not None:
             out[p.name] = text

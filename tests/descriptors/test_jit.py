@@ -317,3 +317,12 @@ def test_undescribed_none_defaults_stay_generic_as_optional_tensors():
         torch.testing.assert_close(p(x, *args, **kwargs), mask_default(x, *args, **kwargs))
     with pytest.raises(DescriptorMismatch, match=r"mask \(type\): expected a Tensor, got int 1"):
         p(x, 1)
+
+
+def test_tensor_only_descriptors_script_as_torch_jit_script_does(monkeypatch):
+    calls = []
+    real = torch.jit.script
+    monkeypatch.setattr(torch.jit, "script", lambda obj, *a, **k: calls.append(obj) or real(obj))
+    model = Linear()
+    torchdefer.script(model, X, backend="jit")
+    assert calls == [model]  # no annotation to add: torch.jit.script itself, types shared

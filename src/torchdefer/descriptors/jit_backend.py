@@ -184,7 +184,7 @@ def _annotations(fn: Any, params: tuple[Param, ...]) -> dict[str, str]:
         if p.node is None or declared is not inspect.Parameter.empty:
             continue
         text = _torchscript_type(p.node)
-        if text is not None:
+        if text not in (None, "Tensor"):  # Tensor is TorchScript's own reading
             out[p.name] = text
     return out
 

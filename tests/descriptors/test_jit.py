@@ -313,7 +313,7 @@ def test_undescribed_none_defaults_stay_generic_as_optional_tensors():
     p = torchdefer.script(mask_default, {"x": V}, backend="jit")
     assert "%mask.1 : Tensor?" in p.graph and "%weight.1 : Tensor?" in p.graph
     x, m, w = torch.randn(3), torch.randn(3), torch.randn(3)
-    for args, kwargs in [((), {}), ((None, 3), {}), ((m,), {}), ((m, 2.0), {"weight": w})]:
+    for args, kwargs in [((), {}), ((None, 3.0), {}), ((m,), {}), ((m, 2.0), {"weight": w})]:
         torch.testing.assert_close(p(x, *args, **kwargs), mask_default(x, *args, **kwargs))
     with pytest.raises(DescriptorMismatch, match=r"mask \(type\): expected a Tensor, got int 1"):
         p(x, 1)
@@ -326,3 +326,28 @@ def test_tensor_only_descriptors_script_as_torch_jit_script_does(monkeypatch):
     model = Linear()
     torchdefer.script(model, X, backend="jit")
     assert calls == [model]  # no annotation to add: torch.jit.script itself, types shared
+
+
+def full(x, s: float = 0.5):
+    return x, torch.full((2,), s)
+
+
+@pytest.mark.parametrize("descriptors", [{"x": V, "s": float}, {"x": V}],
+                         ids=["described", "undescribed"])
+def test_an_int_for_a_float_parameter_is_refused_where_torchscript_would_change_its_dtype(
+        descriptors):
+    script = torch.jit.script(full)
+    x = torch.ones(2)
+    assert script(x, 3)[1].dtype != full(x, 3)[1].dtype  # what the refusal prevents
+    p = torchdefer.script(full, descriptors, backend="jit")
+    with pytest.raises(DescriptorMismatch, match=r"s \(type\): expected float, got int 3; "
+                                                 r"TorchScript would run it as a float.*pass 3.0"):
+        p(x, 3)
+    torch.testing.assert_close(p(x, 3.0), full(x, 3.0))
+
+
+def test_export_runs_an_int_for_a_float_parameter_as_eager_does():
+    q = torchdefer.script(full, {"x": V, "s": float})
+    x = torch.ones(2)
+    torch.testing.assert_close(q(x, 3), full(x, 3))
+    assert q(x, 3)[1].dtype == torch.int64

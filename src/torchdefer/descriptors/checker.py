@@ -109,7 +109,7 @@ class Checker:
         if isinstance(node, Value):
             return _check_value(node.value)
         if isinstance(node, TypeOf):
-            return _check_type(node.type)
+            return _check_type(node.type, exact=not self.specialize)
         if isinstance(node, ListOf):
             return _check_list(self.compile(node.element))
         if isinstance(node, OptionalOf):
@@ -186,12 +186,16 @@ def _check_value(want: Any) -> Check:
     return check_value
 
 
-def _check_type(kind: type) -> Check:
-    allowed = (int, float) if kind is float else (kind,)
+def _check_type(kind: type, exact: bool = False) -> Check:
+    """``exact`` (TorchScript): no int for a float, which TorchScript would turn
+    into a float where eager code keeps the int (``torch.full((2,), 3)`` is int64)."""
+    allowed = (int, float) if kind is float and not exact else (kind,)
 
     def check_type(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
         if not isinstance(value, allowed) or (isinstance(value, bool) and kind is not bool):
-            raise DescriptorMismatch(path, "type", kind.__name__, describe_value(value))
+            detail = ("TorchScript would run it as a float, where the eager model keeps an int; "
+                      f"pass {value}.0") if kind is float and type(value) is int else ""
+            raise DescriptorMismatch(path, "type", kind.__name__, describe_value(value), detail)
         if facts is None:
             return
         if kind is int:

@@ -15,6 +15,14 @@ its meta ``empty_like`` ``(1, 1)``. A fake tensor that reported those would
 show user code other strides than eager, and replay would rebuild views of
 the real storage with the wrong ones.
 
+Random ops with tensor parameters (``normal`` with a tensor mean or std,
+``poisson``, ``_standard_gamma``, ``rrelu_with_noise``) allocate their output
+with ``at::empty(size)``, or ``empty_like(..., MemoryFormat::Contiguous)``:
+row-major whatever the inputs' layout, on the CPU and on CUDA. Their meta
+kernels keep a transposed std's strides, so the fake output reported other
+strides than eager's and the draw model, which reads the output's contiguity,
+counted the draws of the wrong code path (``draw model is wrong`` at replay).
+
 LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
 restriding below changes nothing).
@@ -40,6 +48,13 @@ _PRESERVING = frozenset(
 # op -> indices of its outputs that eager writes column-major per matrix
 _COLUMN_MAJOR = {_aten.linalg_eig: (1,)}
 
+# ops whose (first) output eager allocates row-major whatever the inputs' layout
+_ROW_MAJOR = frozenset(
+    {
+        _aten.normal, _aten.poisson, _aten._standard_gamma, _aten.rrelu_with_noise,
+    }
+)  # fmt: skip
+
 _SUGGESTED_FORMAT = frozenset(
     {
         _aten.native_batch_norm, _aten._native_batch_norm_legit,
@@ -53,6 +68,8 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
+    if packet in _ROW_MAJOR:
+        return _row_major(func, out)
     if packet in _COLUMN_MAJOR and isinstance(out, tuple):
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
@@ -72,6 +89,18 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     if not non_overlapping_and_dense(size, stride):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
+
+
+def _row_major(func: Any, out: Any) -> Any:
+    """A fresh output restrided row-major; an ``out=`` or in-place result is the user's own."""
+    if not isinstance(out, torch.Tensor) or _returns_an_argument(func):
+        return out
+    wanted = torch.empty(out.shape, dtype=out.dtype, device="meta")
+    return out if wanted.stride() == out.stride() else wanted
+
+
+def _returns_an_argument(func: Any) -> bool:
+    return any(r.alias_info is not None for r in func._schema.returns)
 
 
 def _column_major(t: Any) -> Any:

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 
 __all__ = ["RngReplay", "call_checking_draws"]
 
+# Random ops whose number of draws depends on the values of a tensor they
+# write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
+# scratch runs need those values, not uninitialized memory (the scratch buffer
+# is shared by every written argument).
+_DRAWS_READ_WRITTEN = frozenset({torch.ops.aten.rrelu_with_noise_})
+
 
 class RngReplay:
     """Runs the random nodes of one replay."""
@@ -79,12 +85,15 @@ class RngReplay:
     def _scratch_args(self, node: Node, device: torch.device) -> tuple[tuple, dict]:
         """Arguments that draw the same numbers as ``node`` did, into scratch memory."""
         written = {id(storage) for storage, _ in node.writes}
+        reads_written = getattr(node.op, "overloadpacket", None) in _DRAWS_READ_WRITTEN
         reads = iter(node.reads)
         leaves = []
         for leaf in node.leaves:
             if isinstance(leaf, Value):
                 version = next(reads)
-                if id(leaf.storage) in written:
+                if reads_written and not leaves:  # ``self``: its values, in memory of its own
+                    leaf = self.replay.nested([(leaf, version)])[0].clone()
+                elif id(leaf.storage) in written:
                     leaf = self._scratch_tensor(leaf.meta, device)
                 else:  # e.g. the probabilities of bernoulli_(p_tensor): needs real values
                     leaf = self.replay.nested([(leaf, version)])[0]

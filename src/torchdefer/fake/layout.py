@@ -23,6 +23,9 @@ kernels keep a transposed std's strides, so the fake output reported other
 strides than eager's and the draw model, which reads the output's contiguity,
 counted the draws of the wrong code path (``draw model is wrong`` at replay).
 
+``native_dropout``'s mask is ``empty_like(input)`` (the input's strides, as
+above), where its meta kernel lays it out like the output.
+
 LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
 restriding below changes nothing).
@@ -73,11 +76,17 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     if packet in _COLUMN_MAJOR and isinstance(out, tuple):
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
+    if packet is _aten.native_dropout and isinstance(out, tuple) and len(out) == 2:
+        return out[0], _preserved(args[0] if args else None, out[1])
     if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
         return out
-    source = args[0] if args else None
+    return _preserved(args[0] if args else None, out)
+
+
+def _preserved(source: Any, out: Any) -> Any:
+    """``out`` with ``source``'s strides where ``empty_like(source)`` keeps them."""
     if not isinstance(out, torch.Tensor) or not isinstance(source, torch.Tensor):
         return out
     try:

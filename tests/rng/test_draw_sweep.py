@@ -142,6 +142,72 @@ OPS = {
             out=_layout(shape, kind, dtype),
         ),
     ),
+    "normal_out_tensor_float": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.normal(
+            _layout(shape, "transposed", dtype), 2.0, generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "normal_out_float_tensor": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.normal(
+            1.0, _layout(shape, "expanded", dtype), generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "normal_out_sized": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.normal(
+            1.0, 2.0, shape, generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "rand_like_contiguous_format": (
+        FLOATS,
+        READABLE,
+        lambda shape, kind, dtype, g: torch.rand_like(
+            _layout(shape, kind, dtype), memory_format=torch.contiguous_format
+        ),
+    ),
+    "randn_like_channels_last": (
+        FLOATS,
+        ("contiguous", "transposed"),
+        lambda shape, kind, dtype, g: torch.randn_like(
+            _layout(shape, kind, dtype), memory_format=torch.channels_last
+        ),
+    ),
+    "randint_like_generator": (
+        FLOATS + INTS,
+        READABLE,
+        lambda shape, kind, dtype, g: torch.randint_like(
+            _layout(shape, kind, dtype), 2, 30, generator=g
+        ),
+    ),
+    "randint_like_tensor_high": (
+        INTS,
+        READABLE,
+        lambda shape, kind, dtype, g: torch.randint_like(
+            _layout(shape, kind, dtype), torch.tensor(7)
+        ),
+    ),
+    "dropout_p0_p1": (
+        FLOATS,
+        READABLE,
+        lambda shape, kind, dtype, g: (
+            F.dropout(_layout(shape, kind, dtype), 0.0, training=True),
+            F.dropout(_layout(shape, kind, dtype), 1.0, training=True),
+            torch.alpha_dropout(_layout(shape, kind, dtype), 1.0, True),
+        ),
+    ),
+    "bernoulli_p0_p1": (
+        (*FLOATS, torch.bool),
+        WRITABLE,
+        lambda shape, kind, dtype, g: (
+            _layout(shape, kind, dtype).bernoulli_(0.0, generator=g),
+            _layout(shape, kind, dtype).bernoulli_(1.0, generator=g),
+        ),
+    ),
     "normal_sized": (
         FLOATS,
         ("contiguous",),
@@ -285,6 +351,7 @@ def _run(name, dtype, kind, shape, order, explicit):
     try:
         ref, ref_g = build()
     except RuntimeError as error:  # eager refuses: deferred must refuse too
+        # (where, when and the generator after: tests/recorder/test_eager_refusals.py)
         torch.manual_seed(11)
         with pytest.raises(RuntimeError):
             torchdefer.deferred_init(build)

@@ -334,13 +334,22 @@ def _cases():
     return random.Random(24).sample(grid, 300)
 
 
+def _flat(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
 def _build(name, dtype, kind, shape, explicit):
     def build():
         g = torch.Generator().manual_seed(7) if explicit else None
         before = torch.randn(3)  # leaves a cached normal sample in the default generator
+        if g is not None:  # and in the explicit one
+            before = (before, torch.randn(3, dtype=torch.float64, generator=g))
         out = OPS[name][2](shape, kind, dtype, g)
         outs = out if isinstance(out, tuple) else (out,)
-        return (before, *outs, torch.rand(5), torch.randn(2)), g
+        after = (torch.rand(5), torch.randn(2))
+        if g is not None:
+            after = (*after, torch.randn(3, generator=g))
+        return (*_flat(before), *outs, *after), g
 
     return build
 
@@ -367,7 +376,8 @@ def _run(name, dtype, kind, shape, order, explicit):
     indices = {
         "full": range(len(ref)),
         "reverse": range(len(ref) - 1, -1, -1),
-        "partial": (len(ref) - 1, 1),
+        # the last draw first, then the op's outputs: the befores never
+        "partial": (len(ref) - 1, *range(2 if explicit else 1, len(ref) - 1)),
     }[order]
     for i in indices:
         assert_same_tensor(torchdefer.materialize_tensor(got[i]), ref[i], f"output {i}")

@@ -418,3 +418,20 @@ def test_in_place_rrelu_draws_as_many_as_eager_when_only_a_later_draw_is_materia
         deferred = torchdefer.deferred_init(build)
         for i in order:
             assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda: torch.binomial(torch.full((4,), 10.0), torch.full((4,), 0.3)),
+        lambda: torch._sample_dirichlet(torch.full((4, 3), 0.7)),
+        lambda: torch.distributions.Beta(torch.full((5,), 2.0), 3.0).sample(),
+    ],
+    ids=["binomial", "sample_dirichlet", "beta"],
+)
+def test_random_ops_without_a_meta_kernel_are_refused_at_the_users_line(op):
+    """No meta kernel means no output to record: a clear error, not a guess."""
+    from torchdefer.recorder.errors import RecordingError
+
+    with pytest.raises(RecordingError, match=r"cannot be recorded.*test_draw_sweep\.py"):
+        torchdefer.deferred_init(op)

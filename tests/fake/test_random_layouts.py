@@ -65,3 +65,27 @@ def test_normal_with_a_transposed_mean_and_std_replays_as_eager():
     deferred = torchdefer.deferred_init(build)
     for d, e in zip(deferred, eager, strict=True):
         assert_same_tensor(torchdefer.materialize_tensor(d), e)
+
+
+@pytest.mark.parametrize(
+    ("train", "p", "shape"),
+    [(False, 0.3, (4, 5)), (True, 0.0, (4, 5)), (None, 0.0, (4, 5)), (True, 1.0, (4, 5)),
+     (True, 0.3, (0, 5)), (False, 0.3, (0, 5))],
+)  # fmt: skip
+def test_native_dropout_output_is_the_input_exactly_when_eagers_is(train, p, shape):
+    """The meta decomposition returned the input itself when not training or at
+    p=0: a write to the output reached the input (a silent wrong value)."""
+
+    def build():
+        x = torch.ones(shape[::-1]).t()
+        y, mask = torch.native_dropout(x, p, train)
+        y.mul_(3)
+        return x, y, mask, torch.rand(2)
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert (deferred[1] is deferred[0]) == (eager[1] is eager[0])
+    for d, e in zip(deferred, eager, strict=True):
+        assert_same_tensor(torchdefer.materialize_tensor(d), e)

@@ -24,7 +24,10 @@ strides than eager's and the draw model, which reads the output's contiguity,
 counted the draws of the wrong code path (``draw model is wrong`` at replay).
 
 ``native_dropout``'s mask is ``empty_like(input)`` (the input's strides, as
-above), where its meta kernel lays it out like the output.
+above), where its meta kernel lays it out like the output. Its output is a new
+tensor unless the input is empty (then the input itself); the meta
+decomposition returned the input itself when not training or at ``p=0``, so a
+write to the output reached the input, unlike eager's.
 
 LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
@@ -77,12 +80,30 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
     if packet is _aten.native_dropout and isinstance(out, tuple) and len(out) == 2:
-        return out[0], _preserved(args[0] if args else None, out[1])
+        return _native_dropout(func, args, kwargs, out)
     if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
         return out
     return _preserved(args[0] if args else None, out)
+
+
+def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple) -> tuple:
+    """``native_dropout_cpu``'s results: the input itself when it is empty, else a new
+    output (``input.mul(mask)`` training, ``input.clone()`` not), never the input."""
+    source = args[0] if args else None
+    if not isinstance(source, torch.Tensor) or func._schema.returns[0].alias_info is not None:
+        return out
+    output, mask = out[0], _preserved(source, out[1])
+    if source.numel() == 0:  # and an empty mask of the input's dtype
+        return source, _preserved(source, torch.empty_like(source))
+    if output is source:  # the meta decomposition's shortcut (train=False or p=0)
+        train = args[2] if len(args) > 2 else kwargs.get("train")
+        if train is None or train:
+            output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
+        else:
+            output = _preserved(source, torch.empty_like(source))
+    return output, mask
 
 
 def _preserved(source: Any, out: Any) -> Any:

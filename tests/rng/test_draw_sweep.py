@@ -13,6 +13,7 @@ The grid is sampled (a fixed seed, a few hundred cases); set
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import zlib
@@ -206,6 +207,52 @@ OPS = {
         lambda shape, kind, dtype, g: (
             _layout(shape, kind, dtype).bernoulli_(0.0, generator=g),
             _layout(shape, kind, dtype).bernoulli_(1.0, generator=g),
+        ),
+    ),
+    "bernoulli_out": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.bernoulli(
+            _layout(shape, "transposed", dtype), generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "rand_out": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.rand(
+            shape, generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "randn_out": (
+        FLOATS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.randn(
+            shape, generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "randint_out": (
+        FLOATS + INTS,
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.randint(
+            3, 17, shape, generator=g, out=_layout(shape, kind, dtype)
+        ),
+    ),
+    "randn_out_resized": (
+        FLOATS,
+        ("contiguous",),
+        lambda shape, kind, dtype, g: torch.randn(
+            shape, generator=g, out=torch.empty(0, dtype=dtype)
+        ),
+    ),
+    "randperm_out": (
+        (torch.int64, torch.float32),
+        WRITABLE,
+        lambda shape, kind, dtype, g: torch.randperm(
+            math.prod(shape),
+            generator=g,
+            out=_layout(shape, kind, dtype).view(-1)
+            if _layout(shape, kind, dtype).is_contiguous()
+            else torch.empty(0, dtype=dtype),
         ),
     ),
     "normal_sized": (

@@ -61,9 +61,7 @@ def _torch_load(path: Path, mmap: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        if "Weights only load failed" in str(e) or "Unsupported" in str(e):
-            raise _unsafe(path, e) from None
-        raise _damaged(path, e) from e
+        raise _unpickling(path, e) from None
     except Exception as e:  # RuntimeError from the zip reader, EOFError, ValueError, ...
         raise _damaged(path, e) from e
 
@@ -121,7 +119,7 @@ def _unpickle_meta(pickled: bytes, path: Path) -> tuple[Any, dict[str, int]]:
     except CheckpointFormatError:
         raise
     except pickle.UnpicklingError as e:
-        raise _unsafe(path, e) from None
+        raise _unpickling(path, e) from None
     except Exception as e:
         raise _damaged(path, e) from e
 
@@ -169,6 +167,14 @@ def _same_as_header(loaded: Mapping, header: Mapping, path: Path) -> None:
                 f"{path}: '{key}' read back differently from its header; the file changed "
                 "while it was being loaded, or is damaged. Load it again."
             )
+
+
+def _unpickling(path: Path, error: pickle.UnpicklingError) -> Exception:
+    """A refused global or class is a file asking to run code; anything else is damage."""
+    text = str(error).lower()
+    if "global" in text or "unsupported class" in text:
+        return _unsafe(path, error)
+    return _damaged(path, error)
 
 
 def _unsafe(path: Path, error: BaseException) -> UnsafeCheckpointError:

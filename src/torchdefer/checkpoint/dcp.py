@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import warnings
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -85,7 +86,10 @@ def load_into(targets: dict[str, torch.Tensor], path: Path, metadata: Metadata,
     """``dcp.load`` into ``targets`` (fresh tensors or DTensors), through the safe reader."""
     reader = _SafeReader(path, metadata)
     try:
-        dcp.load(targets, storage_reader=reader, no_dist=no_dist)
+        with warnings.catch_warnings():
+            # "assuming the intent is to load in a single process": it is.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(targets, storage_reader=reader, no_dist=no_dist)
     except (KeyboardInterrupt, SystemExit):
         raise
     except UnsafeCheckpointError:

@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 from _crafted import RunsCode, dcp_save, deferred, eager, edit_dcp_metadata, trained_state
-from parity import assert_same_module
 
 import torchdefer
+from parity import assert_same_module
 from torchdefer.checkpoint import (
     CheckpointFormatError,
     CheckpointMismatchError,

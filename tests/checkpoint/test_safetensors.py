@@ -13,9 +13,9 @@ import signal
 import pytest
 import torch
 from _crafted import deferred, eager, raw_safetensors, sharded_safetensors, trained_state
-from parity import assert_same_module
 
 import torchdefer
+from parity import assert_same_module
 from torchdefer.checkpoint import (
     CheckpointFormatError,
     CheckpointKeyError,

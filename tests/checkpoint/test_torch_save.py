@@ -12,9 +12,9 @@ import zipfile
 import pytest
 import torch
 from _crafted import RunsCode, deferred, eager, mlp, rezip, trained_state
-from parity import assert_same_module
 
 import torchdefer
+from parity import assert_same_module
 from torchdefer.checkpoint import (
     CheckpointFormatError,
     CheckpointMismatchError,

@@ -23,10 +23,10 @@ from _crafted import (
     snapshot,
     trained_state,
 )
-from parity import assert_same_module
 from torch import nn
 
 import torchdefer
+from parity import assert_same_module
 from torchdefer.checkpoint import CheckpointError
 
 

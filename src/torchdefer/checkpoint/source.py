@@ -22,6 +22,8 @@ from torchdefer.checkpoint.errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
 )
+from torchdefer.fake import is_fake
+from torchdefer.recorder.tensor import holds_deferred
 
 __all__ = ["CheckpointSource", "Entry", "Source", "from_mapping", "open_checkpoint",
            "regular_file"]
@@ -62,18 +64,31 @@ class CheckpointSource:
         return {k: self.read(k) for k in keys}
 
 
-def from_mapping(state: Mapping, where: str) -> CheckpointSource:
-    """A source over an in-memory state dict (also what ``torch.load`` returned)."""
+def from_mapping(state: Mapping, where: str, header: bool = False) -> CheckpointSource:
+    """A source over an in-memory state dict (also what ``torch.load`` returned).
+
+    ``header``: ``state`` holds meta tensors standing for the file's (read later).
+    """
     entries = {}
     for key, value in state.items():
         if not isinstance(key, str):
             continue  # never a module name; reported as nothing at all
         if isinstance(value, torch.Tensor):
-            entries[key] = Entry(tuple(value.shape), value.dtype, where)
+            entries[key] = Entry(tuple(value.shape), value.dtype, where,
+                                 None if header else _no_data(value))
         else:
             entries[key] = Entry((), None, where,
                                  f"holds a {type(value).__name__}, not a tensor")
     return CheckpointSource(where, entries, lambda key: state[key], kind="state dict")
+
+
+def _no_data(value: torch.Tensor) -> str | None:
+    """Why a tensor of a state dict has no values to load, if it has none."""
+    if holds_deferred(value) or is_fake(value):
+        return "is a deferred tensor; materialize that model first"
+    if value.device.type == "meta":
+        return "is a meta tensor (no data)"
+    return None
 
 
 def regular_file(path: Path, what: str = "checkpoint") -> Path:

@@ -41,7 +41,7 @@ def open_file(path: Path) -> CheckpointSource:
     if not is_zip:
         return from_mapping(_state_dict(_torch_load(path, mmap=False), path), str(path))
     header, mmap = _read_header(path)
-    source = from_mapping(_state_dict(header, path), str(path))
+    source = from_mapping(_state_dict(header, path), str(path), header=True)
     loaded: dict[str, Any] = {}
 
     def read(key: str) -> torch.Tensor:

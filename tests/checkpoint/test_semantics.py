@@ -115,3 +115,13 @@ def test_a_deferred_or_meta_tensor_in_a_state_dict_is_refused():
     other = deferred(seed=1)
     with pytest.raises(torchdefer.checkpoint.CheckpointMismatchError, match="deferred"):
         torchdefer.load_state_dict(deferred(), other.state_dict())
+
+
+@pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("final", [torch.bfloat16, torch.float16])
+def test_a_half_checkpoint_with_dtype_matches_loading_then_module_to(stored, final):
+    state = {k: v.to(stored) if v.is_floating_point() else v
+             for k, v in trained_state().items()}
+    model = deferred()
+    torchdefer.load_state_dict(model, state, dtype=final, strict=True)
+    assert_same_module(model, _eager_loaded(mlp, state, strict=True).to(final))

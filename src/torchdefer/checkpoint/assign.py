@@ -72,11 +72,28 @@ def prepare(group: TensorGroup, loaded: torch.Tensor, device: torch.device | Non
         if not isinstance(target, DeferredTensor):
             return loaded.detach().to(device=target.device, dtype=target.dtype)
         place = device or target.fake_device
-        real = cast(loaded.detach().to(device=place, dtype=target.dtype), dtype)
+        real = cast(loaded.detach().to(device=place, dtype=_via(loaded.dtype, target.dtype, dtype)),
+                    dtype)
         if _own_and_exact(real, tuple(target.stride()), taken):
             return real
         out = torch.empty_strided(real.shape, target.stride(), dtype=real.dtype, device=place)
         return out.copy_(real)
+
+
+# Conversions that keep every value: going through them before ``dtype=`` gives
+# the bits of converting straight to ``dtype`` (a bf16 checkpoint loaded into
+# an fp32 module with dtype=bfloat16 is not copied twice).
+_EXACT = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+          (torch.float16, torch.float64), (torch.bfloat16, torch.float64),
+          (torch.float32, torch.float64)}
+
+
+def _via(stored: torch.dtype, module: torch.dtype, final: torch.dtype | None) -> torch.dtype:
+    """The dtype to read into: the module's (as ``copy_`` would), or ``final`` when
+    the stored values pass through the module's dtype unchanged."""
+    if final is not None and (stored, module) in _EXACT:
+        return final
+    return module
 
 
 def _own_and_exact(real: torch.Tensor, stride: tuple[int, ...],

@@ -15,10 +15,10 @@ turns, ``--repeats`` times:
   construction and loading in one call.
 
 Two times per case: ``returned`` (until the call returns) and ``+ read``
-(then every 4 KiB page of every tensor read: the pages a forward pass will
-touch; safetensors and torchdefer both return tensors mapped from the file,
-whose pages are read lazily, so ``returned`` alone flatters them). Throughput = checkpoint bytes / time.
-Medians over the repeats. Every case's tensors are fingerprinted
+(then every 4 KiB page of every tensor read: the pages a forward pass
+will touch; safetensors and torchdefer both return tensors mapped from the
+file, whose pages are read lazily, so ``returned`` alone flatters them).
+Throughput = checkpoint bytes / time. Medians over the repeats. Every case's tensors are fingerprinted
 (``bench.fingerprint``) and must be bitwise equal to ``load_file``'s.
 
 Peak = the RSS high-water mark during the call and the read (``VmHWM``, reset
@@ -194,6 +194,7 @@ def _report(rows: list[dict], args, checkpoint: int) -> str:
                + ("" if args.model == "llama-1b" else f" --model {args.model}")
                + ("" if args.repeats == 3 else f" --repeats {args.repeats}"))
     env = describe([])
+    same = "all cases bitwise equal (one fingerprint)" if len(prints) == 1 else "DIFFERENT"
     lines = [
         "# Load throughput of a 1B safetensors checkpoint",
         "",
@@ -203,8 +204,7 @@ def _report(rows: list[dict], args, checkpoint: int) -> str:
         "",
         f"- Command: `{command}` (from the repository root)",
         f"- {env['Machine']}; {env['Versions']}; {env['Load']}",
-        f"- Values: {'all cases bitwise equal (one fingerprint)' if len(prints) == 1 else
-                     'FINGERPRINTS DIFFER'}",
+        f"- Values: {same}",
         "",
         "| case | construct (s) | returned (s) | + read (s) | GiB/s returned | GiB/s + read "
         "| vs load_file, returned | vs load_file, + read | peak (GiB) | peak / bound |",

@@ -140,3 +140,45 @@ def test_a_dcp_checkpoint_into_a_materialized_model_matches_dcp_load(tmp_path):
     _dcp_load(target, directory)
     reference.load_state_dict(target)
     assert_same_module(model, reference)
+
+
+def test_overlapping_chunks_are_refused(tmp_path):
+    directory = dcp_save(tmp_path / "ckpt", trained_state())
+
+    def overlap(md):
+        md.state_dict_metadata["0.weight"].chunks.append(ChunkStorageMetadata(
+            offsets=torch.Size([4, 0]), sizes=torch.Size([4, 6])))
+
+    edit_dcp_metadata(directory, overlap)
+    with pytest.raises(CheckpointFormatError, match="'0.weight'.*overlapping chunks"):
+        torchdefer.load_state_dict(deferred(), directory)
+
+
+def _chunks(*boxes):
+    return [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in boxes]
+
+
+@pytest.mark.parametrize(("boxes", "problem"), [
+    ((((0, 0), (2, 4)), ((2, 0), (2, 4))), None),  # rows split (FSDP)
+    ((((0, 0), (4, 2)), ((0, 2), (4, 2))), None),  # columns split (tensor parallel)
+    ((((0, 0), (2, 2)), ((0, 2), (2, 2)), ((2, 0), (2, 2)), ((2, 2), (2, 2))), None),  # 2-D
+    ((((0, 0), (2, 2)), ((0, 2), (2, 2)), ((2, 0), (2, 2))), "covering 12 of its 16"),
+    ((((0, 0), (3, 3)), ((2, 2), (2, 2)), ((0, 3), (1, 1))), "overlapping"),
+    ((((0, 0), (4, 5)),), "outside its shape"),
+])
+def test_chunk_coverage_is_exact(boxes, problem):
+    from torchdefer.checkpoint.dcp import _coverage_problem
+
+    found = _coverage_problem((4, 4), _chunks(*boxes))
+    if problem is None:
+        assert found is None
+    else:
+        assert problem in found[0]
+
+
+def test_bad_arguments_are_usage_errors():
+    with pytest.raises(TypeError) as e:
+        torchdefer.load_state_dict(deferred(), trained_state(), dtype=torch.int8)
+    assert isinstance(e.value, torchdefer.checkpoint.CheckpointUsageError)
+    with pytest.raises(torchdefer.checkpoint.CheckpointUsageError):
+        torchdefer.load_state_dict(deferred(), trained_state(), device="gpu")

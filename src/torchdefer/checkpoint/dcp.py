@@ -18,6 +18,7 @@ The data itself is read by ``dcp.load`` (tensors are ``torch.load``-ed with
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pickle
@@ -181,15 +182,33 @@ def _coverage_problem(shape: tuple[int, ...], chunks: Any) -> tuple[str, type] |
             return (f"has a chunk at {offsets} of size {sizes} outside its shape {shape}",
                     CheckpointFormatError)
         boxes.append((offsets, sizes))
-    for i, (a_off, a_size) in enumerate(boxes):
-        for b_off, b_size in boxes[i + 1:]:
-            if all(max(ao, bo) < min(ao + az, bo + bz)
-                   for ao, az, bo, bz in zip(a_off, a_size, b_off, b_size)) and math.prod(a_size):
-                return (f"has overlapping chunks at {a_off} and {b_off}", CheckpointFormatError)
+    overlap = _overlap(boxes, shape)
+    if overlap is not None:
+        return (f"has overlapping chunks at {overlap[0]} and {overlap[1]}", CheckpointFormatError)
     covered = sum(math.prod(s) for _, s in boxes)
     if covered != math.prod(shape):
         return (f"has chunks covering {covered} of its {math.prod(shape)} elements (the rest "
                 "would be uninitialized memory)", CheckpointFormatError)
+    return None
+
+
+def _overlap(boxes: list, shape: tuple[int, ...]) -> tuple | None:
+    """Two chunks sharing an element, if any. Chunks split along one dimension (FSDP,
+    tensor parallel) are checked as sorted intervals; other tilings pairwise."""
+    boxes = [b for b in boxes if math.prod(b[1])]
+    for dim in range(len(shape)):
+        if all(o[d] == 0 and s[d] == shape[d] for o, s in boxes for d in range(len(shape))
+               if d != dim):
+            ordered = sorted(boxes, key=lambda b: b[0][dim])
+            for (a_off, a_size), (b_off, _) in itertools.pairwise(ordered):
+                if b_off[dim] < a_off[dim] + a_size[dim]:
+                    return a_off, b_off
+            return None
+    for i, (a_off, a_size) in enumerate(boxes):
+        for b_off, b_size in boxes[i + 1:]:
+            if all(max(ao, bo) < min(ao + az, bo + bz)
+                   for ao, az, bo, bz in zip(a_off, a_size, b_off, b_size)):
+                return a_off, b_off
     return None
 
 

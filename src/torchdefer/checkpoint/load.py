@@ -128,8 +128,7 @@ def load_state_dict(
     >>> torch.equal(model[1].weight, eager[1].weight)   # the new head, as built eagerly
     True
     """
-    check_dtype(dtype)
-    device = None if device is None else torch.device(device)
+    device = _check_arguments(device, dtype)
     if _is_sharded(module):
         if not _distributed_loader:
             raise CheckpointUsageError(
@@ -152,6 +151,15 @@ def load_state_dict(
     if materialize_missing:
         materialize_module(module, device, dtype=dtype, progress=progress)
     return result
+
+
+def _check_arguments(device: torch.device | str | None,
+                     dtype: torch.dtype | None) -> torch.device | None:
+    try:
+        check_dtype(dtype)
+        return None if device is None else torch.device(device)
+    except (TypeError, RuntimeError) as e:  # a bad dtype; torch.device("gpu")
+        raise CheckpointUsageError(f"load_state_dict: {e}") from None
 
 
 def _prepare_all(work, checkpoint: CheckpointSource, device, dtype, progress):

@@ -33,8 +33,8 @@ from torchdefer.checkpoint import CheckpointError
 class Tied(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.body = nn.Linear(4, 4)  # first: prepared before the tie is found different
         self.embed = nn.Embedding(10, 4)
-        self.body = nn.Linear(4, 4)
         self.head = nn.Linear(4, 10, bias=False)
         self.head.weight = self.embed.weight
 
@@ -129,4 +129,24 @@ def test_a_device_this_process_lacks_for_a_missing_tensor_is_refused_before_load
     before = snapshot(model)
     with pytest.raises(CheckpointError, match="device="):
         torchdefer.load_state_dict(model, {"weight": torch.zeros(2, 2)})  # bias is missing
+    assert_unchanged(model, before)
+
+
+class FailsLate(dict):
+    """A state dict whose last tensor cannot be read (a disk error while preparing)."""
+
+    def __getitem__(self, key):
+        if key == "2.bias":
+            raise OSError("Input/output error")
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("materialized", [False, True], ids=["deferred", "materialized"])
+def test_a_read_failing_after_other_tensors_were_prepared_changes_nothing(materialized):
+    model = deferred()
+    if materialized:
+        torchdefer.materialize_module(model)
+    before = snapshot(model)
+    with pytest.raises(OSError, match="Input/output"):
+        torchdefer.load_state_dict(model, FailsLate(trained_state()))
     assert_unchanged(model, before)

@@ -101,9 +101,9 @@ def _all_deferred(model) -> bool:
 
 
 def a_failed_load_into_fsdp2_model_changes_nothing(rank: int, world: int) -> None:
-    """Tied names with different values (found while preparing, after other shards were
-    prepared) and a DCP tensor its chunks cover only in part: each rank refuses, every
-    shard stays deferred, and a good load afterwards matches eager."""
+    """Tied names with different values, a read failing after other shards were prepared,
+    and a DCP tensor its chunks cover only in part: each rank refuses, every shard stays
+    deferred, and a good load afterwards matches eager."""
     eager, state = _expected(tie=True, drop=None)
     bad = dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"] + 1})
     torch.manual_seed(0)
@@ -116,6 +116,20 @@ def a_failed_load_into_fsdp2_model_changes_nothing(rank: int, world: int) -> Non
     else:
         raise AssertionError("different tied values were loaded")
     assert _all_deferred(model), "a failed load changed shards"
+
+    class FailsLate(dict):  # a disk error on a late tensor, after other shards were prepared
+        def __getitem__(self, key):
+            if key == "model.norm.weight":
+                raise OSError("Input/output error")
+            return super().__getitem__(key)
+
+    try:
+        torchdefer.load_state_dict(model, FailsLate(state))
+    except OSError as e:
+        assert "Input/output" in str(e), e
+    else:
+        raise AssertionError("the failing read was not seen")
+    assert _all_deferred(model), "a load failing partway changed shards"
 
     path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"dcp-partial-{world}")
     if rank == 0:

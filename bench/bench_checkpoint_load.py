@@ -18,8 +18,9 @@ Two times per case: ``returned`` (until the call returns) and ``+ read``
 (then every 4 KiB page of every tensor read: the pages a forward pass
 will touch; safetensors and torchdefer both return tensors mapped from the
 file, whose pages are read lazily, so ``returned`` alone flatters them).
-Throughput = checkpoint bytes / time. Medians over the repeats. Every case's tensors are fingerprinted
-(``bench.fingerprint``) and must be bitwise equal to ``load_file``'s.
+Throughput = checkpoint bytes / time. Medians over the repeats. Every case's
+tensors are fingerprinted (``bench.fingerprint``) and must be bitwise equal to
+``load_file``'s.
 
 Peak = the RSS high-water mark during the call and the read (``VmHWM``, reset
 right before) minus RSS before; mapped file pages count once read. Bound:

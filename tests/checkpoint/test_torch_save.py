@@ -131,3 +131,16 @@ def test_an_uncompressed_exact_archive_is_memory_mapped(tmp_path):
     assert open_file(tmp_path / "model.pt").notes == []
     packed = rezip(tmp_path / "model.pt", tmp_path / "packed.pt", zipfile.ZIP_DEFLATED)
     assert "without mmap" in open_file(packed).notes[0]
+
+
+def test_saving_over_the_loaded_file_does_not_change_the_model(tmp_path):
+    # torch.save truncates and rewrites the file in place: weights still mapped
+    # from it would silently take the new file's bytes.
+    state = trained_state()
+    torch.save(state, tmp_path / "model.pt")
+    mapped = torch.load(tmp_path / "model.pt", mmap=True, weights_only=True)
+    model = deferred()
+    torchdefer.load_state_dict(model, tmp_path / "model.pt", strict=True)
+    torch.save({k: torch.zeros_like(v) for k, v in state.items()}, tmp_path / "model.pt")
+    assert not torch.equal(mapped["0.weight"], state["0.weight"])  # torch.load(mmap=True)
+    assert_same_module(model, _expected(state))

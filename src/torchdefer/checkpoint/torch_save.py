@@ -12,7 +12,9 @@ where the record starts, so a compressed record would come back as
 compressed bytes and a short one would read the next record's bytes. Any
 other archive is read plainly, where torch inflates and length-checks each
 record. Files in the pre-1.6 (non-zip) format are read as ``torch.load``
-reads them (``weights_only``, no ``mmap``).
+reads them (``weights_only``, no ``mmap``). Tensors read through ``mmap`` are
+copied out of the mapping one at a time: a model must not keep a file's pages,
+which ``torch.save`` to the same path rewrites in place.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ def open_file(path: Path) -> CheckpointSource:
         if not loaded:
             loaded.update(_state_dict(_torch_load(path, mmap=mmap), path))
             _same_as_header(loaded, header, path)
-        return loaded[key]
+        value = loaded[key]
+        # Never hand the model the file's pages: torch.save truncates and rewrites
+        # a file in place, so saving the trained model to the path it was loaded
+        # from would change (or SIGBUS) every weight still mapped from it.
+        return value.clone() if mmap and isinstance(value, torch.Tensor) else value
 
     source.read = read
     source.kind = "torch.save"

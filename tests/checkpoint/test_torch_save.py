@@ -144,3 +144,9 @@ def test_saving_over_the_loaded_file_does_not_change_the_model(tmp_path):
     torch.save({k: torch.zeros_like(v) for k, v in state.items()}, tmp_path / "model.pt")
     assert not torch.equal(mapped["0.weight"], state["0.weight"])  # torch.load(mmap=True)
     assert_same_module(model, _expected(state))
+
+
+def test_a_state_dict_one_level_down_is_named_in_the_error(tmp_path):
+    torch.save({"model": trained_state(), "epoch": 3}, tmp_path / "train.pt")
+    with pytest.raises(torchdefer.checkpoint.CheckpointKeyError, match=r"\['model'\]"):
+        torchdefer.load_state_dict(deferred(), tmp_path / "train.pt")

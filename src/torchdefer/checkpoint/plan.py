@@ -58,7 +58,8 @@ def plan_keys(groups: list[TensorGroup], source: CheckpointSource, strict: bool)
         raise CheckpointKeyError(
             f"None of the {len(keys)} keys of {source.where} ({few(tuple(keys))}) is a key of "
             f"the module ({few(tuple(sorted(known)))}); loading it would leave every tensor at "
-            f"its init.{_prefix_hint(keys, known)} Check that this checkpoint belongs to this "
+            f"its init.{_prefix_hint(keys, known)}{_nested_hint(source)} Check that this "
+            "checkpoint belongs to this "
             "model, or rename its keys."
         )
     if unexpected:
@@ -123,6 +124,15 @@ def few(names: tuple[str, ...]) -> str:
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
+
+
+def _nested_hint(source: CheckpointSource) -> str:
+    """Say so when the state dict sits one level down (``{"model": state_dict, ...}``)."""
+    nested = [k for k, e in source.entries.items() if e.problem and "holds a dict" in e.problem]
+    if not nested:
+        return ""
+    return (f" Its key '{nested[0]}' holds a dict: pass that one "
+            f"(torch.load(path, weights_only=True)['{nested[0]}']).")
 
 
 def _prefix_hint(keys: list[str], known: set[str]) -> str:

@@ -77,8 +77,8 @@ def from_mapping(state: Mapping, where: str, header: bool = False) -> Checkpoint
             entries[key] = Entry(tuple(value.shape), value.dtype, where,
                                  None if header else _no_data(value))
         else:
-            entries[key] = Entry((), None, where,
-                                 f"holds a {type(value).__name__}, not a tensor")
+            kind = "dict" if isinstance(value, Mapping) else type(value).__name__
+            entries[key] = Entry((), None, where, f"holds a {kind}, not a tensor")
     return CheckpointSource(where, entries, lambda key: state[key], kind="state dict")
 
 

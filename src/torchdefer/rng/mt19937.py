@@ -38,6 +38,7 @@ __all__ = [
     "cache_valid",
     "layout_known",
     "one_thread",
+    "with_engine",
     "words_left_in_block",
 ]
 
@@ -74,7 +75,8 @@ def words_left_in_block(state: torch.Tensor) -> int:
     return _field(state, _LEFT, torch.int32) - 1
 
 
-def _with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torch.Tensor:
+def with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torch.Tensor:
+    """``state`` with the engine's ``array`` of words, ``consumed`` of them drawn already."""
     out = state.clone()
     out[_ARRAY : _ARRAY + 8 * N].view(torch.int64).copy_(array)
     out[_LEFT : _LEFT + 4].view(torch.int32).fill_(N + 1 - consumed)
@@ -93,7 +95,7 @@ def advance(state: torch.Tensor, words: int) -> torch.Tensor:
     blocks = (target - 1) // N
     with one_thread():
         array = _refills_ahead(array_of(state), blocks)
-    return _with_engine(state, array, target - N * blocks)
+    return with_engine(state, array, target - N * blocks)
 
 
 @contextlib.contextmanager
@@ -212,7 +214,7 @@ def layout_known() -> bool:
         consumed = N - words_left_in_block(state)
         target = consumed + words
         blocks = (target - 1) // N
-        built = _with_engine(state, _sequence(array, blocks)[N * blocks :], target - N * blocks)
+        built = with_engine(state, _sequence(array, blocks)[N * blocks :], target - N * blocks)
         if not torch.equal(built, drawn):
             return False
     return True

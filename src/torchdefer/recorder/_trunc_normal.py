@@ -1,0 +1,101 @@
+"""``nn.init.trunc_normal_`` whose bounds no value can reach: recorded as its one ``normal_``.
+
+torch >= 2.12 draws ``normal_(mean, std)`` and redraws while a value lies
+outside ``[a, b]`` (cast to the tensor's dtype). When ``rng.bounds`` proves
+that no value ``normal_`` can produce leaves ``[a, b]``, the loop draws exactly
+once, and the call *is* that ``normal_``: recorded as it, it is in the draw
+model, reached by jump-ahead, sliced by rows, skipped when overwritten, and
+never run while deferring. Every other call stays a composite (run to learn
+how far it moves the generator).
+
+What this module assumes of torch's function is checked on the installed torch
+once per process (:func:`_draws_one_normal`): with unreachable bounds it gives
+the values and the generator state of one plain ``normal_``. torch 2.8's
+op-by-op ``trunc_normal_`` reads no data and is never wrapped at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchdefer.rng import bounds
+
+__all__ = ["one_normal"]
+
+_NUMBER = (int, float)
+
+
+def one_normal(
+    fn: Callable[..., Any], tensor: Any, mean: Any, std: Any, a: Any, b: Any
+) -> bool:
+    """Whether ``fn(tensor, mean, std, a, b)`` provably draws exactly one ``normal_``.
+
+    ``tensor`` is deferred: only its metadata is read.
+    """
+    if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
+        return False
+    mean, std, a, b = float(mean), float(std), float(a), float(b)
+    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)) or math.isnan(a + b):
+        return False
+    if tensor.device.type not in ("cpu", "cuda") or tensor.is_complex():
+        return False
+    # torch's own choice of branch and its warning, computed as it does.
+    if (mean < a - 2 * std) or (mean > b + 2 * std) or _mass(mean, std, a, b) <= 0.3:
+        return False
+    dtype = tensor.dtype
+    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        return False
+    numel, contiguous = tensor.numel(), tensor.is_contiguous()
+    from torchdefer.recorder.mode import suspended
+
+    with suspended():  # the checks below run real kernels once per process
+        lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)
+        # Whether or not a torch casts the bounds, the tighter of the two holds;
+        # one unit in the last place more, should its rounding differ from ours.
+        ulp = torch.finfo(dtype)
+        lo = max(a, lo) + abs(lo) * ulp.eps + ulp.tiny
+        hi = min(b, hi) - abs(hi) * ulp.eps - ulp.tiny
+        if not bounds.never_leaves(dtype, numel, contiguous, mean, std, lo, hi):
+            return False
+        return _draws_one_normal(fn)
+
+
+def _mass(mean: float, std: float, a: float, b: float) -> float:
+    def norm_cdf(x: float) -> float:
+        return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
+
+    return norm_cdf((b - mean) / std) - norm_cdf((a - mean) / std)
+
+
+def _in_dtype(x: float, dtype: torch.dtype) -> float:
+    """``x`` as the tensor's dtype holds it (``tensor.new_tensor(x).item()``)."""
+    return torch.tensor(x, dtype=torch.float64, device="cpu").to(dtype).item()
+
+
+@functools.cache
+def _draws_one_normal(fn: Callable[..., Any]) -> bool:
+    """Whether this torch's ``fn`` with unreachable bounds is one ``normal_`` (checked once).
+
+    Runs (with the recording suspended) on real CPU tensors and private generators, every tensor with its
+    device and dtype named: the user's device context or default dtype at the
+    first call must not decide the answer for the process.
+    """
+    with torch.no_grad():
+        for dtype, n in ((torch.float32, 64), (torch.bfloat16, 50), (torch.float64, 40)):
+            ran, plain = torch.Generator(device="cpu"), torch.Generator(device="cpu")
+            ran.manual_seed(0x7EC)
+            plain.manual_seed(0x7EC)
+            got = torch.empty(n, dtype=dtype, device="cpu")
+            want = torch.empty(n, dtype=dtype, device="cpu")
+            result = fn(got, 0.25, 0.5, -1e4, 1e4, generator=ran)
+            want.normal_(0.25, 0.5, generator=plain)
+            if result is not got or not torch.equal(got, want):
+                return False
+            if not torch.equal(ran.get_state(), plain.get_state()):
+                return False
+    return True

@@ -40,7 +40,7 @@ def one_normal(
     if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
         return False
     mean, std, a, b = float(mean), float(std), float(a), float(b)
-    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)) or math.isnan(a + b):
+    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)) or math.isnan(a) or math.isnan(b):
         return False
     if tensor.device.type not in ("cpu", "cuda") or tensor.is_complex():
         return False
@@ -57,9 +57,7 @@ def one_normal(
         lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)
         # Whether or not a torch casts the bounds, the tighter of the two holds;
         # one unit in the last place more, should its rounding differ from ours.
-        ulp = torch.finfo(dtype)
-        lo = max(a, lo) + abs(lo) * ulp.eps + ulp.tiny
-        hi = min(b, hi) - abs(hi) * ulp.eps - ulp.tiny
+        lo, hi = _inward(max(a, lo), dtype, 1), _inward(min(b, hi), dtype, -1)
         if not bounds.never_leaves(dtype, numel, contiguous, mean, std, lo, hi):
             return False
         return _draws_one_normal(fn)
@@ -70,6 +68,13 @@ def _mass(mean: float, std: float, a: float, b: float) -> float:
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
     return norm_cdf((b - mean) / std) - norm_cdf((a - mean) / std)
+
+
+def _inward(x: float, dtype: torch.dtype, direction: int) -> float:
+    if not math.isfinite(x):
+        return x
+    finfo = torch.finfo(dtype)
+    return x + direction * (abs(x) * finfo.eps + finfo.tiny)
 
 
 def _in_dtype(x: float, dtype: torch.dtype) -> float:

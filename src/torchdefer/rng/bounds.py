@@ -179,7 +179,8 @@ def _state_with_next_words(words: list[int]) -> torch.Tensor:
     base = torch.Generator(device="cpu").manual_seed(0).get_state()
     array = mt19937.array_of(base).clone()
     # One word counted as drawn (a state must have 1 to 624 left): the next is array[1].
-    array[1 : 1 + len(words)] = torch.tensor([_untemper(w) for w in words], dtype=torch.int64)
+    untempered = [_untemper(w) for w in words]
+    array[1 : 1 + len(words)] = torch.tensor(untempered, dtype=torch.int64, device="cpu")
     return mt19937.with_engine(base, array, 1)
 
 

@@ -179,7 +179,8 @@ def test_explicit_generators_and_large_tensors_slice_from_their_own_stream():
 
 FALLBACKS = {
     "orthogonal": lambda w: nn.init.orthogonal_(w),
-    "trunc_normal": lambda w: nn.init.trunc_normal_(w, std=0.02),
+    # two sigma: values are redrawn, how often depends on the data
+    "trunc_normal": lambda w: nn.init.trunc_normal_(w, std=0.02, a=-0.04, b=0.04),
     "matmul": lambda w: w.copy_(torch.randn(w.shape[0], 3) @ torch.randn(3, w.shape[1])),
     "bernoulli_tensor": lambda w: w.bernoulli_(torch.full(w.shape, 0.3)),
     "strided_normal": lambda w: w.t().normal_(),
@@ -205,6 +206,20 @@ def test_ops_that_mix_elements_fall_back_and_stay_bit_for_bit(name):
         return
     assert not rows.answered(local._value)
     assert rows.why_not(local._value), "a fallback says which op stopped it"
+
+
+def test_trunc_normal_with_unreachable_bounds_comes_from_its_own_rows():
+    def build():
+        w = torch.empty(29, 6)
+        nn.init.trunc_normal_(w, std=0.02)  # torchtitan's default bounds: 100 sigma
+        return w
+
+    eager, full = _build_both(build)
+    local = _slice(full, 10, 20, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[10:20])
+    assert rows.answered(local._value), rows.why_not(local._value)
+    assert rows.drawn <= 10 * 6 + 2 * 16  # its rows and at most two partial blocks
 
 
 def test_column_slices_fall_back_and_stay_bit_for_bit():

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from torchdefer.rng import bounds
+from torchdefer.rng import bounds, draws, rejection
 
-__all__ = ["one_normal"]
+__all__ = ["one_normal", "rejection_end"]
 
 _NUMBER = (int, float)
 
@@ -48,7 +48,7 @@ def one_normal(
     if (mean < a - 2 * std) or (mean > b + 2 * std) or _mass(mean, std, a, b) <= 0.3:
         return False
     dtype = tensor.dtype
-    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+    if dtype not in _DTYPES:
         return False
     numel, contiguous = tensor.numel(), tensor.is_contiguous()
     from torchdefer.recorder.mode import suspended
@@ -61,6 +61,45 @@ def one_normal(
         if not bounds.never_leaves(dtype, numel, contiguous, mean, std, lo, hi):
             return False
         return _draws_one_normal(fn)
+
+
+def rejection_end(
+    state: torch.Tensor, tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any,
+    generator: Any = None,
+) -> torch.Tensor | None:
+    """The CPU generator state after ``trunc_normal_`` from ``state``, learnt in bounded
+    memory (``rng.rejection``); None where that is not known to be exact (run it).
+
+    Covers the ``normal_`` branch (``p > 0.3``) on 16 or more contiguous elements.
+    """
+    if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
+        return None
+    mean, std, a, b = float(mean), float(std), float(a), float(b)
+    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)):
+        return None
+    if math.isnan(a) or math.isnan(b) or _mass(mean, std, a, b) <= 0.3:
+        return None
+    dtype, n = tensor.dtype, tensor.numel()
+    if dtype not in _DTYPES or n < 16 or not tensor.is_contiguous():
+        return None
+    words = _normal_words(dtype)
+    if words(n) is None or not rejection.chunks_match(dtype, words):
+        return None
+    lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)  # as the loop casts them
+    return rejection.normal_rejection_end(state, n, dtype, mean, std, lo, hi, words(n))
+
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _normal_words(dtype: torch.dtype) -> Callable[[int], int | None]:
+    def words(n: int) -> int | None:
+        info = draws.TensorInfo((n,), (1,), dtype)
+        effect = draws.effect(torch.ops.aten.normal_.default, (info, 0.0, 1.0), {}, info)
+        return None if effect is None or effect.normals else effect.words
+
+    return words
 
 
 def _mass(mean: float, std: float, a: float, b: float) -> float:
@@ -79,7 +118,7 @@ def _inward(x: float, dtype: torch.dtype, direction: int) -> float:
 
 def _in_dtype(x: float, dtype: torch.dtype) -> float:
     """``x`` as the tensor's dtype holds it (``tensor.new_tensor(x).item()``)."""
-    return torch.tensor(x, dtype=torch.float64, device="cpu").to(dtype).item()
+    return torch.tensor(x, dtype=dtype, device="cpu").item()
 
 
 @functools.cache

@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer.recorder._args import flatten_call
-from torchdefer.recorder._trunc_normal import one_normal
+from torchdefer.recorder._trunc_normal import one_normal, rejection_end
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
@@ -40,12 +40,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Composite:
     """What replay needs to know about a function recorded as one node."""
 
-    __slots__ = ("fn", "random", "writes")
+    __slots__ = ("fn", "random", "steps", "writes")
 
     def __init__(self, fn: Callable[..., Any], writes: tuple[int, ...], random: bool) -> None:
         self.fn = fn
         self.writes = writes  # positional indices of the tensors it changes in place
         self.random = random
+        # steps(cpu_state, *args, **kwargs) -> the CPU state after the call, learnt
+        # without running it whole (tensors given as rng.draws.TensorInfo), or None.
+        self.steps: Callable[..., torch.Tensor | None] | None = None
 
     @property
     def __name__(self) -> str:  # what graph views print
@@ -154,6 +157,7 @@ def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., A
     marked = composite(original, writes=(0,), random=True)
     if name != "_no_grad_trunc_normal_":
         return marked
+    marked.__torchdefer_composite__.steps = rejection_end
 
     @functools.wraps(original)
     def trunc_normal(tensor, mean, std, a, b, generator=None):

@@ -1,0 +1,141 @@
+"""How far a ``normal_`` rejection loop moves the CPU generator, in bounded scratch memory.
+
+The loop (``nn.init.trunc_normal_`` since torch 2.12, whenever its bounds can
+be reached) draws a whole-tensor ``normal_`` per round and keeps, for each
+element, the first value inside ``[lo, hi]``; it ends after the first round in
+which no element still waiting was rejected. Element ``i``'s value in round
+``k`` depends only on its own words in that round's draw, so the number of
+rounds is learnt by drawing each round chunk by chunk into one small buffer
+and keeping only the indices still rejected: no tensor of the call's size is
+ever held. Later rounds draw only the chunks that hold a waiting index and jump
+over the others, and every round ends by a jump of the draw model's word count,
+so the result is a generator state, exactly where eager's loop leaves it.
+
+This relies on the CPU fill path of ``normal_`` (16 or more contiguous
+elements: Box-Muller blocks of 16 from consecutive uniforms, the last 16
+elements made again from the call's last 16 uniforms when the count is not a
+multiple of 16; see ``rng.ranges``), checked once per dtype on the installed
+torch against a whole ``normal_`` (:func:`chunks_match`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from torchdefer.rng import mt19937
+
+__all__ = ["CHUNK", "chunks_match", "normal_rejection_end"]
+
+CHUNK = 1 << 18  # elements drawn at a time (1 MiB of float32)
+_BLOCK = 16
+
+
+def _per_uniform(dtype: torch.dtype) -> int:
+    return 2 if dtype == torch.float64 else 1
+
+
+def normal_rejection_end(
+    state: torch.Tensor,
+    n: int,
+    dtype: torch.dtype,
+    mean: float,
+    std: float,
+    lo: float,
+    hi: float,
+    round_words: int,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """The CPU generator state after the rejection loop on ``n`` contiguous elements.
+
+    Args:
+        state: the generator's state when the loop starts.
+        n, dtype: the tensor's size (16 or more, contiguous) and dtype.
+        mean, std: the ``normal_`` arguments.
+        lo, hi: the bounds as the loop compares them (already in the dtype).
+        round_words: words one whole-tensor ``normal_`` draws (the draw model's).
+        chunk: elements drawn at a time (a multiple of 16; default :data:`CHUNK`).
+    """
+    chunk = chunk or CHUNK
+    waiting: torch.Tensor | None = None  # sorted indices still rejected; None: all
+    while True:
+        rejected = []
+        for first, values, indices in _round(
+            state, n, dtype, mean, std, round_words, chunk, waiting
+        ):
+            if indices is not None:  # only the waiting elements' values matter
+                values = values[indices - first]
+            bad = ((values < lo) | (values > hi)).nonzero().reshape(-1)
+            rejected.append(bad + first if indices is None else indices[bad])
+        state = mt19937.advance(state, round_words)
+        waiting = torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64)
+        if waiting.numel() == 0:
+            return state
+
+
+def _round(state, n, dtype, mean, std, round_words, chunk, waiting):
+    """(first index, values, waiting indices among them) of one round's draw.
+
+    Only chunks holding a waiting index are drawn (all, in the first round,
+    where the indices are None). With a remainder, elements ``[n - 16, n)``
+    take their final values from the round's last 16 uniforms, not the blocks.
+    """
+    per = _per_uniform(dtype)
+    whole = n - n % _BLOCK  # elements of whole blocks
+    kept = n - _BLOCK if n % _BLOCK else n  # block values that stay final
+    generator = torch.Generator(device="cpu")
+    buffer = torch.empty(min(chunk, whole), dtype=dtype, device="cpu")
+    at = 0  # the word `state` (the generator's position) stands at, from the round's start
+    for first in range(0, kept, chunk):
+        size = min(chunk, whole - first)
+        end = min(first + size, kept)
+        indices = None if waiting is None else _between(waiting, first, end)
+        if indices is not None and indices.numel() == 0:
+            continue
+        state = mt19937.advance(state, first * per - at)
+        generator.set_state(state)
+        values = buffer[:size].normal_(mean, std, generator=generator)
+        state, at = generator.get_state(), (first + size) * per
+        yield first, values[: end - first], indices
+    if n % _BLOCK:
+        indices = None if waiting is None else _between(waiting, n - _BLOCK, n)
+        if indices is not None and indices.numel() == 0:
+            return
+        tail_word = round_words - _BLOCK * per
+        generator.set_state(mt19937.advance(state, tail_word - at))
+        tail = torch.empty(_BLOCK, dtype=dtype, device="cpu")
+        yield n - _BLOCK, tail.normal_(mean, std, generator=generator), indices
+
+
+def _between(indices: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The sorted ``indices`` in ``[lo, hi)``."""
+    bounds = torch.tensor([lo, hi], dtype=torch.int64, device="cpu")
+    a, b = torch.searchsorted(indices, bounds).tolist()
+    return indices[a:b]
+
+
+@functools.cache
+def chunks_match(dtype: torch.dtype, words_of: Callable[[int], int | None]) -> bool:
+    """Whether drawing a round in chunks gives a whole ``normal_``'s values (checked once).
+
+    ``words_of(n)`` is the draw model's word count of ``normal_`` on ``n``
+    contiguous elements of ``dtype``.
+    """
+    start = torch.Generator(device="cpu").manual_seed(0xC4A2).get_state()
+    for n in (16, 50, 64, 83):
+        words = words_of(n)
+        if words is None:
+            return False
+        generator = torch.Generator(device="cpu")
+        generator.set_state(start)
+        whole = torch.empty(n, dtype=dtype, device="cpu").normal_(0.5, 2.0, generator=generator)
+        if not torch.equal(generator.get_state(), mt19937.advance(start, words)):
+            return False
+        pieces = torch.empty(n, dtype=dtype, device="cpu")
+        for first, values, _ in _round(start, n, dtype, 0.5, 2.0, words, 32, None):
+            pieces[first : first + values.numel()] = values
+        if not torch.equal(pieces, whole):
+            return False
+    return True

@@ -187,3 +187,53 @@ def test_meta_tensors_are_left_alone_as_eager_does():
             return nn.init.trunc_normal_(w, std=0.02)
 
     assert torchdefer.deferred_init(build).is_meta
+
+
+def test_data_dependent_calls_are_stepped_in_chunks_not_run_at_deferral(monkeypatch):
+    from torchdefer.recorder.composite import Composite
+
+    def build():
+        w = torch.empty(300, 7)
+        nn.init.trunc_normal_(w, std=0.5, a=-1.5, b=1.5)  # three sigma: rejects
+        return w, torch.randn(4)
+
+    torch.manual_seed(0)
+    eager = build()
+    eager_state = torch.get_rng_state()
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the composite ran whole at deferral")
+
+    with monkeypatch.context() as m:
+        m.setattr(Composite, "__call__", refuse)
+        torch.manual_seed(0)
+        got = torchdefer.deferred_init(build)
+        assert torch.equal(torch.get_rng_state(), eager_state)
+    assert "trunc_normal" in got[0]._value.node.name
+    for g, e in zip(got, eager, strict=True):
+        assert torch.equal(torchdefer.materialize_tensor(g), e)
+
+
+def test_leaving_deferral_after_a_large_three_sigma_call_holds_no_tensor_of_its_size():
+    import psutil
+
+    process = psutil.Process()
+    torch.manual_seed(0)
+    before = process.memory_info().rss
+    with torchdefer.deferred():
+        w = nn.Parameter(torch.empty(4096, 4096))  # 64 MiB if it were real
+        std = 4096**-0.5
+        nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std)
+    assert process.memory_info().rss - before < 32 << 20
+    assert torchdefer.is_deferred(w)
+
+
+def test_the_narrow_uniform_branch_is_still_run_to_learn_its_draws():
+    from torchdefer.recorder._trunc_normal import rejection_end
+    from torchdefer.rng.draws import TensorInfo
+
+    info = TensorInfo((64,), (1,), torch.float32)
+    state = torch.Generator().manual_seed(0).get_state()
+    assert rejection_end(state, info, 0.0, 1.0, -0.2, 0.2) is None  # p <= 0.3: uniform loop
+    assert rejection_end(state, TensorInfo((8, 8), (1, 8), torch.float32), 0.0, 1.0, -1, 1) is None
+    assert rejection_end(state, info, 0.0, 1.0, -1.0, 1.0) is not None

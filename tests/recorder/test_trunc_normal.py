@@ -8,8 +8,7 @@ from torch import nn
 
 import torchdefer
 from parity import check_module_parity, check_program, trunc_normal_reads_data
-from torchdefer.recorder import NodeKind
-from torchdefer.recorder import _trunc_normal
+from torchdefer.recorder import NodeKind, _trunc_normal
 from torchdefer.recorder.composite import _reads_data
 
 pytestmark = pytest.mark.skipif(
@@ -25,10 +24,10 @@ class Titan(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim, dtype=dtype)
         self.layers = nn.ModuleList()
+        shapes = (("wq", dim), ("wo", dim), ("w1", hidden), ("w3", hidden))
         for i in range(layers):
             block = nn.ModuleDict(
-                {n: nn.Linear(dim, d, bias=False, dtype=dtype) for n, d in
-                 (("wq", dim), ("wo", dim), ("w1", hidden), ("w3", hidden))}  # fmt: skip
+                {n: nn.Linear(dim, d, bias=False, dtype=dtype) for n, d in shapes}
             )
             block["w2"] = nn.Linear(hidden, dim, bias=False, dtype=dtype)
             depth_std = 0.02 / (2 * (i + 1)) ** 0.5
@@ -130,6 +129,7 @@ def test_the_bounds_as_the_dtype_holds_them_decide():
 def test_a_torch_whose_loop_is_not_one_normal_keeps_the_composite(monkeypatch):
     # If the installed function did not draw exactly one normal_ the proof is not used.
     monkeypatch.setattr(_trunc_normal, "_draws_one_normal", lambda fn: False)
+    _trunc_normal._proven.cache_clear()
 
     def build():
         w = torch.empty(32, 8)
@@ -137,6 +137,7 @@ def test_a_torch_whose_loop_is_not_one_normal_keeps_the_composite(monkeypatch):
         return w
 
     w = torchdefer.deferred_init(build)
+    _trunc_normal._proven.cache_clear()
     assert "trunc_normal" in w._value.node.name
 
 
@@ -158,6 +159,7 @@ def test_the_one_normal_check_names_device_and_dtype_of_its_tensors():
 @pytest.mark.parametrize("ambient", ["meta", "cuda", "float64"])
 def test_a_first_recording_under_an_ambient_setting_probes_right(ambient):
     _trunc_normal._draws_one_normal.cache_clear()
+    _trunc_normal._proven.cache_clear()
     _reads_data.cache_clear()
 
     def build():

@@ -72,7 +72,7 @@ def _extreme_values(dtype, mean, std):
     """normal_(mean, std) of 16 elements from the crafted extreme states: min and max."""
     lo, hi = math.inf, -math.inf
     per = 2 if dtype == torch.float64 else 1
-    for first, second in bounds._PATTERNS + ((0, 0x80000000), (0xFFFFFFFF, 0x80000000)):
+    for first, second in (*bounds._PATTERNS, (0, 0x80000000), (0xFFFFFFFF, 0x80000000)):
         g = torch.Generator().manual_seed(0)
         g.set_state(bounds._state_with_next_words([first] * 8 * per + [second] * 8 * per))
         out = torch.empty(16, dtype=dtype).normal_(mean, std, generator=g).double()

@@ -40,7 +40,9 @@ def one_normal(
     if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
         return False
     mean, std, a, b = float(mean), float(std), float(a), float(b)
-    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)) or math.isnan(a) or math.isnan(b):
+    if not (std > 0 and math.isfinite(std) and math.isfinite(mean)):
+        return False
+    if math.isnan(a) or math.isnan(b):
         return False
     if tensor.device.type not in ("cpu", "cuda") or tensor.is_complex():
         return False
@@ -50,7 +52,11 @@ def one_normal(
     dtype = tensor.dtype
     if dtype not in _DTYPES:
         return False
-    numel, contiguous = tensor.numel(), tensor.is_contiguous()
+    return _proven(fn, dtype, tensor.numel(), tensor.is_contiguous(), mean, std, a, b)
+
+
+@functools.lru_cache(maxsize=4096)  # a model repeats a few shapes and stds many times
+def _proven(fn, dtype, numel, contiguous, mean, std, a, b) -> bool:
     from torchdefer.recorder.mode import suspended
 
     with suspended():  # the checks below run real kernels once per process
@@ -125,9 +131,10 @@ def _in_dtype(x: float, dtype: torch.dtype) -> float:
 def _draws_one_normal(fn: Callable[..., Any]) -> bool:
     """Whether this torch's ``fn`` with unreachable bounds is one ``normal_`` (checked once).
 
-    Runs (with the recording suspended) on real CPU tensors and private generators, every tensor with its
-    device and dtype named: the user's device context or default dtype at the
-    first call must not decide the answer for the process.
+    Runs (with the recording suspended) on real CPU tensors and private
+    generators, every tensor with its device and dtype named: the user's device
+    context or default dtype at the first call must not decide the answer for
+    the process.
     """
     with torch.no_grad():
         for dtype, n in ((torch.float32, 64), (torch.bfloat16, 50), (torch.float64, 40)):

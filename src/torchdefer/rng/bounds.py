@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
-from fractions import Fraction
+import sys
 
 import torch
 
@@ -106,19 +106,18 @@ def never_leaves(
     pairs = [(mean, _as_float32(mean)), (std, _as_float32(std))]
     if not all(math.isfinite(x) for pair in pairs for x in pair) or std < 0:
         return False
-    means = [Fraction(x) for x in pairs[0]]
-    stds = [Fraction(x) for x in pairs[1]]
-    z = Fraction(limit)
-    top = max(means) + max(stds) * z
-    bottom = min(means) - max(stds) * z
+    reach = max(pairs[1]) * limit
+    top, bottom = max(pairs[0]) + reach, min(pairs[0]) - reach
     finfo = torch.finfo(dtype)
-    slack_top = abs(top) * 2 * Fraction(finfo.eps) + Fraction(finfo.tiny)
-    slack_bottom = abs(bottom) * 2 * Fraction(finfo.eps) + Fraction(finfo.tiny)
-    if top + slack_top > Fraction(finfo.max) or bottom - slack_bottom < -Fraction(finfo.max):
+    # Two units in the dtype's last place for the roundings to opmath and to the
+    # dtype, the smallest normal for those near zero, and a few of float64's
+    # for computing top and bottom here in floats.
+    arithmetic = 8 * sys.float_info.epsilon * (max(map(abs, pairs[0])) + reach + 1.0)
+    top += abs(top) * 2 * finfo.eps + finfo.tiny + arithmetic
+    bottom -= abs(bottom) * 2 * finfo.eps + finfo.tiny + arithmetic
+    if top > finfo.max or bottom < -finfo.max:
         return False  # could round to infinity
-    return (hi == math.inf or top + slack_top <= Fraction(hi)) and (
-        lo == -math.inf or bottom - slack_bottom >= Fraction(lo)
-    )
+    return top <= hi and bottom >= lo
 
 
 def _as_float32(x: float) -> float:

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from torchdefer.rng import bounds, draws, rejection
+from torchdefer.rng import bounds, draws, mt19937, rejection
 
-__all__ = ["one_normal", "rejection_end"]
+__all__ = ["one_normal", "rejection_end", "rejection_loop"]
 
 _NUMBER = (int, float)
 
@@ -69,12 +69,11 @@ def _proven(fn, dtype, numel, contiguous, mean, std, a, b) -> bool:
         return _draws_one_normal(fn)
 
 
-def rejection_end(
-    state: torch.Tensor, tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any,
-    generator: Any = None,
-) -> torch.Tensor | None:
-    """The CPU generator state after ``trunc_normal_`` from ``state``, learnt in bounded
-    memory (``rng.rejection``); None where that is not known to be exact (run it).
+def rejection_loop(
+    tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any, generator: Any = None
+) -> rejection.NormalRejection | None:
+    """The ``normal_`` rejection loop ``trunc_normal_`` runs on ``tensor``, where it is
+    known to be stepped and sliced exactly (``rng.rejection``); None: run it.
 
     Covers the ``normal_`` branch (``p > 0.3``) on 16 or more contiguous elements.
     """
@@ -89,10 +88,37 @@ def rejection_end(
     if dtype not in _DTYPES or n < 16 or not tensor.is_contiguous():
         return None
     words = _normal_words(dtype)
-    if words(n) is None or not rejection.chunks_match(dtype, words):
+    if words(n) is None or not rejection.chunks_match(dtype, words) or not _rows_match(dtype):
         return None
     lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)  # as the loop casts them
-    return rejection.normal_rejection_end(state, n, dtype, mean, std, lo, hi, words(n))
+    return rejection.NormalRejection(n, dtype, mean, std, lo, hi, words(n))
+
+
+def rejection_end(state: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The CPU state after ``trunc_normal_(*args, **kwargs)`` from ``state``, learnt in
+    bounded memory; None where that is not known to be exact."""
+    loop = rejection_loop(*args, **kwargs)
+    return None if loop is None else loop.end(state)
+
+
+@functools.cache
+def _rows_match(dtype: torch.dtype) -> bool:
+    """Whether parts of a loop drawn by ``NormalRejection.rows`` are eager's (checked once)."""
+    for n in (50, 211):
+        generator = torch.Generator(device="cpu").manual_seed(n)
+        start = generator.get_state()
+        whole = torch.empty(n, dtype=dtype, device="cpu")
+        torch.nn.init.trunc_normal_(whole, 0.1, 1.0, -1.0, 1.2, generator=generator)
+        lo, hi = _in_dtype(-1.0, dtype), _in_dtype(1.2, dtype)
+        loop = rejection.NormalRejection(n, dtype, 0.1, 1.0, lo, hi, _normal_words(dtype)(n))
+        if not torch.equal(loop.end(start), generator.get_state()):
+            return False
+        for s, e in ((0, n), (3, 40), (17, n - 5), (n - 16, n)):
+            part = torch.empty(e - s, dtype=dtype, device="cpu")
+            loop.rows(s, e, part, lambda w, start=start: mt19937.advance(start, w))
+            if not torch.equal(part, whole[s:e]):
+                return False
+    return True
 
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer.recorder._args import flatten_call
-from torchdefer.recorder._trunc_normal import one_normal, rejection_end
+from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
@@ -40,7 +40,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Composite:
     """What replay needs to know about a function recorded as one node."""
 
-    __slots__ = ("fn", "random", "steps", "writes")
+    __slots__ = ("fn", "random", "rows", "steps", "writes")
 
     def __init__(self, fn: Callable[..., Any], writes: tuple[int, ...], random: bool) -> None:
         self.fn = fn
@@ -49,6 +49,9 @@ class Composite:
         # steps(cpu_state, *args, **kwargs) -> the CPU state after the call, learnt
         # without running it whole (tensors given as rng.draws.TensorInfo), or None.
         self.steps: Callable[..., torch.Tensor | None] | None = None
+        # rows(*args, **kwargs) -> an object whose .rows(s, e, out, state_at) gives
+        # elements [s, e) of the written tensor from their own draws, or None.
+        self.rows: Callable[..., Any] | None = None
 
     @property
     def __name__(self) -> str:  # what graph views print
@@ -158,6 +161,7 @@ def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., A
     if name != "_no_grad_trunc_normal_":
         return marked
     marked.__torchdefer_composite__.steps = rejection_end
+    marked.__torchdefer_composite__.rows = rejection_loop
 
     @functools.wraps(original)
     def trunc_normal(tensor, mean, std, a, b, generator=None):

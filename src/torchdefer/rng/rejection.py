@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from torchdefer.rng import mt19937
+from torchdefer.rng import mt19937, ranges
 
-__all__ = ["CHUNK", "chunks_match", "normal_rejection_end"]
+__all__ = ["CHUNK", "NormalRejection", "chunks_match", "normal_rejection_end"]
 
 CHUNK = 1 << 18  # elements drawn at a time (1 MiB of float32)
 _BLOCK = 16
@@ -35,6 +36,61 @@ _BLOCK = 16
 
 def _per_uniform(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class NormalRejection:
+    """One rejection loop of whole-tensor ``normal_(mean, std)`` rounds on ``n`` contiguous
+    elements, keeping each element's first value in ``[lo, hi]`` (bounds in the dtype)."""
+
+    n: int
+    dtype: torch.dtype
+    mean: float
+    std: float
+    lo: float
+    hi: float
+    round_words: int  # words one round's normal_ draws (the draw model's)
+
+    def end(self, state: torch.Tensor) -> torch.Tensor:
+        """The generator state after the loop, started from ``state``."""
+        return normal_rejection_end(
+            state, self.n, self.dtype, self.mean, self.std, self.lo, self.hi, self.round_words
+        )
+
+    def rows(self, s: int, e: int, out: torch.Tensor, state_at: Callable[[int], torch.Tensor]):
+        """The final values of elements ``[s, e)`` into ``out``; returns elements drawn.
+
+        ``state_at(words)`` is the generator state ``words`` past the loop's first
+        word. Each round draws only the range still waiting (a jump to it), and
+        the rounds stop when every element of the range is accepted: a row shard
+        pays its own rounds, not the whole tensor's.
+        """
+        model = ranges.ElementModel(True, _per_uniform(self.dtype))
+        waiting = torch.arange(s, e, dtype=torch.int64, device="cpu")
+        drawn, first_word = 0, 0
+        while waiting.numel():
+            a, b = int(waiting[0]), int(waiting[-1]) + 1
+            values = torch.empty(b - a, dtype=self.dtype, device="cpu")
+            words = first_word  # bound now: the lambda runs within this round
+
+            def at(w: int, words: int = words) -> torch.Tensor:
+                return state_at(words + w)
+
+            ranges.draw_range(model, self.n, self.round_words, a, b, values, at, self._run)
+            drawn += b - a
+            mine = values[waiting - a]
+            rejected = (mine < self.lo) | (mine > self.hi)
+            kept = ~rejected
+            out[waiting[kept] - s] = mine[kept]
+            waiting = waiting[rejected]
+            first_word += self.round_words
+        return drawn
+
+    def _run(self, out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator(device="cpu")
+        generator.set_state(state)
+        out.normal_(self.mean, self.std, generator=generator)
+        return generator.get_state()
 
 
 def normal_rejection_end(

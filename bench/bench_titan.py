@@ -141,9 +141,9 @@ def main() -> None:
 
 
 def _report(r: dict, o, sigma_shapes, small) -> None:
-    import torch
+    from importlib.metadata import version
 
-    import torchdefer
+    import torch
 
     extra = r["deferred_3sigma"]["seconds"] - r["deferred_unreached_vocab"]["seconds"]
     whole, last = r["whole"], r["last"]
@@ -163,7 +163,7 @@ def _report(r: dict, o, sigma_shapes, small) -> None:
     lines = [
         "# torchtitan init scheme, deferred (`bench/bench_titan.py`)",
         "",
-        f"torch {torch.__version__}, torchdefer {torchdefer.__version__}, one thread per "
+        f"torch {torch.__version__}, torchdefer {version('torchdefer')}, one thread per "
         f"process, medians of {o.repeat} fresh processes. Command: `{command}`",
         "",
         "| measure | value | target |",

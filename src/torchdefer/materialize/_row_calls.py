@@ -108,7 +108,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     packet = getattr(node.op, "overloadpacket", None)
     if (packet not in _PER_ELEMENT and packet not in _BLOCKS) or node.rng is None:
         raise NotSliceable(node, "a random op whose elements do not take words of their own")
-    stream, e_index, i = node.rng
+    stream = node.rng[0]
     device = rows.replay.map_device(stream.device)
     if device.type != "cpu":
         # Philox streams: per-thread offsets, not per element
@@ -150,7 +150,7 @@ def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int)
     loop = composite_rows(node)
     if loop is None or loop.n != n:
         raise NotSliceable(node, "its elements depend on each other's draws")
-    stream, e_index, i = node.rng  # type: ignore[misc]
+    stream = node.rng[0]  # type: ignore[index]
     if rows.replay.map_device(stream.device).type != "cpu":
         raise NotSliceable(node, "draws from a CUDA generator")
     state_at = _state_at(node)

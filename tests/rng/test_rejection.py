@@ -28,3 +28,26 @@ def test_the_chunked_loop_ends_where_trunc_normal_leaves_the_generator(dtype, n,
         words = _normal_words(dtype)(n)
         end = rejection.normal_rejection_end(start, n, dtype, 0.1, 1.0, lo, hi, words, chunk)
         assert torch.equal(end, g.get_state()), (seed, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_loop_premises_hold_on_this_torch(dtype):
+    from torchdefer.recorder._trunc_normal import _rows_match
+
+    assert _rows_match(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [16, 45, 160, 1001])
+def test_any_range_of_a_loop_drawn_alone_is_eagers(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    start = g.get_state()
+    whole = torch.empty(n, dtype=dtype)
+    nn.init.trunc_normal_(whole, mean=-0.2, std=1.0, a=-1.0, b=1.0, generator=g)
+    lo, hi = whole.new_tensor(-1.0).item(), whole.new_tensor(1.0).item()
+    loop = rejection.NormalRejection(n, dtype, -0.2, 1.0, lo, hi, _normal_words(dtype)(n))
+    for s, e in [(0, n), (1, n // 2), (n // 3, n), (n - 1, n), (5, 6)]:
+        part = torch.empty(e - s, dtype=dtype)
+        drawn = loop.rows(s, e, part, lambda w: rejection.mt19937.advance(start, w))
+        assert torch.equal(part, whole[s:e]), (s, e)
+        assert drawn >= e - s

@@ -239,3 +239,22 @@ def test_the_narrow_uniform_branch_is_still_run_to_learn_its_draws():
     assert rejection_end(state, info, 0.0, 1.0, -0.2, 0.2) is None  # p <= 0.3: uniform loop
     assert rejection_end(state, TensorInfo((8, 8), (1, 8), torch.float32), 0.0, 1.0, -1, 1) is None
     assert rejection_end(state, info, 0.0, 1.0, -1.0, 1.0) is not None
+
+
+def test_a_proven_call_overwritten_whole_is_never_drawn(monkeypatch):
+    import torchdefer.materialize.rng as replay_rng
+
+    def build():
+        w = torch.empty(64, 32)
+        nn.init.trunc_normal_(w, std=0.02)
+        w.copy_(torch.full((64, 32), 0.5))  # as a checkpoint load would
+        return w
+
+    drawn = []
+    original = replay_rng.draw
+    monkeypatch.setattr(
+        replay_rng, "draw", lambda node, *a: drawn.append(node.name) or original(node, *a)
+    )
+    w = torchdefer.deferred_init(build)
+    assert torch.equal(torchdefer.materialize_tensor(w), torch.full((64, 32), 0.5))
+    assert not drawn, drawn

@@ -39,7 +39,8 @@ def test_the_loop_premises_hold_on_this_torch(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [16, 45, 160, 1001])
-def test_any_range_of_a_loop_drawn_alone_is_eagers(dtype, n):
+@pytest.mark.parametrize("chunk", [16, 64, None])
+def test_any_range_of_a_loop_drawn_alone_is_eagers(dtype, n, chunk):
     g = torch.Generator().manual_seed(n)
     start = g.get_state()
     whole = torch.empty(n, dtype=dtype)
@@ -48,6 +49,6 @@ def test_any_range_of_a_loop_drawn_alone_is_eagers(dtype, n):
     loop = rejection.NormalRejection(n, dtype, -0.2, 1.0, lo, hi, _normal_words(dtype)(n))
     for s, e in [(0, n), (1, n // 2), (n // 3, n), (n - 1, n), (5, 6)]:
         part = torch.empty(e - s, dtype=dtype)
-        drawn = loop.rows(s, e, part, lambda w: rejection.mt19937.advance(start, w))
+        drawn = loop.rows(s, e, part, lambda w: rejection.mt19937.advance(start, w), chunk)
         assert torch.equal(part, whole[s:e]), (s, e)
         assert drawn >= e - s

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchdefer.rng import mt19937, ranges
+from torchdefer.rng import mt19937
 
 __all__ = ["CHUNK", "NormalRejection", "chunks_match", "normal_rejection_end"]
 
@@ -57,34 +57,39 @@ class NormalRejection:
             state, self.n, self.dtype, self.mean, self.std, self.lo, self.hi, self.round_words
         )
 
-    def rows(self, s: int, e: int, out: torch.Tensor, state_at: Callable[[int], torch.Tensor]):
+    def rows(
+        self, s: int, e: int, out: torch.Tensor, state_at: Callable[[int], torch.Tensor],
+        chunk: int | None = None,
+    ) -> int:
         """The final values of elements ``[s, e)`` into ``out``; returns elements drawn.
 
         ``state_at(words)`` is the generator state ``words`` past the loop's first
-        word. Each round draws only the range still waiting (a jump to it), and
-        the rounds stop when every element of the range is accepted: a row shard
-        pays its own rounds, not the whole tensor's.
+        word (one jump a round). The first round draws the range straight into
+        ``out``, chunk by chunk; later rounds draw only the chunks holding an
+        element still rejected, and the rounds stop when every element of the
+        range is accepted: a row shard pays its own rounds, not the tensor's.
         """
-        model = ranges.ElementModel(True, _per_uniform(self.dtype))
-        waiting = torch.arange(s, e, dtype=torch.int64, device="cpu")
+        waiting: torch.Tensor | None = None
         drawn, first_word = 0, 0
-        while waiting.numel():
-            a, b = int(waiting[0]), int(waiting[-1]) + 1
-            values = torch.empty(b - a, dtype=self.dtype, device="cpu")
-            words = first_word  # bound now: the lambda runs within this round
-
-            def at(w: int, words: int = words) -> torch.Tensor:
-                return state_at(words + w)
-
-            ranges.draw_range(model, self.n, self.round_words, a, b, values, at, self._run)
-            drawn += b - a
-            mine = values[waiting - a]
-            rejected = (mine < self.lo) | (mine > self.hi)
-            kept = ~rejected
-            out[waiting[kept] - s] = mine[kept]
-            waiting = waiting[rejected]
+        draw = (self.n, self.dtype, self.mean, self.std, self.round_words, chunk or CHUNK)
+        while waiting is None or waiting.numel():
+            rejected = []
+            for a, values, indices in _round(state_at(first_word), *draw, waiting, s, e):
+                drawn += values.numel()
+                if indices is None:  # first round: every value in place, rejected or not
+                    out[a - s : a - s + values.numel()] = values
+                    rejected.append(self._rejected(values).nonzero().reshape(-1) + a)
+                    continue
+                mine = values[indices - a]
+                bad = self._rejected(mine)
+                out[indices[~bad] - s] = mine[~bad]
+                rejected.append(indices[bad])
+            waiting = torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64)
             first_word += self.round_words
         return drawn
+
+    def _rejected(self, values: torch.Tensor) -> torch.Tensor:
+        return (values < self.lo) | (values > self.hi)
 
     def _run(self, out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         generator = torch.Generator(device="cpu")
@@ -131,38 +136,43 @@ def normal_rejection_end(
             return state
 
 
-def _round(state, n, dtype, mean, std, round_words, chunk, waiting):
-    """(first index, values, waiting indices among them) of one round's draw.
+def _round(state, n, dtype, mean, std, round_words, chunk, waiting, lo=0, hi=None):
+    """(first index, values, waiting indices among them) of one round's draw, for the
+    elements ``[lo, hi)`` (default: all) from the round's first state ``state``.
 
     Only chunks holding a waiting index are drawn (all, in the first round,
     where the indices are None). With a remainder, elements ``[n - 16, n)``
     take their final values from the round's last 16 uniforms, not the blocks.
+    The values are a reused buffer's: valid until the next item.
     """
+    hi = n if hi is None else hi
     per = _per_uniform(dtype)
     whole = n - n % _BLOCK  # elements of whole blocks
     kept = n - _BLOCK if n % _BLOCK else n  # block values that stay final
     generator = torch.Generator(device="cpu")
     buffer = torch.empty(min(chunk, whole), dtype=dtype, device="cpu")
     at = 0  # the word `state` (the generator's position) stands at, from the round's start
-    for first in range(0, kept, chunk):
+    for first in range(lo - lo % _BLOCK, min(kept, hi), chunk):
         size = min(chunk, whole - first)
-        end = min(first + size, kept)
-        indices = None if waiting is None else _between(waiting, first, end)
+        a, b = max(first, lo), min(first + size, kept, hi)  # the values wanted
+        indices = None if waiting is None else _between(waiting, a, b)
         if indices is not None and indices.numel() == 0:
             continue
         state = mt19937.advance(state, first * per - at)
         generator.set_state(state)
         values = buffer[:size].normal_(mean, std, generator=generator)
         state, at = generator.get_state(), (first + size) * per
-        yield first, values[: end - first], indices
-    if n % _BLOCK:
-        indices = None if waiting is None else _between(waiting, n - _BLOCK, n)
+        yield a, values[a - first : b - first], indices
+    a = max(n - _BLOCK, lo)
+    if n % _BLOCK and a < hi:
+        indices = None if waiting is None else _between(waiting, a, hi)
         if indices is not None and indices.numel() == 0:
             return
         tail_word = round_words - _BLOCK * per
         generator.set_state(mt19937.advance(state, tail_word - at))
         tail = torch.empty(_BLOCK, dtype=dtype, device="cpu")
-        yield n - _BLOCK, tail.normal_(mean, std, generator=generator), indices
+        tail.normal_(mean, std, generator=generator)
+        yield a, tail[a - (n - _BLOCK) : hi - (n - _BLOCK)], indices
 
 
 def _between(indices: torch.Tensor, lo: int, hi: int) -> torch.Tensor:

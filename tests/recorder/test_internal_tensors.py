@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torchdefer
+from parity import trunc_normal_reads_data
 from torchdefer.recorder import _trunc_normal
 from torchdefer.recorder.composite import _reads_data
 from torchdefer.rng import bounds, draws, mt19937, ranges, rejection
@@ -61,7 +62,8 @@ def test_first_recording_of_a_process_under_a_default_dtype_matches_eager(dtype)
 
 def _check(model, eager, eager_state):
     assert torch.equal(torch.get_rng_state(), eager_state)
-    assert model[0].weight._value.node.op is torch.ops.aten.normal_.default
+    if trunc_normal_reads_data():  # the rejection loop (torch >= 2.12) proven one normal_
+        assert model[0].weight._value.node.op is torch.ops.aten.normal_.default
     torchdefer.materialize_module(model)
     for got, want in zip(model.parameters(), eager.parameters(), strict=True):
         assert torch.equal(got, want)

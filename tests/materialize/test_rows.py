@@ -240,6 +240,22 @@ def test_a_rejection_loop_shard_pays_its_own_rounds_from_its_own_rows(dtype):
     assert rows.drawn < 61 * 6
 
 
+@pytest.mark.parametrize("rows_taken", [(0, 10), (3, 8), (8, 30), (40, 50), (0, 50)])
+def test_a_rejection_loop_on_a_part_of_a_storage_slices_by_rows(rows_taken):
+    def build():
+        w = torch.zeros(50, 6)
+        nn.init.trunc_normal_(w[5:45], std=1.0, a=-1.5, b=1.5)  # elements 30 to 270
+        return w
+
+    eager, full = _build_both(build)
+    a, b = rows_taken
+    local = _slice(full, a, b, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[a:b])
+    if trunc_normal_reads_data():
+        assert rows.answered(local._value), rows.why_not(local._value)
+
+
 def test_column_slices_fall_back_and_stay_bit_for_bit():
     eager, full = _build_both(lambda: torch.randn(12, 10))
     local = full[:, 3:7].clone()

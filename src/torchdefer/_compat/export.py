@@ -25,7 +25,7 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer.fake._source import is_library_code
 
-__all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
+__all__ = ["FakeTensor", "deserialize", "dispatcher_operator_names", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
            "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
            "sympy_functions"]
@@ -154,6 +154,12 @@ def deserialize(graph: bytes, state: dict[str, torch.Tensor],
     from torch._export.serde import serialize as serde
 
     return serde.deserialize(serde.SerializedArtifact(graph, state, constants, b""))
+
+
+def dispatcher_operator_names() -> frozenset[str]:
+    """``aten::add.Tensor``-style names of every operator registered with the
+    dispatcher (TorchScript-only builtins like ``aten::save`` are not)."""
+    return frozenset(torch._C._dispatch_get_all_op_names())
 
 
 def jit_function(graph: torch._C.Graph) -> Callable[..., Any]:

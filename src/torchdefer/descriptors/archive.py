@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,7 +45,9 @@ from typing import Any
 import torch
 
 from torchdefer._compat import export as compat
-from torchdefer.descriptors._expr import UnsafeExpression, parse, treespec
+from torchdefer.descriptors._expr import UnsafeExpression, checked_treespec, parse
+from torchdefer.descriptors._operators import ForbiddenOperator, check_graph_json, check_graph_module
+from torchdefer.descriptors._zip import checked_members, checked_sizes, nested_members
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
 from torchdefer.descriptors.export_backend import Coverage, ExportRunner
@@ -99,6 +102,7 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
             header["outputs"] = None
     else:
         header["variants"], header["weights"] = _export_files(program, files)
+    header["members"] = {n: len(data) for n, data in files.items()}
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         zf.writestr("torchdefer.json", json.dumps(header, indent=1))
         for name, data in files.items():
@@ -122,17 +126,15 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
             program, or holds something loading would have to execute.
     """
     name = os.fspath(path)
-    members: dict[str, bytes] = {}
-    with _reading(name, "the archive"), zipfile.ZipFile(path) as zf:
-        for member in zf.namelist():
-            with _reading(name, member):
-                members[member] = zf.read(member)
+    members = _read(name)
     header = _json(members, "torchdefer.json", name) if "torchdefer.json" in members else None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
         raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header)")
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
+    if "members" in header:  # files written before sizes were declared lack it
+        checked_sizes(members, header["members"], name)
     backend = header.get("backend")
     if backend == "jit" and not allow_torchscript:
         raise ProgramFileError(
@@ -150,7 +152,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         outputs = header.get("outputs") and from_json(header["outputs"])
     if backend == "jit":
         with _reading(name, "program.ts"):
-            data = io.BytesIO(_member(members, "program.ts", name))
+            nested_members(_member(members, "program.ts", name), name, "program.ts")
+            data = io.BytesIO(members["program.ts"])
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
                                            qualname)}
         weights = Weights()
@@ -183,15 +186,17 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
         graph = _json(members, member, name)
         constants = _tensors(members, f"graph{i}.constants.pt", name)
         with _reading(name, member):
+            if not isinstance(graph, dict):
+                raise ValueError("not a JSON object")
             if graph.get("guards_code"):
                 raise UnsafeExpression("it carries guards_code, Python source torch would exec")
-            for key, text in _texts(graph):
-                parse(text) if key == "expr_str" else treespec(text)
+            check_graph_json(graph)  # before torch resolves any name in it
+            _check_texts(graph)
             # Non-persistent buffers are constants to torch; the runner reads them from weights.
             persistent = {n: t for n, t in state.items() if n not in constants}
-            # torch's verifier, run by the deserializer, refuses nodes that call
-            # anything but operators (test_archive checks it still does).
-            ep = compat.deserialize(members[member], persistent, constants)
+            # torch reads the document as checked above, written again: never the file's text.
+            ep = compat.deserialize(json.dumps(graph).encode(), persistent, constants)
+            check_graph_module(ep.graph_module)
         runners[case] = ExportRunner(ep, params, concrete, recipe, coverage, weights, qualname,
                                      v.get("training"))
     return weights, runners
@@ -228,12 +233,20 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     return variants, all(not t.is_meta for t in weights.values())
 
 
-def _texts(data: Any) -> Iterator[tuple[str, str]]:
-    """Every text torch.export's graph JSON has read by ``sympify`` (``expr_str``)
-    or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``), with its key."""
-    if isinstance(data, (dict, list)):
-        for k, v in data.items() if isinstance(data, dict) else enumerate(data):
-            yield from [(k, v)] if k in ("expr_str", "in_spec", "out_spec") else _texts(v)
+def _check_texts(data: Any) -> None:
+    """Check every text torch.export's graph JSON has read by ``sympify``
+    (``expr_str``) or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``);
+    a spec is replaced by the text written back from its checked structure."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        for k, v in item.items() if isinstance(item, dict) else enumerate(item):
+            if k == "expr_str":
+                parse(v)
+            elif k in ("in_spec", "out_spec") and isinstance(item, dict):
+                item[k] = checked_treespec(v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
 
 
 @contextmanager
@@ -246,12 +259,29 @@ def _reading(name: str, part: str) -> Iterator[None]:
     except UnsafeExpression as e:
         raise ProgramFileError(f"{name!r}: {part} holds something loading would execute ({e}); "
                                "refusing to load it") from None
+    except ForbiddenOperator as e:
+        raise ProgramFileError(f"{name!r}: {part}: {e}; refusing to load it (only load program "
+                               "files written by torchdefer.save)") from None
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise ProgramFileError(f"{name!r}: {part} is damaged or truncated ({e}); the file cannot "
                                "be read, save the program again") from None
     except Exception as e:  # whatever torch's deserializer or json raise on bad content
         raise ProgramFileError(f"{name!r}: {part} is not what torchdefer wrote "
                                f"({type(e).__name__}: {e}); save the program again") from None
+
+
+def _read(name: str) -> dict[str, bytes]:
+    """Every member of the archive, each header checked before anything is read (``_zip``)."""
+    members: dict[str, bytes] = {}
+    with _reading(name, "the archive"), open(name, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ProgramFileError(f"{name!r} is not a regular file; a program is read from a "
+                                   "file written by torchdefer.save")
+        with zipfile.ZipFile(f) as zf:
+            for info in checked_members(zf, os.fstat(f.fileno()).st_size, name):
+                with _reading(name, info.filename), zf.open(info) as stream:
+                    members[info.filename] = stream.read()
+    return members
 
 
 def _member(members: dict[str, bytes], member: str, name: str) -> bytes:
@@ -268,6 +298,7 @@ def _json(members: dict[str, bytes], member: str, name: str) -> Any:
 
 def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, torch.Tensor]:
     data = _member(members, member, name)
+    nested_members(data, name, member)
     try:
         out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
     except Exception as e:

@@ -46,7 +46,11 @@ import torch
 
 from torchdefer._compat import export as compat
 from torchdefer.descriptors._expr import UnsafeExpression, checked_treespec, parse
-from torchdefer.descriptors._operators import ForbiddenOperator, check_graph_json, check_graph_module
+from torchdefer.descriptors._operators import (
+    ForbiddenOperator,
+    check_graph_json,
+    check_graph_module,
+)
 from torchdefer.descriptors._zip import checked_members, checked_sizes, nested_members
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
@@ -216,6 +220,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             source = (source if has_data(source) else meta_twin(t)).detach()
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
+        if not ep.graph_signature.output_specs:  # torch's serializer fails on it (unpacking)
+            raise TypeError(f"save(): graph {i} of {program.qualname} returns only constants "
+                            "(no tensor or size computed by the graph), which torch.export's "
+                            "serializer cannot write; return a tensor as well, or save a program "
+                            "whose outputs depend on its inputs")
         graph = json.loads(compat.serialize(ep, meta_twin))
         if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
             graph["guards_code"] = []  # coverage replaces it
@@ -273,14 +282,18 @@ def _reading(name: str, part: str) -> Iterator[None]:
 def _read(name: str) -> dict[str, bytes]:
     """Every member of the archive, each header checked before anything is read (``_zip``)."""
     members: dict[str, bytes] = {}
-    with _reading(name, "the archive"), open(name, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ProgramFileError(f"{name!r} is not a regular file; a program is read from a "
-                                   "file written by torchdefer.save")
-        with zipfile.ZipFile(f) as zf:
-            for info in checked_members(zf, os.fstat(f.fileno()).st_size, name):
-                with _reading(name, info.filename), zf.open(info) as stream:
-                    members[info.filename] = stream.read()
+    with _reading(name, "the archive"):
+        # Non-blocking: opening a FIFO named like a program must not wait for a writer.
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ProgramFileError(f"{name!r} is not a regular file; a program is read "
+                                       "from a file written by torchdefer.save")
+            with zipfile.ZipFile(f) as zf:
+                for member in checked_members(zf, info.st_size, name):
+                    with _reading(name, member.filename), zf.open(member) as stream:
+                        members[member.filename] = stream.read()
     return members
 
 

@@ -22,6 +22,7 @@ import torchdefer
 from torchdefer.descriptors import MetaTensorType, ProgramFileError
 from torchdefer.descriptors._operators import ForbiddenOperator, check_graph_module
 from torchdefer.descriptors._zip import INFLATED_LIMIT
+from torchdefer.descriptors.tree import from_json
 
 U8 = torch.uint8
 
@@ -154,13 +155,23 @@ def test_pin_memory_argument_is_refused(saved):
         torchdefer.load(saved)
 
 
-def test_operator_passed_as_an_argument_and_torchbind_objects_are_refused(saved):
+def test_operator_passed_as_an_argument_is_refused(saved):
     def operator_argument(graph):
         next(n for n in _nodes(graph) if n["name"] == "fill_")["inputs"].append(
             {"name": "op", "arg": {"as_operator": "torch.ops.aten.from_file.default"}, "kind": 2})
 
     _edit_graph(saved, operator_argument)
     with pytest.raises(ProgramFileError, match="an argument names aten.from_file.default, which reads and writes files"):
+        torchdefer.load(saved)
+
+
+def test_torchbind_object_argument_is_refused(saved):
+    def torchbind(graph):
+        next(n for n in _nodes(graph) if n["name"] == "fill_")["inputs"].append(
+            {"name": "obj", "arg": {"as_custom_obj": {"name": "obj0", "class_fqn": "__torch__.torch.classes.x.Y"}}, "kind": 2})
+
+    _edit_graph(saved, torchbind)
+    with pytest.raises(ProgramFileError, match="graph0.json: an argument is a torchbind object, whose methods are code outside the graph"):
         torchdefer.load(saved)
 
 
@@ -364,6 +375,33 @@ def test_fifo_named_like_a_program_is_refused_without_blocking(tmp_path):
 
 
 # ------------------------------------------------------------ not too narrow
+class _Branches(torch.nn.Module):
+    def forward(self, x, n):
+        y = torch.cond(x.sum() > 0, lambda v: v.cos(), lambda v: v.sin(), (x,))
+        with torch.no_grad():
+            z = x * 2
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= 4)
+        return torch.nn.functional.dropout(y + z, 0.5, training=True)[:k]
+
+
+def test_cond_no_grad_item_and_dropout_programs_load_and_match_eager(tmp_path):
+    model = _Branches()
+    descriptors = {"x": MetaTensorType([4], torch.float32, requires_grad=True),
+                   "n": MetaTensorType([], torch.int64)}
+    torchdefer.save(torchdefer.script(model, descriptors), tmp_path / "branches.tdp")
+    q = torchdefer.load(tmp_path / "branches.tdp")
+    graph = q.graph
+    assert "cond" in graph and "wrap_with_set_grad_enabled" in graph and "item" in graph
+    for sign in (1, -1):
+        x, n = sign * torch.rand(4, requires_grad=True) + sign * 0.1, torch.tensor(3)
+        torch.manual_seed(0)
+        expected = model(x, n)
+        torch.manual_seed(0)
+        assert torch.equal(q(x, n), expected)
+
+
 def _static(value):
     return pytree.tree_map(lambda v: MetaTensorType(list(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v, value)
 
@@ -393,3 +431,12 @@ def test_every_export_db_example_that_scripts_saves_loads_and_runs_the_same(tmp_
         loaded.append(name)
     assert len(loaded) >= 30 and {"cond_operands", "constrain_as_size_example", "dynamic_shape_map",
                                   "user_input_mutation"} <= set(loaded), loaded
+
+
+@pytest.mark.parametrize("data", [{"dtype": "onnx"}, {"layout": "_inductor"}, {"dtype": ["float32"]}])
+def test_dtype_or_layout_name_from_the_file_never_reaches_torchs_lazy_imports(data, monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch, "__getattr__", lambda name: asked.append(name), raising=False)
+    with pytest.raises((KeyError, TypeError, ValueError)):
+        from_json(data)
+    assert asked == []

@@ -46,7 +46,7 @@ import torch
 from torchdefer._compat.export import dispatcher_operator_names
 from torchdefer.fake._source import is_library_file
 
-__all__ = ["ForbiddenOperator", "check_graph_json", "check_graph_module"]
+__all__ = ["ForbiddenOperator", "check_graph_json", "check_graph_module", "refusal_for_aten"]
 
 _DENIED: dict[str, str] = {
     "from_file": "reads and writes files (shared=True maps the file into memory)",
@@ -156,11 +156,22 @@ def _refusal(target: Any, known: frozenset[str]) -> str | None:
 _HOP_REASON = "is a higher-order operator that can call code outside the file's subgraphs"
 
 
-def _aten_refusal(name: str, overload: str, known: frozenset[str]) -> str | None:
+def refusal_for_aten(name: str) -> str | None:
+    """Why every overload of ``aten::<name>`` is refused, or ``None``.
+
+    >>> refusal_for_aten("from_file")
+    'reads and writes files (shared=True maps the file into memory)'
+    """
     if name in _DENIED:
         return _DENIED[name]
     if name.startswith("_test_"):
         return "is an operator for PyTorch's own tests"
+    return None
+
+
+def _aten_refusal(name: str, overload: str, known: frozenset[str]) -> str | None:
+    if reason := refusal_for_aten(name):
+        return reason
     if name in ("set", "set_") and overload.startswith("source_Storage"):
         return _STORAGE
     qualified = f"aten::{name}" if overload == "default" else f"aten::{name}.{overload}"

@@ -11,19 +11,28 @@ The file is a zip archive:
 
 **Loading never runs code from the file.** Descriptors and cases are JSON
 read into descriptor objects; containers are rebuilt only from types
-registered with ``torch.utils._pytree`` in the loading process, and no pytree
-spec (ours, or export's ``in_spec``/``out_spec``) reaches torch's reader if
-it names something to import (``_expr.treespec``); tensors are
-read with ``torch.load(weights_only=True)``; every symbolic expression in the
-graph JSON is checked by the restricted parser of ``_expr`` *before* torch's
+registered with ``torch.utils._pytree`` in the loading process, and every
+pytree spec (ours, or export's ``in_spec``/``out_spec``) is checked decoded
+and handed to torch's reader as the text written back from what was checked
+(``_expr.checked_treespec``); tensors are read with
+``torch.load(weights_only=True)``; every symbolic expression in the graph
+JSON is checked by the restricted parser of ``_expr`` *before* torch's
 deserializer (which would ``sympify``, i.e. evaluate, it) sees it; the
 ``guards_code`` that ``ExportedProgram.module()`` would ``exec`` must be
-empty; torch's verifier refuses graph nodes that call anything but operators.
-``torch.export.load`` is not used: it falls back to ``weights_only=False``
-for payloads that are not plain tensors. A TorchScript archive contains code
-that runs when it is loaded, so jit programs load only with
-``allow_torchscript=True``. Damaged files raise :class:`ProgramFileError`
-naming the file and the part.
+empty. **A loaded graph runs tensor math only**: every node's operator is
+checked against an allowlist (``_operators``) on the decoded JSON, before
+torch resolves a name in it, and again on the graph module torch builds;
+``aten.from_file``, custom namespaces and code-running higher-order
+operators are refused. ``torch.export.load`` is not used: it falls back to
+``weights_only=False`` for payloads that are not plain tensors, and runs any
+registered operator. **Sizes are bounded**: every zip header (the file's and
+those of the archives inside it) is checked against the archive before a
+byte is read, compressed members are bounded (``_zip``), and each member
+must be as large as ``torchdefer.json`` declares. A TorchScript archive
+contains code that runs when it is loaded, so jit programs load only with
+``allow_torchscript=True`` (see :func:`load` for what that trusts). Damaged
+or refused files raise :class:`ProgramFileError` naming the file and the
+part.
 
 A program of a deferred (or meta) model is saved with meta-tensor weights:
 nothing of the model's size is written or allocated on load; bind real
@@ -51,6 +60,7 @@ from torchdefer.descriptors._operators import (
     check_graph_json,
     check_graph_module,
 )
+from torchdefer.descriptors._torchscript import check_torchscript_code
 from torchdefer.descriptors._zip import checked_members, checked_sizes, nested_members
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
@@ -118,8 +128,15 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
 
     Args:
         path: the file.
-        allow_torchscript: load a jit program, whose TorchScript archive holds
-            code that runs while it is loaded; only for files you trust.
+        allow_torchscript: load a jit program. Its TorchScript archive is code:
+            ``torch.jit.load`` compiles it and the program runs it, so this
+            trusts the file as code. torchdefer still checks everything else
+            in the file as for an export program, and refuses TorchScript
+            that defines ``__setstate__`` (run while loading) or calls an
+            operator that reaches files, pinned memory, streams, RPC, the
+            process's seed or a custom namespace (``_torchscript``); it does
+            not refuse other TorchScript builtins (``print``, grad-mode
+            switches, string and list operations). Only for files you trust.
 
     Returns:
         The program; bind weights with :meth:`Program.with_weights` if it was
@@ -157,6 +174,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     if backend == "jit":
         with _reading(name, "program.ts"):
             nested_members(_member(members, "program.ts", name), name, "program.ts")
+            check_torchscript_code(members["program.ts"])  # before torch.jit.load runs any
             data = io.BytesIO(members["program.ts"])
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
                                            qualname)}

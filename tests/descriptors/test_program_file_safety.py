@@ -494,3 +494,17 @@ def test_trusted_torchscript_with_tensor_code_loads_and_matches_eager(tmp_path):
     path = _jit_file(tmp_path, lambda code: code)
     x = torch.randn(5)
     assert torch.equal(torchdefer.load(path, allow_torchscript=True)(x), _Scripted()(x))
+
+
+def test_source_fn_stack_naming_a_torch_submodule_imports_nothing(saved, monkeypatch):
+    """torch resolves these names with getattr from ``torch``, whose lazy
+    ``__getattr__`` imports submodules; the loader drops the metadata first."""
+    def edit(graph):
+        _nodes(graph)[0]["metadata"]["source_fn_stack"] = "zeros,torch.lazy_submodule.x"
+
+    _edit_graph(saved, edit)
+    asked, lazy = [], torch.__getattr__
+    monkeypatch.setattr(torch, "__getattr__", lambda name: asked.append(name) or lazy(name))
+    x = torch.arange(4.0)
+    assert torch.equal(torchdefer.load(saved)(x), _filled(x))
+    assert "lazy_submodule" not in asked

@@ -150,7 +150,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     members = _read(name)
     header = _json(members, "torchdefer.json", name) if "torchdefer.json" in members else None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
-        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header)")
+        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header); "
+                               "torchdefer.load reads files written by torchdefer.save")
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
@@ -263,7 +264,10 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
 def _check_texts(data: Any) -> None:
     """Check every text torch.export's graph JSON has read by ``sympify``
     (``expr_str``) or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``);
-    a spec is replaced by the text written back from its checked structure."""
+    a spec is replaced by the text written back from its checked structure.
+    ``source_fn_stack`` metadata is dropped: torch resolves each name in it
+    with ``getattr`` from ``torch`` (a name like ``torch._inductor.x`` imports
+    that submodule), and no loaded program needs it."""
     stack = [data]
     while stack:
         item = stack.pop()
@@ -274,6 +278,8 @@ def _check_texts(data: Any) -> None:
                 item[k] = checked_treespec(v)
             elif isinstance(v, (dict, list)):
                 stack.append(v)
+        if isinstance(item, dict) and isinstance(item.get("metadata"), dict):
+            item["metadata"].pop("source_fn_stack", None)
 
 
 @contextmanager
@@ -334,9 +340,11 @@ def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, tor
         out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
     except Exception as e:
         raise ProgramFileError(f"{name!r}: {member} holds more than tensors, or is damaged; "
-                               f"refusing to unpickle it ({type(e).__name__})") from None
+                               f"refusing to unpickle it ({type(e).__name__}); save the program "
+                               "again") from None
     if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
-        raise ProgramFileError(f"{name!r}: {member} is not a dict of tensors")
+        raise ProgramFileError(f"{name!r}: {member} is not a dict of tensors; save the program "
+                               "again")
     return out
 
 

@@ -508,3 +508,27 @@ def test_source_fn_stack_naming_a_torch_submodule_imports_nothing(saved, monkeyp
     x = torch.arange(4.0)
     assert torch.equal(torchdefer.load(saved)(x), _filled(x))
     assert "lazy_submodule" not in asked
+
+
+def test_node_names_and_stack_traces_cannot_break_out_of_fx_generated_code(saved):
+    """fx generates Python from node names and writes stack traces as comments;
+    ``exec`` ends a comment at a lone carriage return."""
+    payload = f"__import__('builtins').setattr(__import__('sys'), '{MARK}', 1)"
+
+    def edit(graph):
+        for node in _nodes(graph):
+            node["metadata"]["stack_trace"] = f'File "a.py", line 1, in f\n    x = 1\r{payload}\r#'
+        text = json.dumps(graph).replace('"zeros"', json.dumps(f"zeros = {payload}; zeros"))
+        graph.clear()
+        graph.update(json.loads(text))
+
+    _edit_graph(saved, edit)
+    q = torchdefer.load(saved)
+    x = torch.arange(4.0)
+    assert torch.equal(q(x), _filled(x))
+    runner = next(iter(q._variants.values()))
+    readable = runner.program.graph_module.print_readable(print_output=False)
+    assert "\r" not in readable and "\r" not in q.graph and not hasattr(sys, MARK)
+
+
+MARK = "torchdefer_program_file_safety_pwned"

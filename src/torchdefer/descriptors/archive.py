@@ -267,7 +267,9 @@ def _check_texts(data: Any) -> None:
     a spec is replaced by the text written back from its checked structure.
     ``source_fn_stack`` metadata is dropped: torch resolves each name in it
     with ``getattr`` from ``torch`` (a name like ``torch._inductor.x`` imports
-    that submodule), and no loaded program needs it."""
+    that submodule), and no loaded program needs it; carriage returns in the
+    other metadata texts (which fx prints as comments of generated code)
+    become spaces."""
     stack = [data]
     while stack:
         item = stack.pop()
@@ -279,7 +281,11 @@ def _check_texts(data: Any) -> None:
             elif isinstance(v, (dict, list)):
                 stack.append(v)
         if isinstance(item, dict) and isinstance(item.get("metadata"), dict):
-            item["metadata"].pop("source_fn_stack", None)
+            metadata = item["metadata"]
+            metadata.pop("source_fn_stack", None)
+            for key, text in metadata.items():  # fx writes them into code comments, and a
+                if isinstance(text, str):  # lone "\r" ends a comment for Python's compiler
+                    metadata[key] = text.replace("\r", " ")
 
 
 @contextmanager

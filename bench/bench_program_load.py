@@ -64,7 +64,8 @@ def files(folder: Path) -> dict[str, object]:
         check_graph_json(graph)
         check_graph_module(module)
 
-    return {BASELINE: lambda: torch.export.load(theirs), "torchdefer.load": lambda: torchdefer.load(ours),
+    return {BASELINE: lambda: torch.export.load(theirs),
+            "torchdefer.load": lambda: torchdefer.load(ours),
             "operator allowlist alone (JSON + graph module)": allowlist,
             "nodes": len(list(module.graph.nodes))}
 

@@ -532,3 +532,22 @@ def test_node_names_and_stack_traces_cannot_break_out_of_fx_generated_code(saved
 
 
 MARK = "torchdefer_program_file_safety_pwned"
+
+
+@torch.library.custom_op("torchdefer_test::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_program_calling_a_custom_operator_is_refused_at_save_not_only_at_load(tmp_path):
+    p = torchdefer.script(lambda x: _double(x) + 1, {"x": MetaTensorType(["b"], torch.float32)})
+    x = torch.arange(3.0)
+    assert torch.equal(p(x), x * 2 + 1)  # it runs in the process that registered the operator
+    with pytest.raises(TypeError, match=r"save\(\): graph 0 of .*: node 'double' calls torchdefer_test.double.default, which is outside the allowed operators.*load\(\) would refuse the file"):
+        torchdefer.save(p, tmp_path / "custom.tdp")
+    assert not (tmp_path / "custom.tdp").exists()

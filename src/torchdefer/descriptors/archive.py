@@ -230,6 +230,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     variants = []
     for i, (case, runner) in enumerate(program._variants.items()):
         ep = runner.program
+        try:  # say it now rather than write a file load() refuses
+            check_graph_module(ep.graph_module)
+        except ForbiddenOperator as e:
+            raise TypeError(f"save(): graph {i} of {program.qualname}: {e}; load() would refuse "
+                            "the file, so it is not written") from None
         try:
             live = dict(zip(runner.held, runner.resolve()))
         except RuntimeError:  # deferred or unbound: store metadata only

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.utils._sympy.functions as sympy_functions
 from torch._guards import TracingContext, tracing
+from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.interp import sympy_interp
@@ -25,7 +26,8 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer.fake._source import is_library_code
 
-__all__ = ["FakeTensor", "deserialize", "dispatcher_operator_names", "evaluate", "example_mode",
+__all__ = ["FakeTensor", "HigherOrderOperator", "OpOverload", "deserialize",
+           "dispatcher_operator_names", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
            "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
            "sympy_functions"]

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from torchdefer._compat.export import dispatcher_operator_names
+from torchdefer._compat.export import HigherOrderOperator, OpOverload, dispatcher_operator_names
 from torchdefer.fake._source import is_library_file
 
 __all__ = ["ForbiddenOperator", "check_graph_json", "check_graph_module", "refusal_for_aten"]
@@ -181,11 +181,11 @@ def _aten_refusal(name: str, overload: str, known: frozenset[str]) -> str | None
 
 
 def _target_refusal(target: Any, known: frozenset[str]) -> str | None:
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         if target.namespace != "aten":
             return _refusal(f"torch.ops.{target.namespace}", known)
         return _aten_refusal(target._schema.name.split("::", 1)[1], target._overloadname, known)
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return None if target.name() in _HIGHER_ORDER else _HOP_REASON
     if target is operator.getitem or any(target is f for f in _SYM_FUNCTIONS):
         return None  # getitem: a multi-output operator's n-th result

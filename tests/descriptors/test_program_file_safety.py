@@ -551,3 +551,29 @@ def test_program_calling_a_custom_operator_is_refused_at_save_not_only_at_load(t
     with pytest.raises(TypeError, match=r"save\(\): graph 0 of .*: node 'double' calls torchdefer_test.double.default, which is outside the allowed operators.*load\(\) would refuse the file"):
         torchdefer.save(p, tmp_path / "custom.tdp")
     assert not (tmp_path / "custom.tdp").exists()
+
+
+def test_forbidden_operator_inside_a_cond_branch_is_found_in_the_json(tmp_path):
+    path = tmp_path / "branches.tdp"
+    descriptors = {"x": MetaTensorType([4], torch.float32, requires_grad=True), "n": MetaTensorType([], torch.int64)}
+    torchdefer.save(torchdefer.script(_Branches(), descriptors), path)
+
+    def edit(graph):
+        branch = next(a["arg"]["as_graph"]["graph"] for n in _nodes(graph) for a in n["inputs"] if "as_graph" in a["arg"])
+        branch["nodes"][0]["target"] = "torch.ops.aten.from_file.default"
+
+    _edit_graph(path, edit)
+    with pytest.raises(ProgramFileError, match=r"graph0.json: node 'cos' calls aten.from_file.default \(from File .*test_program_file_safety.py\", line \d+, in forward\), which reads and writes files"):
+        torchdefer.load(path)
+
+
+class _Reseeding(torch.nn.Module):
+    def forward(self, x):
+        torch.manual_seed(0)
+        return x * 2
+
+
+def test_torchscript_program_reseeding_the_process_is_refused_at_save(tmp_path):
+    p = torchdefer.script(_Reseeding(), {"x": MetaTensorType(["b"], torch.float32)}, backend="jit")
+    with pytest.raises(TypeError, match=r"save\(\): the TorchScript of _Reseeding.forward: .*calls torch.manual_seed, which reseeds the process's random generator"):
+        torchdefer.save(p, tmp_path / "seed.tdp")

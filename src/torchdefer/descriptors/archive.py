@@ -110,6 +110,11 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     if program.backend == "jit":
         scripted = next(iter(program._variants.values())).scripted
         files["program.ts"] = _bytes(torch.jit.save, scripted)
+        try:  # say it now rather than write a file load() refuses
+            check_torchscript_code(files["program.ts"])
+        except ForbiddenOperator as e:
+            raise TypeError(f"save(): the TorchScript of {program.qualname}: {e}; load() would "
+                            "refuse the file, so it is not written") from None
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
         except TypeError:

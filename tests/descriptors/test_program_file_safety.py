@@ -324,8 +324,15 @@ def test_member_reaching_past_the_end_of_the_archive_is_truncated(saved):
 
 def test_member_cut_short_inside_the_archive_is_reported_with_its_name(saved):
     members = _members(saved)
-    _patch_central(saved, "graph0.json", file_size=len(members["graph0.json"]) + 10,
-                   compress_size=len(members["graph0.json"]) + 10)
+    longer = len(members["graph0.json"]) + 10
+    _patch_central(saved, "graph0.json", file_size=longer, compress_size=longer)
+    with pytest.raises(ProgramFileError, match=rf"filled.tdp': member 'graph0.json' holds {longer} bytes, torchdefer.json declares {longer - 10}"):
+        torchdefer.load(saved)
+    # A file saved before headers declared sizes: zipfile's CRC-32 check names the member.
+    header = json.loads(members["torchdefer.json"])
+    del header["members"]
+    _write(saved, {**members, "torchdefer.json": json.dumps(header).encode()}, declare=False)
+    _patch_central(saved, "graph0.json", file_size=longer, compress_size=longer)
     with pytest.raises(ProgramFileError, match=r"filled.tdp': graph0.json is damaged or truncated \(Bad CRC-32 for file 'graph0.json'\)"):
         torchdefer.load(saved)
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Mapping
 
 from torchdefer.descriptors.errors import ProgramFileError
 
-__all__ = ["INFLATED_LIMIT", "checked_members", "checked_sizes", "nested_members"]
+__all__ = ["INFLATED_LIMIT", "checked_members", "checked_size", "nested_members"]
 
 INFLATED_LIMIT = 64 << 20
 """Bytes all compressed members of one archive may inflate to (code, JSON; not weights)."""
@@ -88,22 +87,21 @@ def checked_members(zf: zipfile.ZipFile, size: int, name: str,
     return infos
 
 
-def checked_sizes(members: Mapping[str, bytes], declared: object, name: str) -> None:
-    """Each member as large as the program's header (``torchdefer.json``) declares."""
+def checked_size(info: zipfile.ZipInfo, declared: object, name: str) -> None:
+    """``info``'s member as large as the program's header (``torchdefer.json``)
+    declares, checked before the member is read."""
     if not isinstance(declared, dict):
         raise ProgramFileError(f"{name!r}: torchdefer.json's member sizes are not a table; "
                                "save the program again")
-    for member, data in members.items():
-        if member == "torchdefer.json":
-            continue
-        if member not in declared:
-            raise ProgramFileError(f"{name!r}: member {member!r} is not one torchdefer.json "
-                                   "declares: the file was changed after it was saved; save "
-                                   "the program again")
-        if declared[member] != len(data):
-            raise ProgramFileError(f"{name!r}: member {member!r} holds {len(data)} bytes, "
-                                   f"torchdefer.json declares {declared[member]!r}: the file was "
-                                   "changed after it was saved; save the program again")
+    member = info.filename
+    if member not in declared:
+        raise ProgramFileError(f"{name!r}: member {member!r} is not one torchdefer.json "
+                               "declares: the file was changed after it was saved; save the "
+                               "program again")
+    if declared[member] != info.file_size:
+        raise ProgramFileError(f"{name!r}: member {member!r} holds {info.file_size} bytes, "
+                               f"torchdefer.json declares {declared[member]!r}: the file was "
+                               "changed after it was saved; save the program again")
 
 
 def nested_members(data: bytes, name: str, member: str) -> None:

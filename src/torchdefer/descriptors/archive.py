@@ -61,7 +61,7 @@ from torchdefer.descriptors._operators import (
     check_graph_module,
 )
 from torchdefer.descriptors._torchscript import check_torchscript_code
-from torchdefer.descriptors._zip import checked_members, checked_sizes, nested_members
+from torchdefer.descriptors._zip import checked_members, checked_size, nested_members
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
 from torchdefer.descriptors.export_backend import Coverage, ExportRunner
@@ -160,8 +160,6 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
-    if "members" in header:  # files written before sizes were declared lack it
-        checked_sizes(members, header["members"], name)
     backend = header.get("backend")
     if backend == "jit" and not allow_torchscript:
         raise ProgramFileError(
@@ -331,10 +329,26 @@ def _read(name: str) -> dict[str, bytes]:
                 raise ProgramFileError(f"{name!r} is not a regular file; a program is read "
                                        "from a file written by torchdefer.save")
             with zipfile.ZipFile(f) as zf:
-                for member in checked_members(zf, info.st_size, name):
+                infos = checked_members(zf, info.st_size, name)
+                declared = None  # the header first: it declares the others' sizes
+                for member in sorted(infos, key=lambda i: i.filename != "torchdefer.json"):
+                    if declared is not None:
+                        checked_size(member, declared, name)
                     with _reading(name, member.filename), zf.open(member) as stream:
                         members[member.filename] = stream.read()
+                    if member.filename == "torchdefer.json":
+                        declared = _declared_sizes(members[member.filename])
     return members
+
+
+def _declared_sizes(header: bytes) -> object:
+    """The header's ``members`` table; ``None`` for files saved before it existed
+    (a header that is no JSON object is reported when it is read)."""
+    try:
+        data = json.loads(header)
+    except ValueError:
+        return None
+    return data.get("members") if isinstance(data, dict) else None
 
 
 def _member(members: dict[str, bytes], member: str, name: str) -> bytes:

@@ -584,3 +584,11 @@ def test_torchscript_program_reseeding_the_process_is_refused_at_save(tmp_path):
     p = torchdefer.script(_Reseeding(), {"x": MetaTensorType(["b"], torch.float32)}, backend="jit")
     with pytest.raises(TypeError, match=r"save\(\): the TorchScript of _Reseeding.forward: .*calls torch.manual_seed, which reseeds the process's random generator"):
         torchdefer.save(p, tmp_path / "seed.tdp")
+
+
+def test_missing_file_raises_what_open_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing.tdp"):
+        torchdefer.load(tmp_path / "nothing.tdp")
+    (tmp_path / "folder.tdp").mkdir()
+    with pytest.raises(ProgramFileError, match="folder.tdp' is not a regular file"):
+        torchdefer.load(tmp_path / "folder.tdp")

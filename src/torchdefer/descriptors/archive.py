@@ -318,27 +318,31 @@ def _reading(name: str, part: str) -> Iterator[None]:
 
 
 def _read(name: str) -> dict[str, bytes]:
-    """Every member of the archive, each header checked before anything is read (``_zip``)."""
-    members: dict[str, bytes] = {}
-    with _reading(name, "the archive"):
-        # Non-blocking: opening a FIFO named like a program must not wait for a writer.
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ProgramFileError(f"{name!r} is not a regular file; a program is read "
-                                       "from a file written by torchdefer.save")
-            with zipfile.ZipFile(f) as zf:
-                infos = checked_members(zf, info.st_size, name)
-                declared = None  # the header first: it declares the others' sizes
-                for member in sorted(infos, key=lambda i: i.filename != "torchdefer.json"):
-                    if declared is not None:
-                        checked_size(member, declared, name)
-                    with _reading(name, member.filename), zf.open(member) as stream:
-                        members[member.filename] = stream.read()
-                    if member.filename == "torchdefer.json":
-                        declared = _declared_sizes(members[member.filename])
-    return members
+    """Every member of the archive, each header checked before anything is read (``_zip``).
+
+    A missing or unreadable path raises the ``OSError`` ``open`` raises (it
+    names the path); everything about the file's content, ``ProgramFileError``.
+    """
+    # Non-blocking: opening a FIFO named like a program must not wait for a writer.
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ProgramFileError(f"{name!r} is not a regular file; a program is read from a file "
+                               "written by torchdefer.save")
+    with open(fd, "rb") as f:
+        with _reading(name, "the archive"), zipfile.ZipFile(f) as zf:
+            members: dict[str, bytes] = {}
+            declared = None  # the header first: it declares the others' sizes
+            for member in sorted(checked_members(zf, info.st_size, name),
+                                 key=lambda i: i.filename != "torchdefer.json"):
+                if declared is not None:
+                    checked_size(member, declared, name)
+                with _reading(name, member.filename), zf.open(member) as stream:
+                    members[member.filename] = stream.read()
+                if member.filename == "torchdefer.json":
+                    declared = _declared_sizes(members[member.filename])
+            return members
 
 
 def _declared_sizes(header: bytes) -> object:

@@ -149,7 +149,9 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
 
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
-            program, or holds something loading would have to execute.
+            program, not a regular file, or holds something loading would
+            have to execute or a graph calling more than tensor operators.
+        OSError: the path cannot be opened (``FileNotFoundError`` ...).
 
     Example:
         >>> import torch, torchdefer, tempfile, os

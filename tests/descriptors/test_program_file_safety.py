@@ -478,6 +478,8 @@ def _jit_file(tmp_path, edit_code):
     ("torch.save(x, \"{victim}\")", "calls torch.save, which writes files"),
     ("torch.manual_seed(0)", "calls torch.manual_seed, which reseeds the process's random generator"),
     ("ops.mylib.custom(x)", "calls ops.mylib.custom, an operator outside aten and prim"),
+    ("torch.ops.aten.from_file(\"{victim}\", True, 4)", "calls torch.ops.aten.from_file, which reads and writes files"),
+    ("x.pin_memory()", "calls x.pin_memory(), which pins host memory of the process"),
 ])
 def test_trusted_torchscript_still_may_not_reach_files_seeds_or_custom_ops(call, why, tmp_path):
     victim = tmp_path / "victim.bin"

@@ -14,7 +14,9 @@ that source (``ast``: the decoded structure, not its text) and refuses:
   TorchScript-only builtins that write files, reseed the process's generator
   or talk over RPC (``_SCRIPT_DENIED``);
 * operators of any namespace but ``aten`` and ``prim`` (custom operators,
-  collectives).
+  collectives), however spelled (``torch.x``, ``ops.ns.x``,
+  ``torch.ops.ns.x``), and Tensor methods that are refused operators
+  (``x.pin_memory()``).
 
 This is a denylist over code the user chose to trust, not the export path's
 allowlist: TorchScript's own builtins (string, list and dict operations,
@@ -69,13 +71,18 @@ def _refusal(node: ast.AST) -> str | None:
     if not isinstance(node, ast.Call):
         return None
     path = _dotted(node.func)
+    call = ".".join(path)
     if len(path) == 2 and path[0] == "torch":  # an aten builtin, as TorchScript prints it
         namespace, name = "aten", path[1]
     elif len(path) == 3 and path[0] == "ops":  # ops.<namespace>.<name>
         namespace, name = path[1], path[2]
+    elif len(path) == 4 and path[:2] == ["torch", "ops"]:  # the same, spelled in full
+        namespace, name = path[2], path[3]
+    elif isinstance(node.func, ast.Attribute) and refusal_for_aten(node.func.attr):
+        # a Tensor method is its aten operator: x.pin_memory(), x.record_stream(s)
+        return f"calls {call or node.func.attr}(), which {refusal_for_aten(node.func.attr)}"
     else:
-        return None  # methods, constructors, TorchScript builtins (len, print, annotate ...)
-    call = ".".join(path)
+        return None  # other methods, constructors, TorchScript builtins (len, print ...)
     if namespace not in ("aten", "prim"):
         return f"calls {call}, an operator outside aten and prim"
     reason = _SCRIPT_DENIED.get(name) or (refusal_for_aten(name) if namespace == "aten" else None)

@@ -81,14 +81,17 @@ def _from_file(victim):
 
 
 # ------------------------------------------------------------ operators
-def test_graph_writing_a_file_through_from_file_is_refused_at_load_and_no_file_appears(saved, tmp_path):
+@pytest.mark.parametrize("before", [None, b"keep"])
+def test_graph_writing_a_file_through_from_file_is_refused_at_load_and_no_file_changes(before, saved, tmp_path):
     victim = tmp_path / "victim.bin"
+    if before is not None:
+        victim.write_bytes(before)
     _edit_graph(saved, _from_file(victim))
     with pytest.raises(ProgramFileError, match=(
             rf"{saved.name}': graph0.json: node 'zeros' calls aten.from_file.default, which reads "
             r"and writes files.*refusing to load it")):
         torchdefer.load(saved)
-    assert not victim.exists()
+    assert (victim.read_bytes() if victim.exists() else None) == before
 
 
 def test_torch_export_load_runs_the_same_from_file_graph(tmp_path):

@@ -218,3 +218,29 @@ def test_forbidden_operator_inside_a_cond_branch_is_found_in_the_json(tmp_path):
     _edit_graph(path, edit)
     with pytest.raises(ProgramFileError, match=r"graph0.json: node 'cos' calls aten.from_file.default \(from File .*test_program_operators.py\", line \d+, in forward\), which reads and writes files"):
         torchdefer.load(path)
+
+
+class _Autocast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.lin(x)
+        return y.float() + 1
+
+
+class _WhileLoop(torch.nn.Module):
+    def forward(self, x):
+        return torch.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2), (torch.tensor(0), x))[1]
+
+
+@pytest.mark.parametrize("model, operator", [(_Autocast, "wrap_with_autocast"), (_WhileLoop, "while_loop")])
+def test_autocast_and_while_loop_programs_load_and_match_eager(model, operator, tmp_path):
+    torch.manual_seed(0)
+    m, x = model(), torch.randn(2, 4)
+    torchdefer.save(torchdefer.script(m, {"x": MetaTensorType([2, 4], torch.float32)}), tmp_path / "p.tdp")
+    q = torchdefer.load(tmp_path / "p.tdp")
+    assert operator in q.graph
+    assert torch.equal(q(x), m(x))

@@ -65,6 +65,11 @@ def test_torch_export_load_runs_the_same_from_file_graph(tmp_path):
     ("torch.ops.aten.set_.source_Storage", "binds a tensor to a storage from outside the graph"),
     ("torch.ops.aten._cufft_clear_plan_cache.default", "cuFFT plan cache"),
     ("torch.ops.aten._test_warn_in_autograd.default", "an operator for PyTorch's own tests"),
+    # memory: each of these, given a crafted stride or index, segfaults eager PyTorch
+    ("torch.ops.aten._reshape_alias.default", "makes a view with strides torch does not check"),
+    ("torch.ops.aten.sparse_coo_tensor.indices_size", "builds a sparse tensor whose indices torch does not check"),
+    ("torch.ops.aten._sparse_coo_tensor_unsafe.default", "builds a sparse tensor whose indices torch does not check"),
+    ("torch.ops.aten.max_pool2d_with_indices_backward.default", "is a backward kernel, which trusts the indices"),
     ("torch.ops.aten.no_such_op.default", "not a tensor operator registered"),
     ("torch.ops._c10d_functional.all_reduce.default", "outside the allowed operators"),
     ("torch.ops.mylib.custom.default", "outside the allowed operators"),

@@ -14,8 +14,11 @@ A node may call:
   builtins such as ``aten::save`` or ``aten::manual_seed`` are not), except
   the few that reach outside the tensors they are given (``_DENIED``: files,
   pinned host memory and streams, standard output, process-wide caches, a
-  tensor bound to a storage from outside the graph) and PyTorch's own
-  ``_test_`` operators; ``pin_memory=True`` is refused on any operator.
+  tensor bound to a storage from outside the graph; views (``_reshape_alias``)
+  and sparse constructors whose layout torch does not check, and backward
+  kernels, which trust the indices their forward produced: with these a
+  graph reads and writes outside its memory) and PyTorch's own ``_test_``
+  operators; ``pin_memory=True`` is refused on any operator.
   ``_local_scalar_dense`` (``.item()``) stays allowed: it reads one value of a
   tensor the graph holds into a number, which is how data-dependent sizes are
   checked; random operators draw from the process's default generator, as the
@@ -48,6 +51,9 @@ from torchdefer.fake._source import is_library_file
 
 __all__ = ["ForbiddenOperator", "check_graph_json", "check_graph_module", "refusal_for_aten"]
 
+_BACKWARD = ("is a backward kernel, which trusts the indices and sizes its forward produced; "
+             "a program file holds forward graphs")
+_UNCHECKED_SPARSE = "builds a sparse tensor whose indices torch does not check against its size"
 _DENIED: dict[str, str] = {
     "from_file": "reads and writes files (shared=True maps the file into memory)",
     **dict.fromkeys(("_pin_memory", "pin_memory"), "pins host memory of the process"),
@@ -57,6 +63,11 @@ _DENIED: dict[str, str] = {
     **dict.fromkeys(("_cufft_clear_plan_cache", "_cufft_set_plan_cache_max_size",
                      "_cufft_get_plan_cache_max_size", "_cufft_get_plan_cache_size"),
                     "reads or changes the process's cuFFT plan cache"),
+    # Memory: views and sparse tensors whose layout torch takes on trust. A crafted
+    # graph reads and writes outside its storage with them (a segfault, or worse).
+    **dict.fromkeys(("_reshape_alias", "_reshape_alias_copy"),
+                    "makes a view with strides torch does not check against its storage"),
+    "_coalesced_": _UNCHECKED_SPARSE,
 }
 _STORAGE = "binds a tensor to a storage from outside the graph"
 _HIGHER_ORDER = frozenset(("cond", "while_loop", "map_impl", "scan", "invoke_subgraph",
@@ -166,6 +177,11 @@ def refusal_for_aten(name: str) -> str | None:
         return _DENIED[name]
     if name.startswith("_test_"):
         return "is an operator for PyTorch's own tests"
+    if "_backward" in name:  # export graphs are forward graphs; these kernels trust their
+        return _BACKWARD  # forward's indices (max_pool2d_with_indices_backward writes anywhere)
+    if "sparse" in name and ("tensor" in name or name.startswith("sparse_resize")) and (
+            not name.startswith("_validate")):
+        return _UNCHECKED_SPARSE  # every sparse constructor: none checks its indices by default
     return None
 
 

@@ -7,6 +7,8 @@ import inspect
 import io
 import json
 import re
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -249,3 +251,47 @@ def test_autocast_and_while_loop_programs_load_and_match_eager(model, operator, 
     q = torchdefer.load(tmp_path / "p.tdp")
     assert operator in q.graph
     assert torch.equal(q(x), m(x))
+
+
+_READ_ANYWHERE = '''
+import io, json, zipfile, torch
+class View(torch.nn.Module):
+    def forward(self, x):
+        return x.view(2, 2) * 1
+buffer = io.BytesIO()
+torch.export.save(torch.export.export(View(), (torch.zeros(4),)), buffer)
+src = zipfile.ZipFile(buffer)
+out = io.BytesIO()
+with zipfile.ZipFile(out, "w") as zf:
+    for n in src.namelist():
+        data = src.read(n)
+        if n.endswith("models/model.json"):
+            graph = json.loads(data)
+            node = next(m for m in graph["graph_module"]["graph"]["nodes"] if "view" in m["target"])
+            node["target"] = "torch.ops.aten._reshape_alias.default"
+            node["inputs"] = [node["inputs"][0], {"name": "size", "arg": {"as_ints": [2, 2]}, "kind": 1},
+                              {"name": "stride", "arg": {"as_ints": [2 ** 40, 1]}, "kind": 1}]
+            data = json.dumps(graph).encode()
+        zf.writestr(n, data)
+print(torch.export.load(io.BytesIO(out.getvalue())).module()(torch.zeros(4)).sum().item())
+'''
+
+
+def test_graph_reading_outside_its_memory_crashes_torch_export_load_and_is_refused_by_ours(tmp_path):
+    """The same crafted _reshape_alias: torch.export.load runs it (the process dies
+    reading 2**40 elements past its storage); torchdefer.load refuses it."""
+    crash = subprocess.run([sys.executable, "-c", _READ_ANYWHERE], capture_output=True, timeout=300)
+    assert crash.returncode < 0 and b"Traceback" not in crash.stderr, crash.stderr[-2000:]  # a signal
+    # Our file: the same node in a torchdefer program.
+    path = tmp_path / "view.tdp"
+    torchdefer.save(torchdefer.script(lambda x: x.view(2, 2) * 1, {"x": MetaTensorType([4], torch.float32)}), path)
+
+    def edit(graph):
+        node = next(n for n in _nodes(graph) if "view" in n["target"])
+        node["target"] = "torch.ops.aten._reshape_alias.default"
+        node["inputs"] = [node["inputs"][0], {"name": "size", "arg": {"as_ints": [2, 2]}, "kind": 1},
+                          {"name": "stride", "arg": {"as_ints": [2 ** 40, 1]}, "kind": 1}]
+
+    _edit_graph(path, edit)
+    with pytest.raises(ProgramFileError, match="calls aten._reshape_alias.default, which makes a view with strides torch does not check"):
+        torchdefer.load(path)

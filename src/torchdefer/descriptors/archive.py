@@ -101,9 +101,12 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     if not isinstance(program, Program):
         raise TypeError("save() takes a program from torchdefer.script(), got "
                         f"{type(program).__name__}")
+    program._saveable()  # a file without a graph could run nothing
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
         "qualname": program.qualname, "params": to_json(program._params),
+        "method": program._check.method,  # a module's forward: messages count its self
+        "variadic": program._check.variadic,
         "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
@@ -206,7 +209,9 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         if backend == "export":
             outputs = None if first is None else first.output_descriptors(ranges)
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                       runners=runners, weights=weights, output_descriptors=outputs)
+                       runners=runners, weights=weights, output_descriptors=outputs,
+                       method=header.get("method") is True,
+                       variadic=header.get("variadic") is True)
 
 
 def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[str, bytes],

@@ -482,3 +482,28 @@ def test_random_ops_without_a_meta_kernel_are_refused_at_the_users_line(op):
 
     with pytest.raises(RecordingError, match=r"cannot be recorded.*test_draw_sweep\.py"):
         torchdefer.deferred_init(op)
+
+
+@torchdefer.composite
+def _refill_negatives_(t):
+    """Draws one number per negative element it finds: its draws depend on ``t``'s values."""
+    negative = t < 0
+    t[negative] = torch.rand(int(negative.sum()))
+    return t
+
+
+def test_a_composite_drawing_by_the_values_it_writes_places_later_draws_as_eager():
+    """A scratch run of a user composite read uninitialized memory (a silent wrong value)."""
+
+    def build():
+        x = _mixed_signs(torch.empty(4, 5))
+        _refill_negatives_(x)
+        return x, torch.rand(3)
+
+    torch.manual_seed(6)
+    eager = build()
+    for order in ((1,), (1, 0), (0, 1)):
+        torch.manual_seed(6)
+        deferred = torchdefer.deferred_init(build)
+        for i in order:
+            assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")

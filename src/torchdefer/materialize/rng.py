@@ -20,6 +20,7 @@ import torch
 
 from torchdefer.materialize.errors import UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
@@ -34,8 +35,7 @@ __all__ = ["RngReplay", "call_checking_draws"]
 
 # Random ops whose number of draws depends on the values of a tensor they
 # write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
-# scratch runs need those values, not uninitialized memory (the scratch buffer
-# is shared by every written argument).
+# scratch runs need those values, not uninitialized memory.
 _DRAWS_READ_WRITTEN = frozenset({torch.ops.aten.rrelu_with_noise_})
 
 
@@ -85,22 +85,37 @@ class RngReplay:
     def _scratch_args(self, node: Node, device: torch.device) -> tuple[tuple, dict]:
         """Arguments that draw the same numbers as ``node`` did, into scratch memory."""
         written = {id(storage) for storage, _ in node.writes}
-        reads_written = getattr(node.op, "overloadpacket", None) in _DRAWS_READ_WRITTEN
+        op = node.op
+        # A user's composite may draw as many numbers as the values it finds
+        # in the tensors it writes; in-place rrelu does so for ``self``.
+        every_written = isinstance(op, Composite) and op.steps is None
+        first_written = getattr(op, "overloadpacket", None) in _DRAWS_READ_WRITTEN
         reads = iter(node.reads)
         leaves = []
         for leaf in node.leaves:
             if isinstance(leaf, Value):
                 version = next(reads)
-                if reads_written and not leaves:  # ``self``: its values, in memory of its own
-                    leaf = self.replay.nested([(leaf, version)])[0].clone()
-                elif id(leaf.storage) in written:
-                    leaf = self._scratch_tensor(leaf.meta, device)
+                if id(leaf.storage) in written:
+                    if every_written or (first_written and not leaves):
+                        real = self.replay.nested([(leaf, version)])[0]
+                        leaf = _own_copy(leaf.meta, real, device)
+                    else:
+                        leaf = self._scratch_tensor(leaf.meta, device)
                 else:  # e.g. the probabilities of bernoulli_(p_tensor): needs real values
                     leaf = self.replay.nested([(leaf, version)])[0]
             else:
                 leaf = self.replay.map_leaf(leaf)
             leaves.append(leaf)
         return unflatten_call(leaves, node.spec)
+
+
+def _own_copy(meta: TensorMeta, real: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``real``'s values in memory of their own, laid out as ``meta`` (not the shared scratch)."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(meta.size, meta.stride) if n > 0)
+    nbytes = extent * meta.dtype.itemsize if all(meta.size) else 0
+    out = torch.empty(0, dtype=meta.dtype, device=device)
+    out.set_(torch.UntypedStorage(nbytes, device=device), 0, meta.size, meta.stride)
+    return out.copy_(real)
 
 
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:

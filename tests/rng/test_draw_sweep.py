@@ -507,3 +507,14 @@ def test_a_composite_drawing_by_the_values_it_writes_places_later_draws_as_eager
         deferred = torchdefer.deferred_init(build)
         for i in order:
             assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "kind", "shape", "order"), random.Random(3).sample(list(_grid()), 40), ids=str
+)
+def test_random_op_matches_eager_with_the_draw_model_off(
+    name, dtype, kind, shape, order, monkeypatch
+):
+    """TORCHDEFER_RNG_JUMPS=0: every position is reached by running the calls before it."""
+    monkeypatch.setenv("TORCHDEFER_RNG_JUMPS", "0")
+    _run(name, dtype, kind, shape, order, explicit=True)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import torchdefer
-from parity import assert_same_tensor
+from parity import assert_same_tensor, check_program
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -518,3 +518,30 @@ def test_random_op_matches_eager_with_the_draw_model_off(
     """TORCHDEFER_RNG_JUMPS=0: every position is reached by running the calls before it."""
     monkeypatch.setenv("TORCHDEFER_RNG_JUMPS", "0")
     _run(name, dtype, kind, shape, order, explicit=True)
+
+
+MIXED = {
+    "normal_half_mean_double_std": lambda: torch.normal(
+        torch.zeros(20, 4, dtype=torch.float16).t(), torch.ones(4, 20, dtype=torch.float64)
+    ),
+    "normal_bfloat16_mean_transposed_std": lambda: torch.normal(
+        torch.zeros(4, 20, dtype=torch.bfloat16), torch.ones(20, 4).t()
+    ),
+    "normal_out_of_another_dtype": lambda: torch.normal(
+        torch.zeros(4, 20), torch.ones(4, 20), out=torch.empty(20, 4, dtype=torch.float64).t()
+    ),
+    "bernoulli_out_of_another_dtype": lambda: torch.bernoulli(
+        torch.full((20, 4), 0.3, dtype=torch.float64),
+        out=torch.empty(4, 20, dtype=torch.float16).t(),
+    ),
+    "normal_0d_mean_broadcast": lambda: torch.normal(torch.tensor(1.0), torch.ones(20, 4).t()),
+    "normal_0d_both": lambda: torch.normal(torch.tensor(1.0), torch.tensor(2.0)),
+}
+
+
+@pytest.mark.parametrize("order", [None, [2, 1, 0]])
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_random_ops_with_mixed_dtypes_and_0d_arguments_match_eager(name, order):
+    check_program(
+        lambda defer: defer(lambda: (torch.randn(3), MIXED[name](), torch.rand(3))), order
+    )

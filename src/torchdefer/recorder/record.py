@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
-from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
+from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
+from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
 from torchdefer.recorder.ambient import current_ambient
@@ -22,7 +22,6 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
-from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
@@ -46,35 +45,42 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
             return func(*args, **kwargs)
         return data_read(torch.Tensor.item, args, kwargs)
+    facts = facts_of(func)
+    plan = facts.plan
     flat, spec = flatten_call(args, kwargs)
     leaves = list(flat)
     inputs: list[Value] = []
     reads: list[int] = []
-    plan = alias_plan(func)
     owners: list[DeferredTensor] = []  # of storage arguments
+    replaced = False  # an argument stands in for another object (external, storage)
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
-            x = flat[i] = _as_deferred(graph, x, func)
+            if not isinstance(x, DeferredTensor) or x._graph is not graph:
+                x = flat[i] = _as_deferred(graph, x, func)
+                replaced = True
         elif plan.takes_storage and is_storage(x):
             x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
             owners.append(x)
         else:
             continue
-        inputs.append(x._value)
-        reads.append(x._value.storage.version)
-        leaves[i] = x._value
-    args, kwargs = unflatten_call(flat, spec)
+        value = x._value
+        inputs.append(value)
+        reads.append(value.storage.version)
+        leaves[i] = value
+    if replaced:
+        args, kwargs = unflatten_call(flat, spec)
     _check_arguments(func, kwargs)
-    if _needs_data(func, flat):
+    if facts.needs_data and _needs_data(facts, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
-    if is_question(func):  # a bool/int about metadata: nothing to replay
+    if facts.question:  # a bool/int about metadata: nothing to replay
         return run_on_meta(func, args, kwargs)[0]
     writes: tuple[int, ...] = ()
     written: list[Any] = []
+    before: dict[int, int] = {}
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
-    before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
+        before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
             func, args, _without_generator(kwargs)
@@ -87,22 +93,21 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
         raise
-    if kwargs.get("dtype") is None and isinstance(out, torch.Tensor) and _takes_dtype(func):
+    if facts.takes_dtype and kwargs.get("dtype") is None and isinstance(out, torch.Tensor):
         # No dtype means "the default dtype now": replay must not depend on the
         # default at replay time (HF sets it while building, then restores it).
         args_v, kwargs_v = unflatten_call(leaves, spec)
         leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
     op = StorageArgs(func) if owners else func
-    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()
+    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads),
+                source=user_frame(2), graph=graph, ambient=current_ambient())
     if writes:
         node.writes = _record_writes(node, written, writes)
-    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
-    node.kind = _kind(func, node, aliased, device)
-    generator = _generator_of(kwargs, flat)
-    if (generator is not None or may_draw_untagged(func)) and device.type != "meta":
+    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners if owners else flat,
+                                 before)
+    node.kind = _kind(facts, node, aliased, device)
+    generator = _generator_in(facts, args, kwargs) if facts.generators else None
+    if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:
         # placing it in that stream (its end reached by running it) keeps the
@@ -111,6 +116,17 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)
     return out
+
+
+def _generator_in(facts: OpFacts, args: tuple, kwargs: dict) -> torch.Generator | None:
+    """The generator a call draws from explicitly: one passed in a Generator argument."""
+    n_args = len(args)
+    for i, name in facts.generators:
+        value = args[i] if i < n_args else kwargs.get(name)
+        for x in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(x, torch.Generator):
+                return x
+    return None
 
 
 def _without_generator(kwargs: dict) -> dict:
@@ -147,32 +163,12 @@ def _fill_in_place(func: Any, args: tuple, values: list[Any]) -> tuple[Any, torc
     return (self, self.fake_device) if ok else None
 
 
-# Ops whose output shape or value depends on the data (no meta kernel can say
-# what they return). Replay is deterministic, so computing them once from the
-# materialized inputs gives exactly what replay would; the result is kept as a
-# constant and the read is recorded.
-_DATA_DEPENDENT = frozenset(
-    getattr(torch.ops.aten, name)
-    for name in (
-        "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-        "unique_consecutive", "bincount", "equal", "allclose", "is_nonzero",
-    )
-)
-_INDEX = torch.ops.aten.index.Tensor
-_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave
-
-
-def _needs_data(func: Any, flat: list[Any]) -> bool:
-    packet = func.overloadpacket
-    if packet in _DATA_DEPENDENT:
-        return True
-    if packet is _REPEAT_INTERLEAVE:
-        return func is not torch.ops.aten.repeat_interleave.self_int
-    if func is _INDEX:  # boolean-mask indexing is nonzero in disguise
+def _needs_data(facts: OpFacts, flat: list[Any]) -> bool:
+    if facts.needs_data == BOOL_INDEX:  # boolean-mask indexing is nonzero in disguise
         return any(
             isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8) for x in flat[1:]
         )
-    return False
+    return True
 
 
 def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: dict, inputs):
@@ -196,21 +192,8 @@ def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: 
     return type(out)(outs)
 
 
-_dtype_keyword: dict[Any, bool] = {}
-
-
-def _takes_dtype(func: Any) -> bool:
-    """Whether ``func`` has a keyword-only ``dtype`` argument (cached per op)."""
-    known = _dtype_keyword.get(func)
-    if known is None:
-        known = _dtype_keyword[func] = any(
-            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments
-        )
-    return known
-
-
-def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:
-    if known_random_op(func) and device.type != "meta":
+def _kind(facts: OpFacts, node: Node, aliased: bool, device: torch.device) -> str:
+    if facts.random and device.type != "meta":
         return NodeKind.RANDOM
     if node.writes:
         return NodeKind.INPLACE

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -40,14 +40,11 @@ class RecordingMode(FakeSlotMode):
         return record_call(self.graph, func, args, kwargs or {})
 
 
-@contextlib.contextmanager
-def recording(graph: Graph) -> Iterator[None]:
+def recording(graph: Graph) -> contextlib.AbstractContextManager[Any]:
     """Record into ``graph`` unless a recording is already active."""
     if isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
-        yield
-        return
-    with RecordingMode(graph):
-        yield
+        return contextlib.nullcontext()
+    return RecordingMode(graph)
 
 
 def suspended() -> contextlib.AbstractContextManager[None]:

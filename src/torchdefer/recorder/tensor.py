@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -13,10 +14,13 @@ from torchdefer.fake.storage import data_ptr as fake_data_ptr
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
 from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
 from torchdefer.recorder.graph import Graph, NodeKind, Value
+from torchdefer.recorder.mode import RecordingMode
 from torchdefer.recorder.reach import reached_tensors
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
 
+_FAKE = _compat.FAKE_MODE_KEY
+_NO_CONTEXT = contextlib.nullcontext()
 _DATA_GET = torch.Tensor.data.__get__
 _DATA_SET = torch.Tensor.data.__set__
 _DETACH = torch.Tensor.detach
@@ -47,17 +51,18 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder.mode import recording
-        from torchdefer.recorder.record import data_read, record_data_set
-
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
         if func is torch.Tensor.data_ptr:
             return fake_data_ptr(args[0])
         if func in DATA_READS:
+            from torchdefer.recorder.record import data_read
+
             return data_read(func, args, kwargs)
         if func == _DATA_SET:
+            from torchdefer.recorder.record import record_data_set
+
             return record_data_set(args[0], args[1])
         if func is torch.Tensor.__deepcopy__:
             from torchdefer.recorder._copy import deepcopy_deferred
@@ -70,7 +75,12 @@ class DeferredTensor(FakeTensor):
             return detach_for_parameter(args[0])
         if writes_real(func, args, kwargs):
             return write_real(func, args, kwargs)
-        with recording(graph_of(args, kwargs)), _compat.DisableTorchFunctionSubclass():
+        # Inside deferred_init a recording is active; after it, record into our graph.
+        active = isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)
+        with (
+            _NO_CONTEXT if active else RecordingMode(graph_of(args, kwargs)),
+            _compat.DisableTorchFunctionSubclass(),
+        ):
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
             out._value.node.kind = NodeKind.DATA_GET

@@ -52,12 +52,14 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     inputs: list[Value] = []
     reads: list[int] = []
     owners: list[DeferredTensor] = []  # of storage arguments
+    tensors: list[DeferredTensor] = []  # the tensor arguments, as flat_tensors gives them
     replaced = False  # an argument stands in for another object (external, storage)
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
             if not isinstance(x, DeferredTensor) or x._graph is not graph:
                 x = flat[i] = _as_deferred(graph, x, func)
                 replaced = True
+            tensors.append(x)
         elif plan.takes_storage and is_storage(x):
             x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
             owners.append(x)
@@ -83,7 +85,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
-            func, args, _without_generator(kwargs)
+            func, args, _without_generator(kwargs), tensors
         )
     except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
@@ -123,6 +125,8 @@ def _generator_in(facts: OpFacts, args: tuple, kwargs: dict) -> torch.Generator 
     n_args = len(args)
     for i, name in facts.generators:
         value = args[i] if i < n_args else kwargs.get(name)
+        if value is None:
+            continue
         for x in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(x, torch.Generator):
                 return x

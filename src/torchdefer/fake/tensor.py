@@ -37,6 +37,7 @@ class FakeTensorError(TorchdeferError, RuntimeError):
     """A fake tensor was asked for something it does not have (its data)."""
 
 
+_MAKE_SUBCLASS = _compat.TensorBase._make_subclass
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
@@ -66,7 +67,9 @@ class FakeTensor(torch.Tensor):
     def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
         if elem.device.type != "meta":
             raise TypeError(f"FakeTensor needs a meta tensor, got one on {elem.device}")
-        out = torch.Tensor._make_subclass(
+        # The C binding itself: inside deferred_init torch.Tensor._make_subclass
+        # is recorder.subclasses' wrapper, which passes a meta tensor through.
+        out = _MAKE_SUBCLASS(
             cls,
             elem,
             elem.requires_grad,

@@ -105,7 +105,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
                 source=user_frame(2), graph=graph, ambient=current_ambient())
     if writes:
         node.writes = _record_writes(node, written, writes)
-    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners if owners else flat,
+    out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before)
     node.kind = _kind(facts, node, aliased, device)
     generator = _generator_in(facts, args, kwargs) if facts.generators else None
@@ -299,24 +299,27 @@ def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
     return tuple(writes)
 
 
-def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
+def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int]):
     """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
 
     An output aliases an input exactly when it shares that input's (meta)
     storage: meta kernels alias as the real ones do, whatever the schema says
     (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
     carry no annotation, ``set_`` moves its target onto another storage).
+    ``inputs``: the deferred tensors among the arguments (storage owners too);
     ``before`` maps each tensor the op writes to its storage before the call.
     """
     outs = flatten_out(out)
-    out_ids = {id(o) for o in outs}
     # storage id -> record, for the inputs not returned in place (their storage
     # may have changed under them) and for new storages as they are made.
     storages: dict[int, Storage] = {}
-    for x in flat_in:
-        if isinstance(x, DeferredTensor) and id(x) not in out_ids:
-            storages[_storage_id(x)] = x._value.storage
-    in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
+    in_ids: set[int] | frozenset[int] = _NO_IDS
+    if inputs:
+        out_ids = {id(o) for o in outs}
+        for x in inputs:
+            if id(x) not in out_ids:
+                storages[_storage_id(x)] = x._value.storage
+        in_ids = {id(x) for x in inputs}
     aliased = False
     for k, o in enumerate(outs):
         if not isinstance(o, torch.Tensor):
@@ -344,14 +347,16 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
     return type(out)(outs), aliased
 
 
+_NO_IDS: frozenset[int] = frozenset()
+
+
 def _nbytes(t: torch.Tensor) -> int:
     with _compat.DisableTorchFunctionSubclass():
         return t.untyped_storage().nbytes()
 
 
-def _storage_id(t: torch.Tensor) -> int:
-    # The storage's address; a fake tensor's storage is its meta storage.
-    return _compat.storage_id(t)
+# The storage's address; a fake tensor's storage is its meta storage.
+_storage_id = _compat.storage_id
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:

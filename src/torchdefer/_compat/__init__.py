@@ -31,6 +31,7 @@ __all__ = [
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
     "DynamicOutputShapeException",
+    "OpOverload",
     "TensorBase",
     "default_device_context",
     "disable_current_modes",
@@ -70,6 +71,8 @@ meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
+OpOverload = torch._ops.OpOverload
+"""The class of ``torch.ops.<namespace>.<op>.<overload>`` objects (what dispatch hands us)."""
 parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
 swap_tensor_impl = torch._C._swap_tensor_impl

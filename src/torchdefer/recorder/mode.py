@@ -30,6 +30,11 @@ class RecordingMode(FakeSlotMode):
         super().__init__()
         self.graph = graph
 
+    def __enter__(self) -> RecordingMode:
+        out = super().__enter__()  # imports torch._dynamo first (FakeSlotMode)
+        _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
+        return out  # type: ignore[return-value]
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])

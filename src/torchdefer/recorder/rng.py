@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = ["RngRecorder", "default_generator"]
 
 _KEY_AT = mt19937.ARRAY.start  # byte offset of the array's first word
 _KEY_BYTES = 16  # two int64 words
+_COUNT = struct.Struct("=q")  # the first word, as array_of's int64 view holds it
 
 
 def _marker_key(state: torch.Tensor) -> bytes:
@@ -95,6 +97,9 @@ class RngRecorder:
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
+        # id(marker tensor) -> (it, its second array word): the markers this
+        # recorder made (a stream's `left` is one of them or an exact state).
+        self._own: dict[int, tuple[torch.Tensor, bytes]] = {}
 
     # ----------------------------------------------------------- placing
 
@@ -174,7 +179,8 @@ class RngRecorder:
         ``same``: the generator holds the marker left last (its fields are current).
         """
         marker = stream.left
-        if marker is None or _marker_key(marker) not in self._markers:
+        own = self._own.get(id(marker)) if marker is not None else None
+        if own is None or own[0] is not marker:  # the generator holds no marker of ours
             # A new marker tensor for this stream: the real state's seed and
             # fields, random words for the array.
             marker = current.clone()
@@ -182,13 +188,15 @@ class RngRecorder:
             source.seed()
             words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
             mt19937.array_of(marker).copy_(words)
+            own = self._own[id(marker)] = (marker, _marker_key(marker)[_COUNT.size:])
         elif not same:  # the seed, position fields and cached samples of the real state
             marker[mt19937.ENGINE] = current[mt19937.ENGINE]
             marker[mt19937.CACHES] = current[mt19937.CACHES]
         self._marker_count += 1
         _set_count(marker, self._marker_count)  # unique per position
         layout = epoch.layouts[stream.model]  # type: ignore[index]
-        self._markers[_marker_key(marker)] = (stream, epoch, layout.end)
+        # _marker_key(marker), from what was just written
+        self._markers[_COUNT.pack(self._marker_count) + own[1]] = (stream, epoch, layout.end)
         real.set_state(marker)
         stream.left = marker
 

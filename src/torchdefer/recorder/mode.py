@@ -41,13 +41,20 @@ class RecordingMode(FakeSlotMode):
         from torchdefer.recorder.record import record_call
 
         refuse_collective(func)
-        if not any(issubclass(t, FakeTensor) for t in types) and _real_meta_only(args, kwargs):
+        if not _any_fake(types) and _real_meta_only(args, kwargs):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
             with suspended():
                 return func(*args, **(kwargs or {}))
         return record_call(self.graph, func, args, kwargs or {})
+
+
+def _any_fake(types: Any) -> bool:
+    for t in types:  # a loop, not any(genexpr): this runs for every op
+        if issubclass(t, FakeTensor):
+            return True
+    return False
 
 
 def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:

@@ -71,7 +71,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves[i] = value
     if replaced:
         args, kwargs = unflatten_call(flat, spec)
-    _check_arguments(func, kwargs)
+    if kwargs or func is _PIN_MEMORY:
+        _check_arguments(func, kwargs)
     if facts.needs_data and _needs_data(facts, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
     if facts.question:  # a bool/int about metadata: nothing to replay

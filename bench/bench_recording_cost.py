@@ -166,6 +166,13 @@ def _commit() -> str:
         return "unknown"
 
 
+def _source() -> str:
+    """Where torchdefer was imported from (PYTHONPATH may point at another checkout)."""
+    import torchdefer
+
+    return str(Path(torchdefer.__file__).parent.parent)
+
+
 def report(result: dict[str, Any]) -> str:
     c = result["construction"]
     lines = [
@@ -173,7 +180,8 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}` (commit {result['commit']}, torch {torch.__version__}, "
         f"Python {platform.python_version()}, {os.cpu_count()} cores, load "
-        f"{result['load'][0]:.1f} at start, {result['load'][1]:.1f} at end).",
+        f"{result['load'][0]:.1f} at start, {result['load'][1]:.1f} at end; torchdefer "
+        f"imported from `{result['source']}`).",
         "",
         "| measure | value | target |",
         "| --- | --- | --- |",
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "command": "python bench/bench_recording_cost.py " + " ".join(argv or sys.argv[1:]),
         "commit": _commit(),
+        "source": _source(),
         "construction": measure_construction(options.runs),
     }
     if options.calls:

@@ -183,6 +183,7 @@ def report(result: dict[str, Any]) -> str:
         f"{result['load'][0]:.1f} at start, {result['load'][1]:.1f} at end; torchdefer "
         f"imported from `{result['source']}`).",
         "",
+        *([result["note"], ""] if result.get("note") else []),
         "| measure | value | target |",
         "| --- | --- | --- |",
         f"| `deferred_init` / meta, {c['model']} (median of {c['runs']} alternated runs) | "
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, help="top N functions (0: none)")
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     parser.add_argument("--name", default="recording_cost", help="file name of the report")
+    parser.add_argument("--note", default="", help="a line for the report (how it was run)")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     start_load = os.getloadavg()[0]
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/bench_recording_cost.py " + " ".join(argv or sys.argv[1:]),
         "commit": _commit(),
         "source": _source(),
+        "note": options.note,
         "construction": measure_construction(options.runs),
     }
     if options.calls:

@@ -10,7 +10,7 @@ an RNG stream can reach them, so materialized parts are freed by the GC.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,15 +60,6 @@ class TensorMeta:
         _set_conj(meta, t.is_conj())
         _set_neg(meta, t.is_neg())
         return meta
-
-
-_META_FIELDS = ("size", "stride", "offset", "dtype", "device", "conj", "neg")
-if tuple(f.name for f in fields(TensorMeta)) != _META_FIELDS:  # TensorMeta.of fills these
-    raise ImportError("internal: TensorMeta.of does not fill every field of TensorMeta")
-_new_meta = object.__new__
-_set_size, _set_stride, _set_offset, _set_dtype, _set_device, _set_conj, _set_neg = (
-    getattr(TensorMeta, name).__set__ for name in _META_FIELDS
-)
 
 
 @dataclass(slots=True, eq=False)
@@ -180,3 +171,13 @@ class Graph:
 
     def new_storage(self, creator: Node, nbytes: int) -> Storage:
         return Storage(next(self._storage_ids), creator, nbytes)
+
+
+# TensorMeta.of's direct slot setters.
+_META_FIELDS = ("size", "stride", "offset", "dtype", "device", "conj", "neg")
+if tuple(TensorMeta.__dataclass_fields__) != _META_FIELDS:  # TensorMeta.of fills these
+    raise ImportError("internal: TensorMeta.of does not fill every field of TensorMeta")
+_new_meta = object.__new__
+_set_size, _set_stride, _set_offset, _set_dtype, _set_device, _set_conj, _set_neg = (
+    getattr(TensorMeta, name).__set__ for name in _META_FIELDS
+)

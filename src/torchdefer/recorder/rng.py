@@ -76,10 +76,6 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     return None
 
 
-def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
-    return left is not None and left.shape == current.shape and torch.equal(current, left)
-
-
 class RngRecorder:
     """Assigns stream positions to random ops and keeps the real generators in step."""
 
@@ -272,3 +268,8 @@ def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
         yield
     finally:
         torch.get_rng_state, torch.random.get_rng_state = saved
+
+
+def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
+    """Whether the generator's state ``current`` is still the one the recorder left."""
+    return left is not None and left.shape == current.shape and torch.equal(current, left)

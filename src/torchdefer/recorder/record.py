@@ -79,11 +79,10 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return run_on_meta(func, args, kwargs)[0]
     writes: tuple[int, ...] = ()
     written: list[Any] = []
-    before: dict[int, int] = {}
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
-        before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
+    before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
             func, args, _without_generator(kwargs), tensors
@@ -102,8 +101,10 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         args_v, kwargs_v = unflatten_call(leaves, spec)
         leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
     op = StorageArgs(func) if owners else func
-    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads),
-                source=user_frame(2), graph=graph, ambient=current_ambient())
+    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
     if writes:
         node.writes = _record_writes(node, written, writes)
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,

@@ -67,6 +67,11 @@ def _set_count(marker: torch.Tensor, count: int) -> None:
         mt19937.array_of(marker)[0] = count
 
 
+def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
+    """Whether the generator's state ``current`` is still the one the recorder left."""
+    return left is not None and left.shape == current.shape and torch.equal(current, left)
+
+
 def default_generator(device: torch.device) -> torch.Generator | None:
     """The default generator of ``device``, or None if this host has none."""
     if device.type == "cpu":
@@ -268,8 +273,3 @@ def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
         yield
     finally:
         torch.get_rng_state, torch.random.get_rng_state = saved
-
-
-def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
-    """Whether the generator's state ``current`` is still the one the recorder left."""
-    return left is not None and left.shape == current.shape and torch.equal(current, left)

@@ -98,8 +98,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if facts.takes_dtype and kwargs.get("dtype") is None and isinstance(out, torch.Tensor):
         # No dtype means "the default dtype now": replay must not depend on the
         # default at replay time (HF sets it while building, then restores it).
-        args_v, kwargs_v = unflatten_call(leaves, spec)
-        leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
+        leaves, spec = _with_dtype(leaves, spec, out.dtype)
     op = StorageArgs(func) if owners else func
     node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
@@ -120,6 +119,18 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)
     return out
+
+
+def _with_dtype(leaves: list[Any], spec: Any, dtype: torch.dtype) -> tuple[list[Any], Any]:
+    """The flattened call with ``dtype=dtype`` (what re-flattening the call with that
+    keyword set gives: a present keyword keeps its place, a new one goes last)."""
+    n_args, keys, shape = spec
+    if "dtype" not in keys:
+        return [*leaves, dtype], (n_args, (*keys, "dtype"), (*shape, None))
+    at = n_args + keys.index("dtype")
+    leaves = list(leaves)
+    leaves[sum(1 if s is None else s[1] for s in shape[:at])] = dtype
+    return leaves, spec
 
 
 def _generator_in(facts: OpFacts, args: tuple, kwargs: dict) -> torch.Generator | None:

@@ -31,6 +31,7 @@ __all__ = [
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
     "DynamicOutputShapeException",
+    "NormBase",
     "OpOverload",
     "TensorBase",
     "default_device_context",
@@ -73,6 +74,9 @@ set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
 OpOverload = torch._ops.OpOverload
+# Batch and instance norms' base, whose _load_from_state_dict supplies an absent
+# num_batches_tracked for old checkpoints (checkpoint/module_rules.py).
+NormBase = torch.nn.modules.batchnorm._NormBase
 """The class of ``torch.ops.<namespace>.<op>.<overload>`` objects (what dispatch hands us)."""
 parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""

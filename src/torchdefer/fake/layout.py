@@ -69,8 +69,13 @@ _SUGGESTED_FORMAT = frozenset(
 )  # fmt: skip
 
 
-# id(op) -> (op, whether its packet is in one of the sets above): asked for
-# every op, and OpOverload/OpOverloadPacket hash in Python.
+# Every packet eager_layout restrides (a rule added above must be added here).
+_RESTRIDED = frozenset(
+    {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, _aten.native_dropout}
+)
+
+# id(op) -> (op, whether its packet is in _RESTRIDED): asked for every op, and
+# OpOverload/OpOverloadPacket hash in Python.
 _restrided: dict[int, tuple[Any, bool]] = {}
 
 
@@ -79,7 +84,7 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _SUGGESTED_FORMAT or packet in _COLUMN_MAJOR or packet in _PRESERVING
+        special = packet in _RESTRIDED
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out

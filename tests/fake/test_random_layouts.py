@@ -89,3 +89,29 @@ def test_native_dropout_output_is_the_input_exactly_when_eagers_is(train, p, sha
     assert (deferred[1] is deferred[0]) == (eager[1] is eager[0])
     for d, e in zip(deferred, eager, strict=True):
         assert_same_tensor(torchdefer.materialize_tensor(d), e)
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("shape", [(1, 5), (0, 5), (4, 5)])
+def test_native_dropout_on_fake_cuda_follows_the_cuda_kernel(shape, train):
+    """native_dropout_cuda: empty_like(input) outputs and a bool mask, a clone when
+    not training; no shortcut for an empty input (aten/src/ATen/native/cuda/Dropout.cu)."""
+    with torchdefer.fake_mode():
+        x = torch.ones(shape[::-1], device="cuda").t()
+        out, mask = torch.native_dropout(x, 0.3, train)
+    assert out is not x and mask.dtype == torch.bool
+    assert out.stride() == mask.stride() == torch.empty_like(torch.ones(shape[::-1]).t()).stride()
+
+
+@pytest.mark.parametrize("like", [torch.rand_like, torch.randn_like, torch.empty_like, torch.clone])
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5), (2, 0, 3)])
+def test_like_factories_of_an_empty_strided_tensor_keep_its_strides_as_eager(like, shape):
+    """An empty tensor is non-overlapping and dense to torch: empty_like keeps its strides."""
+
+    def build():
+        return like(torch.ones(shape[::-1]).permute(*range(len(shape))[::-1]))
+
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    assert deferred.stride() == eager.stride()
+    assert_same_tensor(torchdefer.materialize_tensor(deferred), eager)

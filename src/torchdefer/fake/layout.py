@@ -79,8 +79,10 @@ _RESTRIDED = frozenset(
 _restrided: dict[int, tuple[Any, bool]] = {}
 
 
-def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-    """``out`` (meta tensors), restrided as eager would lay it out."""
+def eager_layout(
+    func: Any, args: tuple, kwargs: dict, out: Any, device: torch.device | None = None
+) -> Any:
+    """``out`` (meta tensors), restrided as eager would lay it out on ``device`` (CPU if None)."""
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
@@ -97,7 +99,7 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
     if packet is _aten.native_dropout and isinstance(out, tuple) and len(out) == 2:
-        return _native_dropout(func, args, kwargs, out)
+        return _native_dropout(func, args, kwargs, out, device)
     if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
@@ -105,21 +107,27 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     return _preserved(args[0] if args else None, out)
 
 
-def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple) -> tuple:
-    """``native_dropout_cpu``'s results: the input itself when it is empty, else a new
-    output (``input.mul(mask)`` training, ``input.clone()`` not), never the input."""
+def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: Any) -> tuple:
+    """``native_dropout``'s results, never the input itself where eager's is new.
+
+    CPU: the input itself and an empty mask of its dtype when it is empty, else
+    ``input.mul(mask)`` training and ``input.clone()`` not. CUDA: ``clone()``
+    not training, else ``empty_like(input)`` and a bool mask like it.
+    """
     source = args[0] if args else None
     if not isinstance(source, torch.Tensor) or func._schema.returns[0].alias_info is not None:
         return out
     output, mask = out[0], _preserved(source, out[1])
-    if source.numel() == 0:  # and an empty mask of the input's dtype
+    cpu = device is None or device.type == "cpu"
+    if cpu and source.numel() == 0:
         return source, _preserved(source, torch.empty_like(source))
-    if output is source:  # the meta decomposition's shortcut (train=False or p=0)
-        train = args[2] if len(args) > 2 else kwargs.get("train")
-        if train is None or train:
-            output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
-        else:
-            output = _preserved(source, torch.empty_like(source))
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    if train is not None and not train:
+        return _preserved(source, torch.empty_like(source)), mask
+    if not cpu:
+        return _preserved(source, output), mask
+    if output is source:  # the meta decomposition's shortcut at p=0
+        output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
     return output, mask
 
 
@@ -133,7 +141,8 @@ def _preserved(source: Any, out: Any) -> Any:
         return out
     if tuple(out.shape) != size or out.stride() == stride:
         return out
-    if not non_overlapping_and_dense(size, stride):
+    # an empty tensor is contiguous, so non-overlapping and dense, to torch
+    if 0 not in size and not non_overlapping_and_dense(size, stride):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
 

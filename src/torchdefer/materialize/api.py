@@ -10,12 +10,14 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from torchdefer import _compat
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.graph import TensorMeta
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
@@ -247,10 +249,30 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
+    if (device or value.meta.device).type == "meta":
+        return _on_meta(value.meta, device)
     real = Replay(fake._graph, device).run([(value, value.storage.version)],
                                            None if name is None else [name])[0]
     value.storage.materialized = True
     return real
+
+
+def _on_meta(meta: TensorMeta, device: torch.device | None) -> torch.Tensor:
+    """A meta tensor as eager gives it: what ``t.to("meta")`` makes of the real
+    tensor for ``device="meta"``; the meta kernels' own layout (the recorded
+    one) for a tensor recorded on meta (``with torch.device("meta")``).
+
+    Nothing is replayed: a meta tensor has no values, and random ops on meta
+    draw nothing, so the generators are not involved.
+    """
+    with suspended():
+        twin = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype, device="meta")
+        if device is None or meta.device.type == "meta":
+            twin = twin.conj() if meta.conj else twin
+            return _compat.neg_view(twin) if meta.neg else twin
+        # to()'s layout rule (preserve_format); it resolves the conj/neg bits
+        return torch.empty_like(twin)
+    return twin
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

@@ -52,7 +52,9 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     cls = user_class(fake)  # type: ignore[arg-type]
     # suspended(): materialize_module may run inside deferred_init, whose
     # recording mode would otherwise record these ops on the real tensor.
-    with suspended():
+    # An inference tensor (recorded under inference_mode) takes requires_grad
+    # only inside inference mode, as eager's nn.Parameter(...) there did.
+    with suspended(), torch.inference_mode(real.is_inference()):
         if cls is torch.Tensor:
             out = real.detach().requires_grad_(fake.requires_grad)
         else:

@@ -32,6 +32,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
 from torchdefer.rng import mt19937
@@ -74,7 +75,14 @@ class RngRecorder:
     # ----------------------------------------------------------- placing
 
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
-        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
+        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it.
+
+        On meta nothing is drawn (eager's kernels there touch no generator):
+        the node is an ordinary write, replayed as one.
+        """
+        if device.type == "meta":
+            node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
+            return
         # The generator states and the tensors below are real: no mode may see them.
         with _compat.DisableTorchDispatch():
             stream = self._stream(generator, device)
@@ -147,7 +155,8 @@ class RngRecorder:
             marker = current.clone()
             source = torch.Generator()
             source.seed()
-            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
+            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source,
+                                  device="cpu")
             mt19937.array_of(marker).copy_(words)
         else:  # the seed, position fields and cached samples of the real state
             marker[mt19937.ENGINE] = current[mt19937.ENGINE]

@@ -52,10 +52,13 @@ NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _DRAW_LIMIT = 1 << 22
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
 _WINDOWS_PER_CHUNK = 512  # windows XORed at a time in a jump (1.3 MB)
+# Named on every tensor made here: a user's `with torch.device(...)` or
+# set_default_device must not move the generator's bookkeeping.
+_CPU = torch.device("cpu")
 
 
 def _field(state: torch.Tensor, offset: int, dtype: torch.dtype) -> int:
-    size = torch.empty(0, dtype=dtype).element_size()
+    size = dtype.itemsize
     return int(state[offset : offset + size].view(dtype).item())
 
 
@@ -119,7 +122,7 @@ def _draw(state: torch.Tensor, words: int) -> torch.Tensor:
     """Move ahead by drawing: ``random_`` on int32 takes one 32-bit word an element."""
     generator = torch.Generator()
     generator.set_state(state)
-    buffer = torch.empty(min(words, _CHUNK), dtype=torch.int32)
+    buffer = torch.empty(min(words, _CHUNK), dtype=torch.int32, device=_CPU)
     while words > 0:
         part = buffer[: min(words, _CHUNK)]
         part.random_(generator=generator)
@@ -140,7 +143,7 @@ def _sequence(array: torch.Tensor, refills: int) -> torch.Tensor:
     state[_NEXT : _NEXT + 8].view(torch.int64).fill_(N)
     generator.set_state(state)
     blocks = [array]
-    scratch = torch.empty(N, dtype=torch.int32)
+    scratch = torch.empty(N, dtype=torch.int32, device=_CPU)
     for _ in range(refills):
         scratch.random_(generator=generator)
         blocks.append(array_of(generator.get_state()).clone())
@@ -162,7 +165,7 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
     selected = _set_bits(coefficients)
     # In chunks: all ~10,000 selected windows at once would be 25 MB of
     # temporaries, which page-fault on every jump under a low mmap threshold.
-    total = torch.zeros(N, dtype=torch.int32)
+    total = torch.zeros(N, dtype=torch.int32, device=_CPU)
     for chunk in selected.split(_WINDOWS_PER_CHUNK):
         total ^= _xor_rows(windows.index_select(0, chunk))
     return total.to(torch.int64) & 0xFFFFFFFF
@@ -172,7 +175,7 @@ def _set_bits(c: int) -> torch.Tensor:
     raw = torch.frombuffer(
         bytearray(c.to_bytes((c.bit_length() + 7) // 8, "little")), dtype=torch.uint8
     )
-    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=_CPU)) & 1
     return bits.reshape(-1).nonzero().reshape(-1)
 
 

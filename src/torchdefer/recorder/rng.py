@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.recorder._threads import recording_thread
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
@@ -194,7 +195,20 @@ class RngRecorder:
                 stream.left = real.get_state()
 
     def _lazy(self) -> bool:
-        return self._deferring > 0 and threading.get_ident() == self._thread
+        """Whether a marker may stand in for the exact state after this op.
+
+        Only while the recording thread is the only Python thread: a marker is
+        a state of the process-wide generator, and another thread drawing from
+        it would get numbers no eager program gives (nor leave the generator
+        where eager would). With other threads alive, every op moves the
+        generator to its exact state at once; a thread the recording thread
+        starts finds the exact state too (``recorder._threads``).
+        """
+        return (
+            self._deferring > 0
+            and threading.get_ident() == self._thread
+            and threading.active_count() == 1
+        )
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[None]:
@@ -205,7 +219,7 @@ class RngRecorder:
         self._deferring += 1
         try:
             if outer:
-                with _exact_reads(self):
+                with recording_thread(self.sync):
                     yield
             else:
                 yield
@@ -214,29 +228,3 @@ class RngRecorder:
             if outer:
                 self._thread = None
                 self.sync()
-
-
-@contextlib.contextmanager
-def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
-    """``torch.get_rng_state()`` answers the exact state while markers stand in.
-
-    ``fork_rng`` reads through it, and a state read there may be kept and
-    restored after ``deferred_init`` returns, when a marker would mean nothing.
-    """
-    import torch.random
-
-    original = torch.random.get_rng_state
-    thread = threading.get_ident()
-
-    def get_rng_state() -> torch.Tensor:
-        if threading.get_ident() == thread:
-            recorder.sync()
-        return original()
-
-    get_rng_state.__doc__ = original.__doc__
-    saved = (torch.get_rng_state, torch.random.get_rng_state)
-    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
-    try:
-        yield
-    finally:
-        torch.get_rng_state, torch.random.get_rng_state = saved

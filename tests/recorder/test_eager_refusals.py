@@ -46,6 +46,11 @@ REFUSED = {
     "overlap_random_": lambda: _expanded().random_(),
     "overlap_trunc_normal_": lambda: nn.init.trunc_normal_(_expanded()),
     "overlap_after_a_draw": lambda: (torch.randn(4), _expanded().normal_()),
+    # a write whose input covers part of the written memory (dense views of one storage)
+    "partial_add_": lambda: (lambda x: x[1:].add_(x[:5]))(torch.arange(6.0)),
+    "partial_out": lambda: (lambda x: torch.add(x[:3], 1, out=x[1:4]))(torch.arange(6.0)),
+    "partial_copy_": lambda: (lambda x: x[1:4].copy_(x[:3]))(torch.arange(6.0)),
+    "partial_same_range_other_strides": lambda: (lambda x: x.add_(x.t()))(torch.ones(3, 3)),
     # dtypes the CPU kernels lack
     "uniform_int64": lambda: torch.zeros(3, dtype=torch.int64).uniform_(),
     "uniform_bool": lambda: torch.zeros(3, dtype=torch.bool).uniform_(),
@@ -80,6 +85,11 @@ ACCEPTED = {
     "overlap_zero_": lambda: nn.init.zeros_(_expanded()),
     "overlap_index_put_": lambda: _expanded().index_put_((torch.tensor([0]),), torch.tensor(1.0)),
     "overlap_masked_fill_": lambda: _expanded().masked_fill_(torch.tensor([True, False, False]), 1.0),
+    # writes sharing memory with an input the way eager allows
+    "same_tensor_add_": lambda: (lambda x: x.add_(x))(torch.arange(6.0)),
+    "same_view_twice": lambda: (lambda x: x.t().add_(x.t()))(torch.arange(6.0).view(2, 3)),
+    "strided_views_of_one_storage": lambda: (lambda x: x[::2].mul_(x[1::2]))(torch.arange(6.0)),
+    "disjoint_halves": lambda: (lambda x: x[:3].add_(x[3:]))(torch.arange(6.0)),
     # the fast paths' neighbours that eager accepts
     "normal_half_huge_std": lambda: torch.zeros(3, dtype=torch.half).normal_(0, 1e6),
     "uniform_half_wide_but_fine": lambda: torch.zeros(3, dtype=torch.half).uniform_(-3e4, 3e4),

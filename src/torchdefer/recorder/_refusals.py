@@ -39,6 +39,7 @@ from torchdefer.recorder.errors import RecordingError
 __all__ = ["EagerRefusalError", "eager_refuses", "refuse_as_eager"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+_PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory"
 _SMALL = 1 << 16  # twins up to this many elements keep their sizes
 _CPU = torch.device("cpu")
 _UNKNOWN = object()
@@ -96,6 +97,10 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
 def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
              random: bool) -> tuple[type[BaseException], str] | None:
     overlapping = any(_overlaps(t) for t in written)
+    if written and _partly_shared(written, args, kwargs):
+        verdict = _ask_eager(func, args, kwargs, shared=True)
+        if verdict is not None and (_PARTIAL in verdict[1] or _OVERLAP in verdict[1]):
+            return verdict
     if not random and not overlapping:
         return None
     if not overlapping and _surely_fine(func, args, kwargs):
@@ -131,6 +136,65 @@ def _surely_fine(func: Any, args: tuple, kwargs: dict) -> bool:
 
 def _overlaps(t: torch.Tensor) -> bool:
     return any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride()))
+
+
+def _partly_shared(written: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:
+    """Whether a written tensor and another argument overlap in part, as eager's
+    ``get_overlap_status`` (ATen/MemoryOverlap.cpp) sees it: both dense, in one
+    storage, their byte ranges meeting without being the same tensor."""
+    for w in written:
+        for x in _tensors(args, kwargs):
+            if x is w or not hasattr(x, "_value") or x._value.storage is not w._value.storage:
+                continue
+            if _partial(w, x):
+                return True
+    return False
+
+
+def _partial(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (_dense(a) and _dense(b)):
+        return False  # "too hard": eager does not check
+    a_begin, b_begin = a.storage_offset() * a.itemsize, b.storage_offset() * b.itemsize
+    a_end, b_end = a_begin + a.numel() * a.itemsize, b_begin + b.numel() * b.itemsize
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """c10's ``compute_non_overlapping_and_dense``: some order of the dimensions
+    of more than one element makes the strides contiguous."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n >= 2)
+    expected = 1
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _shared_twins(args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
+    """Twins of the deferred arguments over one real base per recorded storage,
+    with their real offsets and strides, or None when a storage is large or
+    viewed as several dtypes."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for x in _tensors(args, kwargs):
+        if hasattr(x, "_value"):
+            groups.setdefault(id(x._value.storage), []).append(x)
+    twins = {}
+    for group in groups.values():
+        if len({x.dtype for x in group}) > 1:
+            return None
+        extent = max(x.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(x.shape,
+                     x.stride())) if x.numel() else 0 for x in group)
+        if extent > _SMALL:
+            return None
+        base = torch.full((extent,), _fill(group[0]), dtype=group[0].dtype, device=_CPU)
+        for x in group:
+            twins[id(x)] = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    return twins
 
 
 def _device(t: torch.Tensor) -> torch.device:
@@ -178,7 +242,8 @@ def _key(func: Any, args: tuple, kwargs: dict) -> Any:
             tuple((k, part(v)) for k, v in kwargs.items()))
 
 
-def _ask_eager(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
+def _ask_eager(func: Any, args: tuple, kwargs: dict, shared: bool = False,
+               ) -> tuple[type[BaseException], str] | None:
     """Run the call on twins; the error eager gives, or None.
 
     Twins cut to two elements a dimension may fail where the real sizes do
@@ -191,8 +256,13 @@ def _ask_eager(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException
     with suspended(), torch.no_grad():
         saved = torch.default_generator.get_state()
         try:
-            twin_args = _shrink_sizes(func, tuple(_twin(x, None) for x in args))
-            twin_kwargs = {k: _twin(v, k) for k, v in kwargs.items()}
+            twins = _shared_twins(args, kwargs) if shared else {}
+            if twins is None:
+                return None
+            twin_args = _shrink_sizes(func, tuple(
+                twins[id(x)] if id(x) in twins else _twin(x, None) for x in args))
+            twin_kwargs = {k: twins[id(v)] if id(v) in twins else _twin(v, k)
+                           for k, v in kwargs.items()}
             func(*twin_args, **twin_kwargs)
         except Exception as error:  # whatever eager raises is the verdict
             message = (str(error).strip().splitlines() or [""])[0]
@@ -232,9 +302,7 @@ def _twin(x: Any, name: str | None) -> Any:
     if isinstance(x, torch.Tensor):
         sizes, strides = _twin_layout(x)
         extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if all(sizes) else 0
-        fill = False if x.dtype == torch.bool else 0 if not x.is_floating_point() and not (
-            x.is_complex()) else 0.5
-        base = torch.full((extent,), fill, dtype=x.dtype, device=_CPU)
+        base = torch.full((extent,), _fill(x), dtype=x.dtype, device=_CPU)
         return base.as_strided(sizes, strides)
     if isinstance(x, torch.Generator):
         return torch.Generator(device=_CPU).manual_seed(0)
@@ -245,6 +313,13 @@ def _twin(x: Any, name: str | None) -> Any:
     if name == "device" and x is not None:
         return _CPU
     return x
+
+
+def _fill(x: torch.Tensor) -> Any:
+    """A value valid everywhere: a probability, a mean, a std, an index."""
+    if x.dtype == torch.bool:
+        return False
+    return 0.5 if x.is_floating_point() or x.is_complex() else 0
 
 
 def _small_size(size: Any) -> Any:

@@ -17,7 +17,6 @@ from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, swap_in
 from torchdefer.recorder._hooks import set_value_reader
-from torchdefer.recorder.graph import TensorMeta
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
@@ -249,30 +248,43 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
-    if (device or value.meta.device).type == "meta":
-        return _on_meta(value.meta, device)
-    real = Replay(fake._graph, device).run([(value, value.storage.version)],
-                                           None if name is None else [name])[0]
+    with torch.inference_mode(_recorded_inference(value)):
+        if (device or value.meta.device).type == "meta":
+            return _on_meta(value, device)
+        real = Replay(fake._graph, device).run([(value, value.storage.version)],
+                                               None if name is None else [name])[0]
     value.storage.materialized = True
     return real
 
 
-def _on_meta(meta: TensorMeta, device: torch.device | None) -> torch.Tensor:
+def _recorded_inference(value) -> bool:
+    """Whether ``value`` is an inference tensor: its storage was made under
+    inference mode (a view has its base's kind, in eager too). Replay gives
+    one exactly then, whatever mode the caller materializes in: each node runs
+    in its own recorded mode, and this covers what the cache rebuilds."""
+    ambient = value.storage.creator.ambient
+    return bool(ambient is not None and ambient.inference)
+
+
+def _on_meta(value, device: torch.device | None) -> torch.Tensor:
     """A meta tensor as eager gives it: what ``t.to("meta")`` makes of the real
-    tensor for ``device="meta"``; the meta kernels' own layout (the recorded
-    one) for a tensor recorded on meta (``with torch.device("meta")``).
+    tensor for ``device="meta"``; for a tensor recorded on meta (``with
+    torch.device("meta")``), the meta kernels' own layout, storage offset and
+    conjugate/negative bits, as recorded.
 
     Nothing is replayed: a meta tensor has no values, and random ops on meta
     draw nothing, so the generators are not involved.
     """
+    meta = value.meta
     with suspended():
-        twin = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype, device="meta")
-        if device is None or meta.device.type == "meta":
-            twin = twin.conj() if meta.conj else twin
-            return _compat.neg_view(twin) if meta.neg else twin
-        # to()'s layout rule (preserve_format); it resolves the conj/neg bits
-        return torch.empty_like(twin)
-    return twin
+        if device is not None and meta.device.type != "meta":
+            twin = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype, device="meta")
+            return torch.empty_like(twin)  # to()'s layout rule (preserve_format), no bits
+        storage = torch.UntypedStorage(value.storage.nbytes, device="meta")
+        out = torch.empty(0, dtype=meta.dtype, device="meta")
+        out.set_(storage, meta.offset, meta.size, meta.stride)
+        out = out.conj() if meta.conj else out
+        return _compat.neg_view(out) if meta.neg else out
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

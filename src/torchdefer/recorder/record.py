@@ -268,6 +268,7 @@ def record_constant(
     node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
     node.source = user_frame(2)
     node.graph = graph
+    node.ambient = current_ambient()  # inference mode: an inference tensor, as in eager
     with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
         elem = meta_twin(real)

@@ -28,7 +28,7 @@ import torch
 
 from context import Ctx
 
-__all__ = ["MATERIALIZE_UNDER", "ambient", "reset_ambient", "settings", "stop_worker", "thread",
+__all__ = ["MATERIALIZE_UNDER", "ambient", "attempt", "refused", "reset_ambient", "settings", "stop_worker", "thread",
            "worker"]
 
 _WRAPPERS = ["torch.no_grad()", "torch.inference_mode()", "torch.device('meta')",
@@ -78,6 +78,38 @@ def thread(ctx: Ctx) -> str | None:
         return f"{t} = __import__('ambient_families').worker().run(lambda: {work}).clone()"
     return (f"_out = []; _th = __import__('threading').Thread(target=lambda: _out.append({work})); "
             f"_th.start(); _th.join(); {t} = _out[0].clone()")
+
+
+def refused(ctx: Ctx) -> str | None:
+    """A call eager may refuse (a check only its kernels make), tried: both worlds
+    must refuse it alike, at the same point, after the same draws and writes."""
+    x = ctx.pick(lambda t: t.dim() >= 1 and t.numel() >= 2)
+    if x is None:
+        return None
+    n = ctx.env[x].numel()
+    one = f"{x}.reshape(-1)[:1].expand({n})"  # every element in one memory location
+    flat = f"{x}.reshape(-1)"
+    g = ctx.gen()
+    line = ctx.rng.choice([
+        f"{one}.add_(1)", f"{one}.uniform_({g[2:]})", f"{one}.normal_({g[2:]})",
+        f"{one}.copy_({flat})", f"{one}.fill_(2)", f"{one}.bernoulli_(0.5{g})",
+        f"nn.init.trunc_normal_({one})", f"nn.init.kaiming_uniform_({x})",
+        f"{flat}[1:].add_({flat}[:-1])", f"{flat}[1:].copy_({flat}[:-1])",
+        f"{x}.uniform_(2, 1{g})", f"{x}.random_(5, 2{g})", f"{x}.bernoulli_(1.5{g})",
+        f"{x}.normal_(0, -1{g})", f"{x}.uniform_({g[2:]})", f"{x}.exponential_({g[2:]})",
+        f"{x}.log_normal_({g[2:]})", f"nn.init.trunc_normal_({x})", f"nn.init.xavier_normal_({x})",
+        f"torch.rand(3, dtype={x}.dtype{g})", f"torch.randn(3, dtype={x}.dtype{g})",
+    ])
+    return f"__import__('ambient_families').attempt(lambda: {line})"
+
+
+def attempt(fn: Callable[[], Any]) -> None:
+    """``fn()``, an exception swallowed: whether it raised is seen in what follows."""
+    try:
+        with torch.no_grad():
+            fn()
+    except Exception:  # eager's refusal, and the deferred world's
+        pass
 
 
 class _Worker:

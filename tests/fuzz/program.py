@@ -48,6 +48,7 @@ FOCUS: dict[str, dict] = {
                                   "segments": (2, 3)},
     "ambient": {"families": {**_BASE, "ambient": 5, "random": 2, "module": 1},
                 "materialize_under": True},
+    "eager_refusals": {"families": {**_BASE, "refused": 4, "int_factory": 1, "ambient": 1}},
     "threads": {"families": {**_BASE, "thread": 3, "random": 3, "random_on": 2, "module": 1},
                 "segments": (1, 2)},
     "everything": {"families": {name: 2 for name in FAMILIES} | {"factory": 4},

@@ -36,7 +36,7 @@ from torchdefer._compat import DisableTorchFunctionSubclass
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 
-__all__ = ["EagerRefusalError", "eager_refuses", "refuse_as_eager"]
+__all__ = ["EagerRefusalError", "eager_refuses", "refuse_as_eager", "writes_inference"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
 _PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory"
@@ -92,6 +92,13 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
         if any(t.is_inference() for t in written) and not torch.is_inference_mode_enabled():
             return True
         return _refusal(fn, args, kwargs, written, random) is not None
+
+
+def writes_inference(written: list[torch.Tensor]) -> bool:
+    """Whether a call writes an inference tensor (outside inference mode, autograd
+    refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``)."""
+    with DisableTorchFunctionSubclass():
+        return any(t.is_inference() for t in written)
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],

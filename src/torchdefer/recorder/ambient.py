@@ -31,7 +31,7 @@ from types import TracebackType
 
 import torch
 
-__all__ = ["Ambient", "AmbientSwitch", "current_ambient"]
+__all__ = ["Ambient", "AmbientSwitch", "current_ambient", "in_inference_mode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,20 @@ def current_ambient() -> Ambient:
     if ambient is None:
         ambient = _interned[key] = Ambient(*key)
     return ambient
+
+
+def in_inference_mode(ambient: Ambient) -> Ambient:
+    """``ambient`` with inference mode on (interned like :func:`current_ambient`'s).
+
+    For an op that writes an inference tensor outside inference mode: eager's
+    kernel writes (and draws), then autograd refuses the write; replayed in
+    inference mode, the write happens and nothing refuses it.
+    """
+    key = (*(getattr(ambient, f) for f in Ambient.__slots__[:-1]), True)
+    out = _interned.get(key)
+    if out is None:
+        out = _interned[key] = Ambient(*key)
+    return out
 
 
 def _apply(ambient: Ambient) -> None:

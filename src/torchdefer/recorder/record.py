@@ -14,9 +14,9 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._refusals import refuse_as_eager
+from torchdefer.recorder._refusals import refuse_as_eager, writes_inference
 from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
-from torchdefer.recorder.ambient import current_ambient
+from torchdefer.recorder.ambient import current_ambient, in_inference_mode
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.external import ExternalRef
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
@@ -102,6 +102,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     node.source = user_frame(2)
     node.graph = graph
     node.ambient = current_ambient()
+    if targets and not node.ambient.inference and writes_inference(targets):
+        node.ambient = in_inference_mode(node.ambient)  # eager writes, then refuses
     if writes:
         node.writes = _record_writes(node, written, writes)
     out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)

@@ -165,3 +165,40 @@ def test_a_cuda_tensor_is_not_judged_by_the_cpu_kernels():
     assert lazy.device.type == "cuda"
     with pytest.raises(RuntimeError, match="more than one element"):
         torchdefer.deferred_init(lambda: torch.zeros(1, device="cuda").expand(3).normal_())
+
+
+@pytest.mark.parametrize("write", ["normal_", "add_", "trunc_normal_"])
+def test_an_inference_tensor_written_outside_inference_mode_holds_what_eager_wrote(write):
+    # Eager's kernel writes (and draws), then autograd refuses the write.
+    def build():
+        with torch.inference_mode():
+            t = torch.zeros(5)
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+            if write == "normal_":
+                t.normal_()
+            elif write == "add_":
+                t.add_(2)
+            else:
+                nn.init.trunc_normal_(t)
+        return t * 1
+
+    torch.manual_seed(0)
+    eager = build()
+    eager_next = torch.rand(3)
+    torch.manual_seed(0)
+    lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(3), eager_next)
+    assert torch.equal(torchdefer.materialize_tensor(lazy), eager)
+
+
+def test_to_another_tensor_of_an_inference_tensor_is_recorded():
+    def build():
+        with torch.inference_mode():
+            t = torch.arange(3.0)
+        return t.to(t), t.to(torch.ones(1, dtype=torch.float64))
+
+    eager = build()
+    lazy = torchdefer.deferred_init(build)
+    for a, b in zip(lazy, eager):
+        real = torchdefer.materialize_tensor(a)
+        assert torch.equal(real, b) and real.dtype == b.dtype and real.is_inference() == b.is_inference()

@@ -29,11 +29,16 @@ __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _ITEM = torch.ops.aten._local_scalar_dense.default
+_TO = torch.ops.aten.to
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
+    if func.overloadpacket is _TO:
+        # Reaches dispatch undecomposed only for inference tensors (no autograd
+        # key); its device argument may be positional: decomposed as eager does.
+        return func.decompose(*args, **kwargs)
     if func in _LIFT:
         if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
             return args[0]

@@ -84,9 +84,12 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     if not isinstance(program, Program):
         raise TypeError("save() takes a program from torchdefer.script(), got "
                         f"{type(program).__name__}")
+    program._saveable()  # a file without a graph could run nothing
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
         "qualname": program.qualname, "params": to_json(program._params),
+        "method": program._check.method,  # a module's forward: messages count its self
+        "variadic": program._check.variadic,
         "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
@@ -120,6 +123,20 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
             program, or holds something loading would have to execute.
+
+    Example:
+        >>> import torch, torchdefer, tempfile, os
+        >>> from torchdefer.descriptors import MetaTensorType
+        >>> p = torchdefer.script(lambda x: x * 2, {"x": MetaTensorType(["n"], torch.float32)})
+        >>> f = os.path.join(tempfile.mkdtemp(), "double.tdp")
+        >>> torchdefer.save(p, f)
+        >>> loaded = torchdefer.load(f)
+        >>> loaded(torch.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+        >>> loaded(torch.arange(3))  # still checked: an int64 tensor is refused
+        Traceback (most recent call last):
+        ...
+        torchdefer.descriptors.errors.DescriptorMismatch: x.dtype: expected torch.float32, ...
     """
     name = os.fspath(path)
     members: dict[str, bytes] = {}
@@ -161,7 +178,9 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         if backend == "export":
             outputs = None if first is None else first.output_descriptors(ranges)
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                       runners=runners, weights=weights, output_descriptors=outputs)
+                       runners=runners, weights=weights, output_descriptors=outputs,
+                       method=header.get("method") is True,
+                       variadic=header.get("variadic") is True)
 
 
 def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[str, bytes],

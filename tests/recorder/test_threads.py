@@ -174,7 +174,8 @@ def test_a_later_change_by_another_thread_is_not_undone_by_the_block():
 @pytest.mark.parametrize("order", ["first_in_first_out", "first_in_last_out"])
 def test_two_threads_recording_at_once_leave_no_patch_behind(order):
     originals = (torch.get_rng_state, torch.random.get_rng_state, threading.Thread.start,
-                 torch.set_default_dtype, torch.set_default_tensor_type)
+                 torch.set_default_dtype, torch.set_default_tensor_type,
+                 torch.Tensor._make_subclass, torch.nn.init._no_grad_trunc_normal_)
     a_in, b_in, a_may_leave, b_left = (threading.Event() for _ in range(4))
     results: dict[str, Any] = {}
 
@@ -204,7 +205,8 @@ def test_two_threads_recording_at_once_leave_no_patch_behind(order):
     for t in threads:
         t.join()
     assert (torch.get_rng_state, torch.random.get_rng_state, threading.Thread.start,
-            torch.set_default_dtype, torch.set_default_tensor_type) == originals
+            torch.set_default_dtype, torch.set_default_tensor_type,
+            torch.Tensor._make_subclass, torch.nn.init._no_grad_trunc_normal_) == originals
     for model in results.values():
         torchdefer.materialize_module(model)
         assert not torchdefer.is_deferred(model)

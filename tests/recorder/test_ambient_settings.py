@@ -237,3 +237,25 @@ def test_a_conjugate_view_on_meta_has_its_bit_as_eager_has_it():
     # to("meta") resolves the bit
     real = torchdefer.materialize_tensor(torchdefer.deferred_init(build), "meta")
     assert real.is_meta and real.is_conj() == build().to("meta").is_conj()
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("kind", ["safetensors", "torch.save"])
+def test_loading_a_checkpoint_file_under_a_setting_gives_eagers_tensors(setting, kind, tmp_path):
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 3)
+    path = tmp_path / ("m.safetensors" if kind == "safetensors" else "m.pt")
+    if kind == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(eager.state_dict(), str(path))
+    else:
+        torch.save(eager.state_dict(), path)
+    model = torchdefer.deferred_init(nn.Linear, 4, 3)
+    with SETTINGS[setting]():
+        torchdefer.load_state_dict(model, path)
+    for name, ref in eager.named_parameters():
+        real = getattr(model, name)
+        assert (type(real), real.device, real.dtype, real.requires_grad, real.is_inference()) == (
+            nn.Parameter, ref.device, ref.dtype, True, False), name
+        assert torch.equal(real, ref), name

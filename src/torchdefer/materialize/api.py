@@ -15,7 +15,7 @@ from torchdefer.fake.device import device_available
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import real_tensor, swap_in
+from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
 from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
@@ -250,22 +250,13 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
-    with torch.inference_mode(_recorded_inference(value)):
+    with torch.inference_mode(recorded_inference(value)):
         if (device or value.meta.device).type == "meta":
             return _on_meta(value, device)
         real = Replay(fake._graph, device).run([(value, value.storage.version)],
                                                None if name is None else [name])[0]
     value.storage.materialized = True
     return real
-
-
-def _recorded_inference(value) -> bool:
-    """Whether ``value`` is an inference tensor: its storage was made under
-    inference mode (a view has its base's kind, in eager too). Replay gives
-    one exactly then, whatever mode the caller materializes in: each node runs
-    in its own recorded mode, and this covers what the cache rebuilds."""
-    ambient = value.storage.creator.ambient
-    return bool(ambient is not None and ambient.inference)
 
 
 def _on_meta(value, device: torch.device | None) -> torch.Tensor:

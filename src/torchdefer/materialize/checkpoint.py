@@ -40,7 +40,7 @@ from torchdefer.fake.device import device_available
 from torchdefer.materialize.api import materialize_module, materialized_nbytes
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.materialize.swap import swap_in
+from torchdefer.materialize.swap import recorded_inference, swap_in
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = [
@@ -204,6 +204,12 @@ def assign_loaded(group: TensorGroup, loaded: torch.Tensor, device: torch.device
     with torch.no_grad():
         real = loaded.detach().to(device=place, dtype=target.dtype)
     real = cast(real, dtype)
+    inference = recorded_inference(target._value)
+    if real.is_inference() != inference:
+        # Read under inference mode (or recorded there): eager copies into the
+        # parameter, which keeps its own kind, whatever mode loads.
+        with torch.no_grad(), torch.inference_mode(inference):
+            real = real.clone()
     storage = target._value.storage
     swap_in(target, real, name)
     # Later recorded writes to this storage would never reach the loaded tensor.

@@ -28,6 +28,7 @@ again on the real one.
 from __future__ import annotations
 
 import copyreg
+from typing import Any
 
 import torch
 
@@ -37,7 +38,15 @@ from torchdefer.recorder._copy import user_attributes
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.subclasses import user_class
 
-__all__ = ["real_tensor", "swap_in"]
+__all__ = ["real_tensor", "recorded_inference", "swap_in"]
+
+
+def recorded_inference(value: Any) -> bool:
+    """Whether the deferred ``value`` stands for an inference tensor: its storage
+    was made under inference mode (a view has its base's kind, in eager too).
+    Materialized, it is one exactly then, whatever mode the caller is in."""
+    ambient = value.storage.creator.ambient
+    return bool(ambient is not None and ambient.inference)
 
 
 def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

@@ -259,3 +259,11 @@ def test_loading_a_checkpoint_file_under_a_setting_gives_eagers_tensors(setting,
         assert (type(real), real.device, real.dtype, real.requires_grad, real.is_inference()) == (
             nn.Parameter, ref.device, ref.dtype, True, False), name
         assert torch.equal(real, ref), name
+
+
+def test_a_model_recorded_on_cuda_materializes_to_meta_on_a_host_without_cuda():
+    model = torchdefer.deferred_init(Model, "cuda")
+    torchdefer.materialize_module(model, device="meta")
+    for name, t in model.state_dict(keep_vars=True).items():
+        assert t.is_meta and not torchdefer.is_fake(t), name
+    assert isinstance(model.lin.weight, nn.Parameter) and model.lin.weight.requires_grad

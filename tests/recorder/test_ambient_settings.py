@@ -267,3 +267,38 @@ def test_a_model_recorded_on_cuda_materializes_to_meta_on_a_host_without_cuda():
     for name, t in model.state_dict(keep_vars=True).items():
         assert t.is_meta and not torchdefer.is_fake(t), name
     assert isinstance(model.lin.weight, nn.Parameter) and model.lin.weight.requires_grad
+
+
+@pytest.mark.parametrize("setting", ["with_meta", "default_meta", "with_cuda", "default_cuda"])
+def test_a_parameter_of_a_parameter_under_a_device_context_is_a_parameter(setting):
+    def build():
+        p = nn.Parameter(torch.ones(3, device="cpu"), requires_grad=False)
+        with SETTINGS[setting]():
+            return nn.Parameter(p)
+
+    eager = build()
+    lazy = torchdefer.deferred_init(build)
+    assert type(lazy) is not torch.Tensor and isinstance(lazy, nn.Parameter)
+    real = torchdefer.materialize_tensor(lazy)
+    assert (type(real), real.requires_grad) == (type(eager), eager.requires_grad)
+    assert torch.equal(real, eager)
+
+
+def test_draws_inside_and_after_an_inference_block_of_one_recording():
+    def build():
+        w = torch.empty(4, 2)
+        with torch.inference_mode():
+            a = torch.empty(37).log_normal_()  # the generator's marker is made here
+        nn.init.trunc_normal_(w, std=0.02)  # and updated here, outside inference mode
+        b = torch.randn(5)
+        return a, w, b
+
+    torch.manual_seed(0)
+    eager = build()
+    eager_next = torch.rand(3)
+    torch.manual_seed(0)
+    lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(3), eager_next)
+    for a, b in zip(lazy, eager):
+        real = torchdefer.materialize_tensor(a)
+        assert torch.equal(real, b) and real.is_inference() == b.is_inference()

@@ -62,7 +62,9 @@ class RngRecorder:
         from torchdefer.recorder.mode import suspended
 
         self.streams: dict[Any, Stream] = {}
-        with suspended():
+        # The states kept here are written in place later, maybe outside the
+        # inference mode a recording began in: never inference tensors.
+        with suspended(), torch.inference_mode(False):
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
             self.cpu_start = torch.default_generator.get_state()
@@ -84,8 +86,9 @@ class RngRecorder:
         if device.type == "meta":
             node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
             return
-        # The generator states and the tensors below are real: no mode may see them.
-        with _compat.DisableTorchDispatch():
+        # The generator states and the tensors below are real: no mode may see
+        # them, and they are kept across inference-mode blocks (see __init__).
+        with _compat.DisableTorchDispatch(), torch.inference_mode(False):
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()
@@ -182,7 +185,7 @@ class RngRecorder:
         """
         from torchdefer.recorder.mode import suspended
 
-        with suspended():
+        with suspended(), torch.inference_mode(False):
             for stream in self.streams.values():
                 real = self._real(stream)
                 if real is None or stream.model != "cpu":

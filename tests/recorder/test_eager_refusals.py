@@ -90,6 +90,7 @@ ACCEPTED = {
     "same_view_twice": lambda: (lambda x: x.t().add_(x.t()))(torch.arange(6.0).view(2, 3)),
     "strided_views_of_one_storage": lambda: (lambda x: x[::2].mul_(x[1::2]))(torch.arange(6.0)),
     "disjoint_halves": lambda: (lambda x: x[:3].add_(x[3:]))(torch.arange(6.0)),
+    "expanded_copy_into_itself": lambda: (lambda x: x.copy_(x))(_expanded()),
     # the fast paths' neighbours that eager accepts
     "normal_half_huge_std": lambda: torch.zeros(3, dtype=torch.half).normal_(0, 1e6),
     "uniform_half_wide_but_fine": lambda: torch.zeros(3, dtype=torch.half).uniform_(-3e4, 3e4),
@@ -110,6 +111,19 @@ def _outcome(fn):
             return fn(), None
     except Exception as error:  # compared below
         return None, error
+
+
+def test_the_same_call_shape_with_another_tensor_is_judged_anew():
+    # t.copy_(t) is accepted (the same tensor), t.copy_(u) refused: one verdict each.
+    def build(same):
+        t = _expanded()
+        u = _expanded()
+        t.copy_(t if same else u)
+
+    torchdefer.deferred_init(build, True)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        torchdefer.deferred_init(build, False)
+    torchdefer.deferred_init(build, True)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -233,11 +233,13 @@ def _verdict(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException],
 
 
 def _key(func: Any, args: tuple, kwargs: dict) -> Any:
+    seen: dict[int, int] = {}
+
     def part(x: Any) -> Any:
         if type(x) in _PLAIN:
             return x
-        if isinstance(x, torch.Tensor):  # what its twin is made from
-            return (x.dtype, x.shape, x.stride())
+        if isinstance(x, torch.Tensor):  # what its twin is made from, and which one it is
+            return (x.dtype, x.shape, x.stride(), seen.setdefault(id(x), len(seen)))
         if isinstance(x, torch.Generator):
             return "G"
         if isinstance(x, (list, tuple)):
@@ -266,10 +268,9 @@ def _ask_eager(func: Any, args: tuple, kwargs: dict, shared: bool = False,
             twins = _shared_twins(args, kwargs) if shared else {}
             if twins is None:
                 return None
-            twin_args = _shrink_sizes(func, tuple(
-                twins[id(x)] if id(x) in twins else _twin(x, None) for x in args))
-            twin_kwargs = {k: twins[id(v)] if id(v) in twins else _twin(v, k)
-                           for k, v in kwargs.items()}
+            # One twin per tensor: `t.copy_(t)` is no overlap to eager (the same tensor).
+            twin_args = _shrink_sizes(func, tuple(_twin(x, None, twins) for x in args))
+            twin_kwargs = {k: _twin(v, k, twins) for k, v in kwargs.items()}
             func(*twin_args, **twin_kwargs)
         except Exception as error:  # whatever eager raises is the verdict
             message = (str(error).strip().splitlines() or [""])[0]
@@ -305,16 +306,19 @@ def _twin_layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return sizes, tuple(strides)
 
 
-def _twin(x: Any, name: str | None) -> Any:
+def _twin(x: Any, name: str | None, twins: dict[int, torch.Tensor]) -> Any:
+    """A real CPU stand-in for argument ``x`` (the one made before for the same tensor)."""
     if isinstance(x, torch.Tensor):
-        sizes, strides = _twin_layout(x)
-        extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if all(sizes) else 0
-        base = torch.full((extent,), _fill(x), dtype=x.dtype, device=_CPU)
-        return base.as_strided(sizes, strides)
+        if id(x) not in twins:
+            sizes, strides = _twin_layout(x)
+            extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if all(sizes) else 0
+            base = torch.full((extent,), _fill(x), dtype=x.dtype, device=_CPU)
+            twins[id(x)] = base.as_strided(sizes, strides)
+        return twins[id(x)]
     if isinstance(x, torch.Generator):
         return torch.Generator(device=_CPU).manual_seed(0)
     if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
-        return type(x)(_twin(y, None) for y in x)
+        return type(x)(_twin(y, None, twins) for y in x)
     if name == "size":
         return _small_size(x)
     if name == "device" and x is not None:

@@ -216,3 +216,16 @@ def test_to_another_tensor_of_an_inference_tensor_is_recorded():
     for a, b in zip(lazy, eager):
         real = torchdefer.materialize_tensor(a)
         assert torch.equal(real, b) and real.dtype == b.dtype and real.is_inference() == b.is_inference()
+
+
+def test_meta_tensors_are_judged_by_the_meta_kernels_as_in_eager():
+    # Eager on meta runs the meta kernels, which accept these: so does recording.
+    def build():
+        t = torch.zeros(1, device="meta").expand(3)
+        t.add_(1)
+        t.normal_()
+        return torch.zeros(3, dtype=torch.int64, device="meta").uniform_()
+
+    eager = build()
+    lazy = torchdefer.deferred_init(build)
+    assert torchdefer.materialize_tensor(lazy).is_meta and eager.is_meta

@@ -240,15 +240,20 @@ def test_a_conjugate_view_on_meta_has_its_bit_as_eager_has_it():
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("kind", ["safetensors", "torch.save"])
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", ["safetensors", "torch.save", "dcp"])
 def test_loading_a_checkpoint_file_under_a_setting_gives_eagers_tensors(setting, kind, tmp_path):
     torch.manual_seed(0)
     eager = nn.Linear(4, 3)
-    path = tmp_path / ("m.safetensors" if kind == "safetensors" else "m.pt")
+    path = tmp_path / {"safetensors": "m.safetensors", "torch.save": "m.pt", "dcp": "dcp"}[kind]
     if kind == "safetensors":
         from safetensors.torch import save_file
 
         save_file(eager.state_dict(), str(path))
+    elif kind == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(eager.state_dict(), checkpoint_id=str(path), no_dist=True)
     else:
         torch.save(eager.state_dict(), path)
     model = torchdefer.deferred_init(nn.Linear, 4, 3)

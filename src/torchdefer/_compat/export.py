@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.utils._sympy.functions as sympy_functions
 from torch._guards import TracingContext, tracing
+from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.interp import sympy_interp
@@ -27,7 +28,8 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer.fake._source import is_library_code
 
-__all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
+__all__ = ["FakeTensor", "HigherOrderOperator", "OpOverload", "deserialize",
+           "dispatcher_operator_names", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
            "jit_function", "jit_script", "prefix_str", "reparametrize", "serialize",
            "spec_children", "symbol_sources", "sympy_functions"]
@@ -156,6 +158,12 @@ def deserialize(graph: bytes, state: dict[str, torch.Tensor],
     from torch._export.serde import serialize as serde
 
     return serde.deserialize(serde.SerializedArtifact(graph, state, constants, b""))
+
+
+def dispatcher_operator_names() -> frozenset[str]:
+    """``aten::add.Tensor``-style names of every operator registered with the
+    dispatcher (TorchScript-only builtins like ``aten::save`` are not)."""
+    return frozenset(torch._C._dispatch_get_all_op_names())
 
 
 def jit_function(graph: torch._C.Graph) -> Callable[..., Any]:

@@ -245,8 +245,10 @@ def from_json(data: Any) -> Any:
     ((kind, payload),) = data.items()
     if kind in ("list", "tuple"):
         return {"list": list, "tuple": tuple}[kind](from_json(v) for v in payload)
-    if kind in _TORCH and isinstance(getattr(torch, payload, None), _TORCH[kind]):
-        return getattr(torch, payload)
+    # vars(), not getattr: a name the file chose must not reach torch's lazy submodule imports.
+    if kind in _TORCH and isinstance(payload, str) and isinstance(
+            vars(torch).get(payload), _TORCH[kind]):
+        return vars(torch)[payload]
     if kind in ("device", "type", "empty"):
         return (torch.device(payload) if kind == "device" else _TYPES[payload] if kind == "type"
                 else inspect.Parameter.empty)

@@ -307,3 +307,26 @@ def test_draws_inside_and_after_an_inference_block_of_one_recording():
     for a, b in zip(lazy, eager):
         real = torchdefer.materialize_tensor(a)
         assert torch.equal(real, b) and real.is_inference() == b.is_inference()
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_data_reads_while_recording_under_a_setting_give_eagers_values(setting):
+    def build():
+        t = torch.randn(5, device="cpu")
+        n = int((t > 0).sum().item())  # replays a slice while recording
+        xs = t.tolist()
+        w = nn.init.trunc_normal_(torch.empty(4, 4, device="cpu"))  # reads what it draws
+        return t * n, w, torch.tensor(xs, device="cpu")
+
+    torch.manual_seed(0)
+    with SETTINGS[setting]():
+        eager = build()
+    eager_next = torch.rand(2, device="cpu")
+    torch.manual_seed(0)
+    with SETTINGS[setting]():
+        lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(2, device="cpu"), eager_next)
+    for a, b in zip(lazy, eager):
+        real = torchdefer.materialize_tensor(a)
+        assert torch.equal(real, b) and real.dtype == b.dtype
+        assert real.is_inference() == b.is_inference()

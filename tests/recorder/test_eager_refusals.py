@@ -65,6 +65,9 @@ REFUSED = {
     "trunc_normal_int64": lambda: nn.init.trunc_normal_(torch.zeros(3, dtype=torch.int64)),
     "uniform_int64_after_a_draw": lambda: (torch.rand(5), torch.zeros(3, dtype=torch.long).uniform_()),
     "large_uniform_int64": lambda: torch.zeros(4096, 4096, dtype=torch.int64).uniform_(),
+    # dtypes a deterministic CPU kernel lacks ("not implemented for ...")
+    "addmm_bool": lambda: torch.addmm(*(torch.zeros(2, 2, dtype=torch.bool),) * 3),
+    "mm_bool": lambda: torch.zeros(2, 2, dtype=torch.bool) @ torch.zeros(2, 2, dtype=torch.bool),
     # argument ranges checked in the kernel
     "uniform_from_above_to": lambda: torch.zeros(3).uniform_(2, 1),
     "uniform_half_range_too_wide": lambda: torch.zeros(3, dtype=torch.half).uniform_(-4e4, 4e4),
@@ -91,6 +94,11 @@ ACCEPTED = {
     "strided_views_of_one_storage": lambda: (lambda x: x[::2].mul_(x[1::2]))(torch.arange(6.0)),
     "disjoint_halves": lambda: (lambda x: x[:3].add_(x[3:]))(torch.arange(6.0)),
     "expanded_copy_into_itself": lambda: (lambda x: x.copy_(x))(_expanded()),
+    # rare dtypes eager's kernels have
+    "bool_mask_where": lambda: torch.where(torch.arange(4) > 1, torch.ones(4), torch.zeros(4)),
+    "uint8_add": lambda: torch.arange(4, dtype=torch.uint8) + 3,
+    "complex_mul": lambda: torch.view_as_real(torch.ones(3, dtype=torch.complex64) * 2j),
+    "int8_matmul": lambda: torch.ones(2, 2, dtype=torch.int8) @ torch.ones(2, 2, dtype=torch.int8),
     # the fast paths' neighbours that eager accepts
     "normal_half_huge_std": lambda: torch.zeros(3, dtype=torch.half).normal_(0, 1e6),
     "uniform_half_wide_but_fine": lambda: torch.zeros(3, dtype=torch.half).uniform_(-3e4, 3e4),

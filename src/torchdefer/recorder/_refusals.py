@@ -36,7 +36,8 @@ from torchdefer._compat import DisableTorchFunctionSubclass
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 
-__all__ = ["EagerRefusalError", "eager_refuses", "refuse_as_eager", "writes_inference"]
+__all__ = ["EagerRefusalError", "eager_refuses", "rare_dtypes", "refuse_as_eager",
+           "writes_inference"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
 _PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory"
@@ -111,7 +112,7 @@ def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
         if verdict is not None and (_PARTIAL in verdict[1] or _OVERLAP in verdict[1]):
             return verdict
     if not random and not overlapping:
-        return None
+        return _dtype_gap(func, args, kwargs)
     if not overlapping and _surely_fine(func, args, kwargs):
         return None
     on_cpu = all(_device(t) == _CPU for t in _tensors(args, kwargs)) and _cpu_arg(kwargs)
@@ -119,6 +120,32 @@ def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
         return None
     verdict = _verdict(func, args, kwargs)
     if verdict is None or not ((random and on_cpu) or _OVERLAP in verdict[1]):
+        return None
+    return verdict
+
+
+# Dtypes for which CPU kernels often lack an implementation (``addmm`` on bool,
+# ``sort`` on complex): a call reading one is asked of eager. Inputs only: the
+# common float and int64 tensors never pay for the question.
+_RARE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128, torch.int8,
+                   torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64})
+
+
+def rare_dtypes(inputs: list[Any]) -> bool:
+    """Whether a recorded call's inputs (graph values) hold a dtype of ``_RARE``."""
+    return any(v.meta.dtype in _RARE for v in inputs)
+
+
+def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
+    """Eager's "not implemented for <dtype>" for a CPU call, the only refusal of a
+    deterministic call its twins prove (no size, value or layout causes it)."""
+    tensors = list(_tensors(args, kwargs))
+    if not any(t.dtype in _RARE for t in tensors) or not _cpu_arg(kwargs):
+        return None
+    if not all(_device(t) == _CPU for t in tensors):
+        return None
+    verdict = _verdict(func, args, kwargs)
+    if verdict is None or not issubclass(verdict[0], NotImplementedError):
         return None
     return verdict
 

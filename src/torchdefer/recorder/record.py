@@ -14,7 +14,7 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._refusals import refuse_as_eager, writes_inference
+from torchdefer.recorder._refusals import rare_dtypes, refuse_as_eager, writes_inference
 from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
 from torchdefer.recorder.ambient import current_ambient, in_inference_mode
 from torchdefer.recorder.errors import RecordingError
@@ -83,7 +83,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     targets = list(_written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets}
     random = known_random_op(func) or _generator_of(kwargs, flat) is not None
-    if targets or random:  # kernel-only checks: asked of eager where they may fail
+    if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
         refuse_as_eager(func, args, kwargs, targets, random, _where)
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(

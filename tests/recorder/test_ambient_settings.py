@@ -84,13 +84,6 @@ CUDA = ("with_cuda", "default_cuda")
 META = ("with_meta", "default_meta")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _probe_outside_settings():
-    # The process-wide trunc_normal_ probe (recorder/composite.py) is checked
-    # by its own tests; here every case starts with it done.
-    torchdefer.deferred_init(nn.Linear, 2, 2)
-
-
 def _assert_same(real: nn.Module, ref: nn.Module) -> None:
     if ref.lin.weight.is_meta:
         for (name, a), (_, b) in zip(real.state_dict(keep_vars=True).items(),

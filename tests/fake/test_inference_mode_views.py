@@ -38,3 +38,18 @@ def test_a_view_under_inference_mode_is_described_as_eagers(name, dtype):
     real = torchdefer.materialize_tensor(lazy)
     assert _describe(real) == _describe(eager)
     assert torch.equal(real, eager)
+
+
+def test_to_another_tensor_of_a_fake_inference_tensor_works_as_in_eager():
+    with torch.inference_mode():
+        eager = torch.ones(3)
+    with torchdefer.fake_mode():
+        with torch.inference_mode():
+            fake = torch.ones(3)
+        inside = (fake.to(fake), fake.to(torch.ones(1, dtype=torch.float64)))
+    outside = (fake.to(fake), fake.to(torch.ones(1, dtype=torch.float64)))
+    reference = (eager.to(eager), eager.to(torch.ones(1, dtype=torch.float64)))
+    for got in (inside, outside):
+        for a, b in zip(got, reference):
+            assert torchdefer.is_fake(a)
+            assert (a.shape, a.dtype, a.is_inference()) == (b.shape, b.dtype, b.is_inference())

@@ -90,7 +90,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         writes = writes_of(plan, written)
     targets = list(_written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets}
-    random = known_random_op(func) or _generator_of(kwargs, flat) is not None
+    generator = _generator_in(facts, args, kwargs) if facts.generators else None
+    random = facts.random or generator is not None
     if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
         refuse_as_eager(func, args, kwargs, targets, random, _where)
     try:
@@ -121,7 +122,6 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before)
     node.kind = _kind(facts, node, aliased, device)
-    generator = _generator_in(facts, args, kwargs) if facts.generators else None
     if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:

@@ -95,11 +95,18 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
         return _refusal(fn, args, kwargs, written, random) is not None
 
 
-def writes_inference(written: list[torch.Tensor]) -> bool:
+def writes_inference(written: list[Any]) -> bool:
     """Whether a call writes an inference tensor (outside inference mode, autograd
-    refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``)."""
-    with DisableTorchFunctionSubclass():
-        return any(t.is_inference() for t in written)
+    refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``).
+
+    Read from the recording, without a torch call: a deferred tensor is an
+    inference tensor when its storage was made under inference mode.
+    """
+    for t in written:
+        ambient = t._value.storage.creator.ambient
+        if ambient is not None and ambient.inference:
+            return True
+    return False
 
 
 def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
@@ -107,7 +114,7 @@ def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
     if any(_device(t).type == "meta" for t in written):
         return None  # eager runs the same meta kernels there: nothing more to ask
     overlapping = any(_overlaps(t) for t in written)
-    if written and _partly_shared(written, args, kwargs):
+    if written and len(args) + len(kwargs) > 1 and _partly_shared(written, args, kwargs):
         verdict = _ask_eager(func, args, kwargs, shared=True)
         if verdict is not None and (_PARTIAL in verdict[1] or _OVERLAP in verdict[1]):
             return verdict

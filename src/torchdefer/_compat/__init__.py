@@ -188,7 +188,7 @@ def _xor_fold(t: torch.Tensor) -> torch.Tensor:
     wide = torch.float64 if t.is_floating_point() else torch.int64
     flat = t.reshape(-1).to(wide).view(torch.int64)
     if flat.numel() == 0:
-        return torch.zeros((), dtype=torch.int64)
+        return torch.zeros((), dtype=torch.int64, device=t.device)
     while flat.numel() > 1:  # halve: log2(n) vector xors instead of a Python loop
         if flat.numel() % 2:
             flat = torch.cat([flat, flat.new_zeros(1)])

@@ -10,11 +10,12 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from torchdefer import _compat
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import real_tensor, swap_in
+from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
 from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
@@ -249,10 +250,34 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
-    real = Replay(fake._graph, device).run([(value, value.storage.version)],
-                                           None if name is None else [name])[0]
+    with torch.inference_mode(recorded_inference(value)):
+        if (device or value.meta.device).type == "meta":
+            return _on_meta(value, device)
+        real = Replay(fake._graph, device).run([(value, value.storage.version)],
+                                               None if name is None else [name])[0]
     value.storage.materialized = True
     return real
+
+
+def _on_meta(value, device: torch.device | None) -> torch.Tensor:
+    """A meta tensor as eager gives it: what ``t.to("meta")`` makes of the real
+    tensor for ``device="meta"``; for a tensor recorded on meta (``with
+    torch.device("meta")``), the meta kernels' own layout, storage offset and
+    conjugate/negative bits, as recorded.
+
+    Nothing is replayed: a meta tensor has no values, and random ops on meta
+    draw nothing, so the generators are not involved.
+    """
+    meta = value.meta
+    with suspended():
+        if device is not None and meta.device.type != "meta":
+            twin = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype, device="meta")
+            return torch.empty_like(twin)  # to()'s layout rule (preserve_format), no bits
+        storage = torch.UntypedStorage(value.storage.nbytes, device="meta")
+        out = torch.empty(0, dtype=meta.dtype, device="meta")
+        out.set_(storage, meta.offset, meta.size, meta.stride)
+        out = out.conj() if meta.conj else out
+        return _compat.neg_view(out) if meta.neg else out
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

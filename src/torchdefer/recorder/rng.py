@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.recorder._threads import recording_thread
 from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
 from torchdefer.recorder.stream import Epoch, Position, Stream
 from torchdefer.rng import mt19937
@@ -88,7 +90,9 @@ class RngRecorder:
         from torchdefer.recorder.mode import suspended
 
         self.streams: dict[Any, Stream] = {}
-        with suspended():
+        # The states kept here are written in place later, maybe outside the
+        # inference mode a recording began in: never inference tensors.
+        with suspended(), torch.inference_mode(False):
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
             self.cpu_start = torch.default_generator.get_state()
@@ -105,9 +109,17 @@ class RngRecorder:
     # ----------------------------------------------------------- placing
 
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
-        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
-        # The generator states and the tensors below are real: no mode may see them.
-        with _compat.DisableTorchDispatch():
+        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it.
+
+        On meta nothing is drawn (eager's kernels there touch no generator):
+        the node is an ordinary write, replayed as one.
+        """
+        if device.type == "meta":
+            node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
+            return
+        # The generator states and the tensors below are real: no mode may see
+        # them, and they are kept across inference-mode blocks (see __init__).
+        with _compat.DisableTorchDispatch(), torch.inference_mode(False):
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()
@@ -216,7 +228,7 @@ class RngRecorder:
         """
         from torchdefer.recorder.mode import suspended
 
-        with suspended():
+        with suspended(), torch.inference_mode(False):
             for stream in self.streams.values():
                 real = self._real(stream)
                 if real is None or stream.model != "cpu":
@@ -229,7 +241,20 @@ class RngRecorder:
                 stream.left = real.get_state()
 
     def _lazy(self) -> bool:
-        return self._deferring > 0 and threading.get_ident() == self._thread
+        """Whether a marker may stand in for the exact state after this op.
+
+        Only while the recording thread is the only Python thread: a marker is
+        a state of the process-wide generator, and another thread drawing from
+        it would get numbers no eager program gives (nor leave the generator
+        where eager would). With other threads alive, every op moves the
+        generator to its exact state at once; a thread the recording thread
+        starts finds the exact state too (``recorder._threads``).
+        """
+        return (
+            self._deferring > 0
+            and threading.get_ident() == self._thread
+            and threading.active_count() == 1
+        )
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[None]:
@@ -240,7 +265,7 @@ class RngRecorder:
         self._deferring += 1
         try:
             if outer:
-                with _exact_reads(self):
+                with recording_thread(self.sync):
                     yield
             else:
                 yield
@@ -249,29 +274,3 @@ class RngRecorder:
             if outer:
                 self._thread = None
                 self.sync()
-
-
-@contextlib.contextmanager
-def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
-    """``torch.get_rng_state()`` answers the exact state while markers stand in.
-
-    ``fork_rng`` reads through it, and a state read there may be kept and
-    restored after ``deferred_init`` returns, when a marker would mean nothing.
-    """
-    import torch.random
-
-    original = torch.random.get_rng_state
-    thread = threading.get_ident()
-
-    def get_rng_state() -> torch.Tensor:
-        if threading.get_ident() == thread:
-            recorder.sync()
-        return original()
-
-    get_rng_state.__doc__ = original.__doc__
-    saved = (torch.get_rng_state, torch.random.get_rng_state)
-    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
-    try:
-        yield
-    finally:
-        torch.get_rng_state, torch.random.get_rng_state = saved

@@ -237,3 +237,20 @@ def test_meta_tensors_are_judged_by_the_meta_kernels_as_in_eager():
     eager = build()
     lazy = torchdefer.deferred_init(build)
     assert torchdefer.materialize_tensor(lazy).is_meta and eager.is_meta
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 2)])
+def test_a_refusal_the_stand_in_values_cause_is_not_the_calls(shape):
+    # randint_like with a tensor `high`: the twins' stand-in 0 makes eager
+    # refuse (from >= to); the real `high` of 10 does not.
+    def build():
+        high = torch.tensor(10)
+        return torch.randint_like(torch.zeros(shape, dtype=torch.int8), high)
+
+    torch.manual_seed(0)
+    eager = build()
+    eager_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), eager_state)
+    assert torch.equal(torchdefer.materialize_tensor(lazy), eager)

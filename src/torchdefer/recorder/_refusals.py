@@ -218,7 +218,8 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _shared_twins(args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
+def _shared_twins(args: tuple, kwargs: dict, second: bool = False,
+                  ) -> dict[int, torch.Tensor] | None:
     """Twins of the deferred arguments over one real base per recorded storage,
     with their real offsets and strides, or None when a storage is large or
     viewed as several dtypes."""
@@ -234,7 +235,8 @@ def _shared_twins(args: tuple, kwargs: dict) -> dict[int, torch.Tensor] | None:
                      x.stride())) if x.numel() else 0 for x in group)
         if extent > _SMALL:
             return None
-        base = torch.full((extent,), _fill(group[0]), dtype=group[0].dtype, device=_CPU)
+        base = torch.full((extent,), _fill(group[0], second), dtype=group[0].dtype,
+                          device=_CPU)
         for x in group:
             twins[id(x)] = base.as_strided(x.shape, x.stride(), x.storage_offset())
     return twins
@@ -296,17 +298,28 @@ def _ask_eager(func: Any, args: tuple, kwargs: dict, shared: bool = False,
     only the errors no size can cause count, a dtype a kernel lacks and the
     overlap refusal.
     """
+    verdict = _run_twins(func, args, kwargs, shared, second=False)
+    if verdict is None or not any(True for _ in _tensors(args, kwargs)):
+        return verdict
+    # The twins' values stand in for data recording does not have; a refusal
+    # that other values avoid (`randint_like(t, high)` with a tensor `high`
+    # of 0) is the data's, not the call's: only refusals both fills get count.
+    return verdict if _run_twins(func, args, kwargs, shared, second=True) else None
+
+
+def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
+               ) -> tuple[type[BaseException], str] | None:
     from torchdefer.recorder.mode import suspended
 
     with suspended(), torch.no_grad():
         saved = torch.default_generator.get_state()
         try:
-            twins = _shared_twins(args, kwargs) if shared else {}
+            twins = _shared_twins(args, kwargs, second) if shared else {}
             if twins is None:
                 return None
             # One twin per tensor: `t.copy_(t)` is no overlap to eager (the same tensor).
-            twin_args = _shrink_sizes(func, tuple(_twin(x, None, twins) for x in args))
-            twin_kwargs = {k: _twin(v, k, twins) for k, v in kwargs.items()}
+            twin_args = _shrink_sizes(func, tuple(_twin(x, None, twins, second) for x in args))
+            twin_kwargs = {k: _twin(v, k, twins, second) for k, v in kwargs.items()}
             func(*twin_args, **twin_kwargs)
         except Exception as error:  # whatever eager raises is the verdict
             message = (str(error).strip().splitlines() or [""])[0]
@@ -342,19 +355,19 @@ def _twin_layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return sizes, tuple(strides)
 
 
-def _twin(x: Any, name: str | None, twins: dict[int, torch.Tensor]) -> Any:
+def _twin(x: Any, name: str | None, twins: dict[int, torch.Tensor], second: bool = False) -> Any:
     """A real CPU stand-in for argument ``x`` (the one made before for the same tensor)."""
     if isinstance(x, torch.Tensor):
         if id(x) not in twins:
             sizes, strides = _twin_layout(x)
             extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if all(sizes) else 0
-            base = torch.full((extent,), _fill(x), dtype=x.dtype, device=_CPU)
+            base = torch.full((extent,), _fill(x, second), dtype=x.dtype, device=_CPU)
             twins[id(x)] = base.as_strided(sizes, strides)
         return twins[id(x)]
     if isinstance(x, torch.Generator):
         return torch.Generator(device=_CPU).manual_seed(0)
     if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
-        return type(x)(_twin(y, None, twins) for y in x)
+        return type(x)(_twin(y, None, twins, second) for y in x)
     if name == "size":
         return _small_size(x)
     if name == "device" and x is not None:
@@ -362,11 +375,14 @@ def _twin(x: Any, name: str | None, twins: dict[int, torch.Tensor]) -> Any:
     return x
 
 
-def _fill(x: torch.Tensor) -> Any:
-    """A value valid everywhere: a probability, a mean, a std, an index."""
+def _fill(x: torch.Tensor, second: bool = False) -> Any:
+    """A value valid everywhere: a probability, a mean, a std, an index (``second``:
+    another such value, to tell refusals of the values from refusals of the call)."""
     if x.dtype == torch.bool:
-        return False
-    return 0.5 if x.is_floating_point() or x.is_complex() else 0
+        return second
+    if x.is_floating_point() or x.is_complex():
+        return 0.25 if second else 0.5
+    return 1 if second else 0
 
 
 def _small_size(size: Any) -> Any:

@@ -24,7 +24,7 @@ from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
 from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream
+from torchdefer.recorder.stream import Stream, model_of
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class RngReplay:
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = device.type  # the generator model: "cpu" (mt19937) or "cuda" (Philox)
+        model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
         out, after = draw(node, stream, device, start, args, kwargs)
@@ -165,11 +165,10 @@ def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
+def _run_call(node: Node, state: torch.Tensor, model: Any) -> torch.Tensor:
     from torchdefer.materialize.replay import Replay
 
-    stream = node.rng[0]  # type: ignore[index]
-    device = torch.device("cpu") if model == "cpu" else stream.device
+    device = torch.device("cpu") if model == "cpu" else model  # a model is its device
     replay = Replay(node.graph, device)  # type: ignore[arg-type]
     try:
         with suspended(), torch.no_grad():

@@ -33,7 +33,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.states import RngStates
-from torchdefer.recorder.stream import Epoch, Position, Stream
+from torchdefer.recorder.stream import Epoch, Position, Stream, model_of
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 
@@ -53,6 +53,13 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     return None
 
 
+def _cuda_states() -> dict[int, torch.Tensor]:
+    """The CUDA generators' states where CUDA is initialized (never initializes it)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {i: g.get_state() for i, g in enumerate(torch.cuda.default_generators)}
+
+
 class RngRecorder:
     """Assigns stream positions to random ops and keeps the real generators in step."""
 
@@ -64,7 +71,8 @@ class RngRecorder:
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
             self.cpu_start = torch.default_generator.get_state()
-        self.states = RngStates(self.cpu_start)
+            cuda_start = _cuda_states()
+        self.states = RngStates(self.cpu_start, torch.initial_seed(), cuda_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
         # marker key -> (stream, epoch, position) it stands for
@@ -105,7 +113,7 @@ class RngRecorder:
         stream = self.streams.get(key)
         if stream is None:
             real = generator if generator is not None else default_generator(device)
-            model = device.type if real is not None and device.type in ("cpu", "cuda") else None
+            model = model_of(device) if real is not None else None
             if real is not None and model is None:
                 raise RecordingError(
                     f"A random op draws from the {device.type} generator, which torchdefer "

@@ -197,9 +197,13 @@ def assign_loaded(group: TensorGroup, loaded: torch.Tensor, device: torch.device
         return target
     place = device or target.fake_device
     if not device_available(place):
+        if device is None:
+            where = f"was recorded on '{place}', which this process does not have. Pass device="
+        else:  # the device the caller asked for, not the recorded one, is missing
+            where = (f"is to be loaded onto '{place}' (device=), which this process does not "
+                     f"have (it was recorded on '{target.fake_device}'). Pass another device=")
         raise RuntimeError(
-            f"'{name}' was recorded on '{place}', which this process does not have. Pass "
-            "device= (e.g. torchdefer.load_state_dict(model, path, device='cpu'))."
+            f"'{name}' {where} (e.g. torchdefer.load_state_dict(model, path, device='cpu'))."
         )
     with torch.no_grad():
         real = loaded.detach().to(device=place, dtype=target.dtype)

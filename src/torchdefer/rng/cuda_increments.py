@@ -253,7 +253,9 @@ def _iterator_geometry(size, stride, itemsize) -> tuple[list[int], list[int]]:
 
 
 def _non_overlapping_and_dense(size, stride) -> bool:
-    """c10's ``compute_non_overlapping_and_dense``."""
+    """c10's ``is_non_overlapping_and_dense`` (an empty tensor is contiguous, so dense)."""
+    if 0 in size:
+        return True
     if len(size) == 1:
         return size[0] < 2 or stride[0] == 1
     order = sorted(range(len(size)), key=lambda d: (size[d] < 2, stride[d] if size[d] >= 2 else 0))

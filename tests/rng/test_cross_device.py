@@ -174,3 +174,35 @@ def test_randint_like_with_a_tensor_high_is_an_anchor_for_cuda_and_replays_like_
         assert call_effect(node, CUDA0) is None  # run, not counted (was a TypeError)
     for i in (1, 0):
         assert torch.equal(torchdefer.materialize_tensor(deferred[i]), eager[i])
+
+
+def test_a_users_cpu_generator_placed_for_cuda_starts_from_its_own_seed(fake_cuda_properties):
+    def build():
+        g = torch.Generator().manual_seed(torch.initial_seed())  # the default's seed, own stream
+        return torch.randn(5, generator=g), torch.rand(3, generator=g)
+
+    torch.manual_seed(12)
+    tensors = torchdefer.deferred_init(build)
+    (stream,) = [s for s in streams(tensors[0]) if s.generator is not None]
+    (epoch,) = stream.epochs
+    assert philox_starts(stream, epoch, CUDA0) == [(12, 0), (12, 4)]
+
+
+def test_randint_like_with_a_tensor_high_onto_cuda_is_run_there_and_replays_like_eager(
+    fake_cuda_properties, monkeypatch
+):
+    high = torch.tensor(50)  # eager wants it on the CPU, whatever device= says
+
+    def build(device):
+        return torch.randint_like(torch.empty(6), high, device=device), torch.randn(4, device=device)
+
+    torch.manual_seed(8)
+    eager = build("cpu")
+    torch.manual_seed(8)
+    deferred = torchdefer.deferred_init(build, "cuda")
+    (stream,) = streams(deferred[0])
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.cuda, "is_available", lambda: True)
+        assert call_effect(stream.epochs[0].calls[0], CUDA0) is None
+    for i in (1, 0):
+        assert torch.equal(torchdefer.materialize_tensor(deferred[i], device="cpu"), eager[i])

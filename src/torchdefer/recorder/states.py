@@ -146,7 +146,10 @@ class RngStates:
         """
         seed = _fresh_seed(epoch.base)
         first = stream.epochs[0] is epoch
-        if seed is not None and not (first and seed == self.start_seed):
+        # A user's generator has no "state when recording began" on the other
+        # device: its seed is what the same code would give a generator there.
+        own = stream.generator is not None
+        if seed is not None and (own or not (first and seed == self.start_seed)):
             return "seed", seed
         return ("start", None) if first else ("continue", None)
 

@@ -41,7 +41,11 @@ def measure(case: gpu_cases.Case, device: torch.device, pool: dict) -> int | str
         case.op.run(t, g)
         torch.cuda.synchronize(device)
         return philox.offset_of(g.get_state())[1] - before
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as refused:
+        try:  # a refusal, or a kernel fault that leaves every later case failing?
+            torch.cuda.synchronize(device)
+        except RuntimeError as broken:
+            raise RuntimeError(f"the CUDA context broke at {case}: {refused}") from broken
         return REFUSED
 
 
@@ -57,9 +61,13 @@ def cell(predicted: int | None, measured: int | str, counted: bool) -> tuple[str
 
 
 def probe_table(device: torch.device, shape: DeviceShape, quick: bool) -> tuple[list[str], int]:
-    """Markdown rows (one per op and dtype, a column per layout) and the number of mismatches."""
+    """Markdown rows (one per op and dtype, a column per layout) and the number of mismatches.
+
+    A probe that compared nothing counts as one mismatch: it proved nothing.
+    """
     rows: dict[tuple[str, str], list[str]] = defaultdict(list)
     wrong = 0
+    compared = 0
     pool: dict = {}
     labels: list[str] = []
     for case in gpu_cases.all_cases(shape):
@@ -71,12 +79,13 @@ def probe_table(device: torch.device, shape: DeviceShape, quick: bool) -> tuple[
         predicted = case.predicted(shape) if measured != REFUSED else None
         text, bad = cell(predicted, measured, case.op.counted)
         wrong += bad
+        compared += predicted is not None and measured != REFUSED
         rows[(case.op.name, str(case.dtype).removeprefix("torch."))].append(text)
     head = ["| op | dtype | " + " | ".join(labels) + " |",
             "|" + " --- |" * (len(labels) + 2)]
     body = [f"| {op} | {dtype} | " + " | ".join(cells) + " |"
             for (op, dtype), cells in rows.items() if any(c != REFUSED for c in cells)]
-    return head + body, wrong
+    return head + body, wrong + (compared == 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         "**predicted≠measured** where not; (n) measured for ops the model runs; - eager refuses.",
         "",
     ]
-    table, wrong = probe_table(device, shape, args.quick)
+    try:
+        table, wrong = probe_table(device, shape, args.quick)
+    except RuntimeError as e:  # the context broke: report it, with the verdict
+        table, wrong = [f"Probe aborted: {e}"], 1
     lines += table
     checks = gpu_e2e.run_all(device)
     failed = [c for c in checks if not c[1]]

@@ -17,6 +17,7 @@ every module. The exceptions are the two documented extension points
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -159,7 +160,12 @@ def philox_table_applies(version: str | None = None) -> bool:
     Outside the range every CUDA random op is run to reach the positions after
     it (exact, slower): a table written for other kernels is never trusted.
     """
-    release = (version or torch.__version__).split("+")[0].split(".")
+    return _philox_table_applies(version or torch.__version__)
+
+
+@functools.cache
+def _philox_table_applies(version: str) -> bool:
+    release = version.split("+")[0].split(".")
     try:
         major_minor = (int(release[0]), int(release[1]))
     except (IndexError, ValueError):

@@ -139,9 +139,14 @@ def unroll(func: Any, args: tuple, kwargs: dict, drawn: Any) -> int | None:
     return None
 
 
+@functools.cache
+def _argument_names(func: Any) -> frozenset[str]:
+    return frozenset(a.name for a in func._schema.arguments)
+
+
 def _random_unroll(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> int | None:
     """``random_`` and its factory forms (``native/DistributionTemplates.h``)."""
-    names = {a.name for a in func._schema.arguments}
+    names = _argument_names(func)
     value = functools.partial(schema_value, func, args, kwargs)
     if "high" in names:  # randint(high | low, high), randint_like: random_(low, high)
         high = value("high")

@@ -1,8 +1,9 @@
 """The CUDA Philox increment table, checked on the CPU against what PyTorch exposes.
 
-PyTorch's Python side carries the launch arithmetic once
-(``torch._prims.rng_prims.philox_rand_offset``, copied from
-``calc_execution_policy``), tensor layouts are eager's own (``view_as_real``,
+PyTorch's Python side carries the launch arithmetic twice
+(``torch._prims.rng_prims.philox_rand_offset`` and inductor's
+``replace_random._shape_to_offset``, both copied from
+``calc_execution_policy`` for unroll 4), tensor layouts are eager's own (``view_as_real``,
 ``is_non_overlapping_and_dense``), and integer ranges come from the dtype
 limits and from eager ``random_`` on the CPU (the range computation is shared
 by both devices). The counts themselves are checked on a GPU by
@@ -55,6 +56,20 @@ def test_contiguous_float_draws_match_torch_prims_philox_rand_offset(fake_cuda_p
         expected = int(rng_prims.philox_rand_offset((numel,)))
         for func in (aten.uniform_.default, aten.normal_.default, aten.exponential_.default):
             assert inc(func, meta(numel), shape=shape) == expected, (func, numel)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_contiguous_float_draws_match_inductors_offset_for_the_device_they_run_on(
+    fake_cuda_properties, index
+):
+    from torch._inductor.fx_passes.replace_random import _shape_to_offset
+
+    device = torch.device("cuda", index)
+    shape = DeviceShape.of(device)
+    for numel in [*probe_sizes(shape), 10**6, 1 << 29]:
+        expected = int(_shape_to_offset((numel,), device))
+        assert inc(aten.normal_.default, meta(numel), shape=shape) == expected, numel
+        assert inc(aten.randn.default, meta(numel), shape=shape) == expected, numel
 
 
 @pytest.mark.parametrize(

@@ -250,6 +250,29 @@ def test_dense_detection_agrees_with_eager(size, data):
     )
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+    steps=st.lists(st.integers(1, 3), min_size=4, max_size=4),
+    order=st.permutations(range(4)),
+)
+def test_dimension_order_is_eager_tensor_iterators(size, steps, order):
+    """An out-of-place op lays out its output in TensorIterator's dimension order: compare."""
+    n = len(size)
+    stride, running = [0] * n, 1
+    for d in [d for d in order if d < n]:
+        stride[d] = running * steps[d]
+        running = stride[d] * size[d]
+    x = torch.zeros(running).as_strided(size, stride)
+    perm = cuda_increments._reorder(list(size), [s * 4 for s in stride])
+    expected, running = [0] * n, 1
+    for d in perm:  # fastest first
+        expected[d] = running
+        running *= size[d]
+    got = x.neg().stride()  # eager CPU TensorIterator (dense inputs keep their strides)
+    assert all(expected[d] == got[d] for d in range(n) if size[d] > 1)
+
+
 def test_dense_outputs_are_one_dimension_and_others_keep_their_extent():
     assert cuda_increments._iterator_geometry((4, 5, 6), (1, 24, 4), 4) == ([120], [4])
     shape, strides = cuda_increments._iterator_geometry((4, 6), (12, 1), 4)

@@ -206,3 +206,25 @@ def test_randint_like_with_a_tensor_high_onto_cuda_is_run_there_and_replays_like
         assert call_effect(stream.epochs[0].calls[0], CUDA0) is None
     for i in (1, 0):
         assert torch.equal(torchdefer.materialize_tensor(deferred[i], device="cpu"), eager[i])
+
+
+def test_randint_like_of_a_cuda_tensor_with_a_cpu_scalar_high_records_as_eager_accepts_it():
+    # A composite kernel: eager checks no devices for it (torchgen checks only in
+    # CUDA/XPU wrappers); high must be a CPU 0-dim tensor.
+    def build(device):
+        return torch.randint_like(torch.empty(6, device=device), torch.tensor(50)), torch.rand(2, device=device)
+
+    torch.manual_seed(5)
+    eager = build("cpu")
+    torch.manual_seed(5)
+    deferred = torchdefer.deferred_init(build, "cuda")
+    assert deferred[0].device.type == "cuda"
+    for i in (1, 0):
+        assert torch.equal(torchdefer.materialize_tensor(deferred[i], device="cpu"), eager[i])
+
+
+def test_a_composite_op_mixing_a_cuda_input_with_a_cpu_weight_is_still_refused():
+    with pytest.raises(RuntimeError, match="same device"):
+        torchdefer.deferred_init(
+            lambda: torch.nn.functional.conv1d(torch.ones(1, 1, 4, device="cuda"), torch.ones(1, 1, 2))
+        )

@@ -21,7 +21,7 @@ depends on them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
@@ -49,6 +49,17 @@ __all__ = [
     "save",
     "script",
 ]
+
+if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
+    from torchdefer.descriptors import (
+        DescriptorMismatch,
+        MetaTensorType,
+        describe,
+        load,
+        save,
+        script,
+    )
+    from torchdefer.viz import explain
 
 # Names that live in extension packages, resolved on first use (PEP 562).
 _LAZY = {

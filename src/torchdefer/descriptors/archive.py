@@ -120,6 +120,20 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
             program, or holds something loading would have to execute.
+
+    Example:
+        >>> import torch, torchdefer, tempfile, os
+        >>> from torchdefer.descriptors import MetaTensorType
+        >>> p = torchdefer.script(lambda x: x * 2, {"x": MetaTensorType(["n"], torch.float32)})
+        >>> f = os.path.join(tempfile.mkdtemp(), "double.tdp")
+        >>> torchdefer.save(p, f)
+        >>> loaded = torchdefer.load(f)
+        >>> loaded(torch.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+        >>> loaded(torch.arange(3))  # still checked: an int64 tensor is refused
+        Traceback (most recent call last):
+        ...
+        torchdefer.descriptors.errors.DescriptorMismatch: x.dtype: expected torch.float32, ...
     """
     name = os.fspath(path)
     members: dict[str, bytes] = {}

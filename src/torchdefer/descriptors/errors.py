@@ -24,6 +24,16 @@ class DescriptorMismatch(TorchdeferError, TypeError):
         property: the checked property, e.g. ``shape[0]``, ``dtype``, ``value``.
         expected: the descriptor's requirement, as text.
         got: what the call passed, as text.
+
+    Example:
+        >>> import torch, torchdefer
+        >>> from torchdefer import DescriptorMismatch, MetaTensorType
+        >>> p = torchdefer.script(lambda x: x + 1, {"x": MetaTensorType(["b", 4], torch.float32)})
+        >>> try:
+        ...     p(torch.zeros(2, 5))
+        ... except DescriptorMismatch as e:
+        ...     print(e.path, e.property, e.expected, e.got)
+        x shape[1] 4 5
     """
 
     def __init__(self, path: str, property: str, expected: str, got: str, detail: str = "") -> None:

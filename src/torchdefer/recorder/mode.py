@@ -6,10 +6,11 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.utils import _pytree as pytree
 
 from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
-from torchdefer.fake.tensor import reported_device
+from torchdefer.fake.tensor import FakeTensor, reported_device
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
@@ -36,8 +37,19 @@ class RecordingMode(FakeSlotMode):
         from torchdefer.recorder.record import record_call
 
         refuse_collective(func)
-
+        if not any(issubclass(t, FakeTensor) for t in types) and _real_meta_only(args, kwargs):
+            # Real meta tensors (``torch.tensor(0)`` under a meta device context,
+            # as in accelerate's init_empty_weights(include_buffers=True)) have
+            # no values to defer: run the op as eager code would.
+            with suspended():
+                return func(*args, **(kwargs or {}))
         return record_call(self.graph, func, args, kwargs or {})
+
+
+def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
+    """Whether the call has tensor arguments and all of them are real meta tensors."""
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 @contextlib.contextmanager

@@ -53,7 +53,16 @@ def draws(device: Any) -> tuple[torch.Tensor, ...]:
     )
 
 
-BUILDS: dict[str, Callable[[Any], Any]] = {"mlp": mlp, "encoder": encoder, "draws": draws}
+def reseeded(device: Any) -> tuple[torch.Tensor, ...]:
+    """Two epochs: a reseed inside the recording (each device's generator reseeded)."""
+    a = torch.randn(1000, device=device)
+    torch.manual_seed(5)
+    return a, torch.rand(3000, device=device), torch.randn(10, device=device)
+
+
+BUILDS: dict[str, Callable[[Any], Any]] = {
+    "mlp": mlp, "encoder": encoder, "draws": draws, "reseeded": reseeded,
+}
 
 
 def tensors_of(built: Any) -> list[torch.Tensor]:

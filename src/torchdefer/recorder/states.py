@@ -19,9 +19,11 @@ the same code gives run on that device from the same seed: each epoch starts
 from the replay device's generator as eager code there would find it
 (:meth:`RngStates.cross_base`): the first epoch from that generator's state
 when recording began, an epoch begun by ``torch.manual_seed(s)`` from that
-generator seeded with ``s``, a restored position from the same position, and
-an epoch begun by any other state user code set (which eager code would have
-set on the recorded device only) where the epoch before it ended.
+generator seeded with ``s``, a restored position from the same position (as
+``fork_rng``, which restores every device, gives; a ``torch.set_rng_state``
+of the CPU alone is also replayed on CUDA as a restore), and an epoch begun
+by any other state user code set (which eager code would have set on the
+recorded device only) where the epoch before it ended.
 """
 
 from __future__ import annotations

@@ -68,3 +68,13 @@ def test_the_probe_skips_cleanly_without_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_probe.main([]) == 0
     assert "skipped, no CUDA" in capsys.readouterr().out
+
+
+def test_every_case_has_a_prediction_or_is_left_to_run():
+    for shape in (H100, SMALL):
+        for case in gpu_cases.all_cases(shape):
+            predicted = case.predicted(shape)
+            assert predicted is None or predicted >= 0, case
+            if predicted is None and case.op.counted and case.layout.size != (0,):
+                # counted rows predict for every dtype the kernel may take
+                assert case.dtype.is_complex, case

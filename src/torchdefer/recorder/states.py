@@ -23,7 +23,9 @@ generator seeded with ``s``, a restored position from the same position (as
 ``fork_rng``, which restores every device, gives; a ``torch.set_rng_state``
 of the CPU alone is also replayed on CUDA as a restore), and an epoch begun
 by any other state user code set (which eager code would have set on the
-recorded device only) where the epoch before it ended.
+recorded device only) where the epoch before it ended. A recording that draws
+on both kinds of device and is materialized on one gives each stream its own
+start (eager code on one device would have interleaved their draws).
 """
 
 from __future__ import annotations

@@ -170,4 +170,6 @@ def call_effect(node: Any, model: Any) -> draws.Effect | int | None:
         return None
     if model == "cpu":
         return draws.effect(func, args, kwargs, drawn)
+    if model is None:  # a device without a generator model: run the call
+        return None
     return cuda_increments.increment(func, args, kwargs, drawn, philox.DeviceShape.of(model))

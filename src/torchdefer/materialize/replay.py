@@ -180,7 +180,7 @@ class Replay:
                 device = self.map_device(value.meta.device)
                 if device_available(device):
                     continue
-                if self.device is None:
+                if self.device is None or device == value.meta.device:
                     where = f"was recorded on '{device}'"
                 else:  # the device asked for is missing, not the recorded one
                     where = (f"was recorded on '{value.meta.device}' and is to be "

@@ -3,7 +3,9 @@
 Written from PyTorch's CUDA kernels (paths under ``aten/src/ATen/``; read at
 the ``pytorch/pytorch`` snapshot of ``native/cuda/DistributionTemplates.h``
 0140b62d, ``native/DistributionTemplates.h`` efc9242a, ``TensorIterator.cpp``
-c30d1cc7; verified by ``make test-gpu`` on a real device, ``tests/gpu``).
+c30d1cc7), checked on the CPU against PyTorch's Python copies of the launch
+formula (``tests/rng/test_cuda_increments.py``). ``make test-gpu`` checks it
+on a device; it has not run on one yet (the session that wrote it had no GPU).
 
 =====================  ==========================  ==========================  ==========
 op                     dtype                       size regime                 increment
@@ -42,6 +44,35 @@ TensorIterator's (``fast_set_up`` collapses a dense tensor to one dimension;
 otherwise ``reorder_dimensions`` and ``coalesce_dimensions``), mirrored here.
 The grid depends on the properties of the device the op runs on
 (``getCurrentDeviceProperties()`` under the op's device guard).
+
+The source lines each row rests on:
+
+* ``calc_execution_policy``: ``counter_offset = ((numel - 1) / (block_size *
+  grid.x * unroll_factor) + 1) * max_generator_offsets_per_curand_call``, with
+  ``grid.x = min(multiProcessorCount * (maxThreadsPerMultiProcessor /
+  block_size), ceil(numel / 256))``;
+* ``distribution_nullary_kernel``: ``rng_engine_inputs =
+  gen->philox_cuda_state(counter_offset);`` then ``if
+  (!iter.can_use_32bit_indexing()) { for (auto& sub_iter :
+  iter.with_32bit_indexing()) distribution_nullary_kernel<...>(sub_iter, ...)``;
+* ``uniform_and_transform`` / ``normal_and_transform``: ``if
+  (std::is_same_v<scalar_t, double>)`` ``double2`` else ``float4``;
+* ``random_kernel``: ``double`` or ``int64_t`` draw ``ulonglong2``, others
+  ``uint4``; ``random_from_to_kernel``: ``if (range >= 1ULL << 28)``
+  ``ulonglong2`` else ``uint4``; ``random_full_64_bits_range_kernel``:
+  ``ulonglong2``;
+* ``random_from_to_impl`` (``native/DistributionTemplates.h``): without
+  ``to``, ``to_inc`` is ``1 << digits`` (floating), the type's max
+  (integral) or ``true`` (bool), ``range = to_inc - from + 1``, and
+  ``from == lowest`` takes the full 64-bit kernel; ``update_from`` /
+  ``update_to`` round the bounds of floating types;
+* ``normal_impl_`` / ``uniform_impl_``: ``if (self.is_complex())``
+  ``at::view_as_real(self)``;
+* ``bernoulli_kernel(self, p_, gen)``: ``gen->philox_cuda_state(10)`` whatever
+  the size (a ``run`` row until a GPU confirms it);
+* ``TensorIterator.cpp``: ``can_use_32bit_indexing``, ``get_dim_to_split``,
+  ``split`` (the first half is ``shape[dim] / 2``), ``narrow`` (re-coalesces
+  at size 1), ``reorder_dimensions``, ``coalesce_dimensions``, ``fast_set_up``.
 
 ``run`` rows are not counted: their positions are reached by running them
 (``recorder.states``). ``make test-gpu`` measures them too, so that a GPU run

@@ -228,3 +228,33 @@ def test_a_composite_op_mixing_a_cuda_input_with_a_cpu_weight_is_still_refused()
         torchdefer.deferred_init(
             lambda: torch.nn.functional.conv1d(torch.ones(1, 1, 4, device="cuda"), torch.ones(1, 1, 2))
         )
+
+
+@pytest.mark.parametrize("read", ["get_rng_state", "generator.get_state"])
+def test_a_restore_inside_a_cpu_recording_placed_for_cuda_restores_there_and_warns(
+    fake_cuda_properties, read
+):
+    from torchdefer.recorder.states import CrossDeviceRestoreWarning
+
+    def build():
+        first = torch.randn(7)
+        if read == "get_rng_state":  # what fork_rng does: an exact state
+            saved = torch.get_rng_state()
+        else:  # a marker standing for the position
+            saved = torch.default_generator.get_state()
+        a = torch.randn(10)
+        torch.set_rng_state(saved)
+        return first, a, torch.randn(10)
+
+    torch.manual_seed(3)
+    tensors = torchdefer.deferred_init(build)
+    (stream,) = streams(tensors[0])
+    first, restored = stream.epochs
+    with pytest.warns(CrossDeviceRestoreWarning, match="fork_rng"):
+        starts = philox_starts(stream, restored, CUDA0)
+    assert starts == philox_starts(stream, first, CUDA0)[1:]  # where `a` started
+    # On the CPU the restore is exact, as before.
+    torch.manual_seed(3)
+    eager = build()
+    for i in (2, 0, 1):
+        assert torch.equal(torchdefer.materialize_tensor(tensors[i]), eager[i])

@@ -77,6 +77,8 @@ class RngRecorder:
         self._thread: int | None = None
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
+        # exact CPU state (bytes) handed out by a sync -> the position it stands for
+        self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
 
     # ----------------------------------------------------------- placing
@@ -141,7 +143,11 @@ class RngRecorder:
             if torch.equal(current, left):
                 return stream.epochs[-1]
         restored = self._markers.get(_marker_key(current))
-        stream.epochs.append(Epoch(restored if restored is not None else current))
+        if restored is not None:
+            stream.epochs.append(Epoch(restored))
+        else:  # a state eager code set; maybe one a sync handed out (fork_rng)
+            origin = self._exact.get(tensor_bytes(current)) if stream.model == "cpu" else None
+            stream.epochs.append(Epoch(current, origin=origin))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
@@ -191,6 +197,7 @@ class RngRecorder:
                 origin, epoch, position = ref
                 real.set_state(self.states.state_at(origin, epoch, "cpu", position))
                 stream.left = real.get_state()
+                self._exact[tensor_bytes(stream.left)] = ref
 
     def _lazy(self) -> bool:
         return self._deferring > 0 and threading.get_ident() == self._thread

@@ -19,9 +19,11 @@ the same code gives run on that device from the same seed: each epoch starts
 from the replay device's generator as eager code there would find it
 (:meth:`RngStates.cross_base`): the first epoch from that generator's state
 when recording began, an epoch begun by ``torch.manual_seed(s)`` from that
-generator seeded with ``s``, a restored position from the same position (as
-``fork_rng``, which restores every device, gives; a ``torch.set_rng_state``
-of the CPU alone is also replayed on CUDA as a restore), and an epoch begun
+generator seeded with ``s``, a restored state read in the recording (a marker,
+or ``torch.get_rng_state()`` as ``fork_rng`` reads it) from the same call
+boundary, as ``fork_rng``, which restores every device, gives (a
+:class:`CrossDeviceRestoreWarning` says so: a ``torch.set_rng_state`` of the
+CPU alone would not have moved CUDA's generator), and an epoch begun
 by any other state user code set (which eager code would have set on the
 recorded device only) where the epoch before it ended. A recording that draws
 on both kinds of device and is materialized on one gives each stream its own
@@ -31,6 +33,7 @@ start (eager code on one device would have interleaved their draws).
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +50,7 @@ from torchdefer.recorder.stream import (
 )
 from torchdefer.rng import mt19937, philox
 
-__all__ = ["RngStates", "set_call_runner"]
+__all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
 
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
 
@@ -242,10 +245,14 @@ class RngStates:
             return _run_call(node, self.state_at(stream, epoch, model, starts[anchor]), model)
         base = epoch.base
         if isinstance(base, tuple) and len(base) == 3:  # a restored (stream, epoch, position)
-            origin, restored, position = base
-            return self.state_at(origin, restored, model, position)
+            if kind_of(model) != stream.device.type:
+                _warn_cross_restore(stream, epoch, model)
+            return self._restored_state(base, model)
         if isinstance(base, torch.Tensor) and stream.device.type == kind_of(model):
             return base  # another device of the same kind: positions differ, the base not
+        if epoch.origin is not None:  # a state read in this recording, restored
+            _warn_cross_restore(stream, epoch, model)
+            return self._restored_state(epoch.origin, model)
         how, seed = self.cross_base(stream, epoch)
         if how == "seed":
             return _seeded(model, seed)  # type: ignore[arg-type]
@@ -255,6 +262,41 @@ class RngStates:
             return self.cuda_start.get(model.index, philox.state(self.start_seed))
         previous = stream.epochs[stream.epochs.index(epoch) - 1]
         return self.end_of(stream, previous, model)
+
+    def _restored_state(self, ref: tuple, model: Any) -> torch.Tensor:
+        """The state at a restored CPU position, in ``model``'s layout of the same epoch.
+
+        Markers and synced states stand for a position of the CPU layout, at
+        a boundary between calls; another model's layout has the same
+        boundary at the same call index.
+        """
+        origin, restored, position = ref
+        if model != "cpu":
+            cpu = self.layout(origin, restored, "cpu")
+            boundaries = [*cpu.starts, cpu.end]
+            if position not in boundaries:
+                raise RuntimeError("internal: a restored position is not a call boundary")
+            other = self.layout(origin, restored, model)
+            position = [*other.starts, other.end][boundaries.index(position)]
+        return self.state_at(origin, restored, model, position)
+
+
+class CrossDeviceRestoreWarning(UserWarning):
+    """A recording restored a generator state, and is materialized on another kind of device."""
+
+
+def _warn_cross_restore(stream: Any, epoch: Epoch, model: Any) -> None:
+    first = epoch.calls[0] if epoch.calls else None
+    where = f" (the first draw after it: {first.name} at {first.where()})" if first else ""
+    warnings.warn(
+        f"The code recorded on {stream.device.type} restored its generator's state{where}; "
+        f"materialized on {model}, the restore is applied to that device's generator "
+        "too, as torch.random.fork_rng (which restores every device) would. Code that "
+        "restores only the CPU state (torch.set_rng_state) would have left CUDA's "
+        "generator running: materialize on the recorded device for those values.",
+        CrossDeviceRestoreWarning,
+        stacklevel=2,
+    )
 
 
 def mt19937_seed(state: torch.Tensor) -> int:

@@ -103,6 +103,10 @@ class Epoch:
     base: Any
     calls: list[Any] = field(default_factory=list)  # the random Nodes
     layouts: dict[str, Layout] = field(default_factory=dict)
+    # (Stream, Epoch, Position) where a state-tensor base was read with
+    # torch.get_rng_state() in this recording (fork_rng restoring it), if so:
+    # the position it stands for on another kind of device.
+    origin: Any = None
 
 
 @dataclass(slots=True, eq=False)

@@ -60,8 +60,18 @@ def reseeded(device: Any) -> tuple[torch.Tensor, ...]:
     return a, torch.rand(3000, device=device), torch.randn(10, device=device)
 
 
+def forked(device: Any) -> tuple[torch.Tensor, ...]:
+    """Draws inside fork_rng (restored after it, on every device it forks)."""
+    where = torch.device(device)
+    devices = [where.index or 0] if where.type == "cuda" else []
+    a = torch.randn(100, device=device)
+    with torch.random.fork_rng(devices=devices):
+        b = torch.rand(5000, device=device)
+    return a, b, torch.randn(100, device=device)
+
+
 BUILDS: dict[str, Callable[[Any], Any]] = {
-    "mlp": mlp, "encoder": encoder, "draws": draws, "reseeded": reseeded,
+    "mlp": mlp, "encoder": encoder, "draws": draws, "reseeded": reseeded, "forked": forked,
 }
 
 

@@ -77,7 +77,7 @@ class RngRecorder:
         self._thread: int | None = None
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
-        # exact CPU state (bytes) handed out by a sync -> the position it stands for
+        # exact state (bytes) a sync left in a generator -> the position it stands for
         self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
 
@@ -146,8 +146,7 @@ class RngRecorder:
         if restored is not None:
             stream.epochs.append(Epoch(restored))
         else:  # a state eager code set; maybe one a sync handed out (fork_rng)
-            origin = self._exact.get(tensor_bytes(current)) if stream.model == "cpu" else None
-            stream.epochs.append(Epoch(current, origin=origin))
+            stream.epochs.append(Epoch(current, origin=self._exact.get(tensor_bytes(current))))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
@@ -177,6 +176,9 @@ class RngRecorder:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
         stream.left = real.get_state()
+        if stream.model != "cpu":  # a CUDA state user code may read and restore (fork_rng)
+            end = epoch.layouts[stream.model].end
+            self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
     def sync(self) -> None:
         """Put the exact logical state in every generator that holds a marker.

@@ -264,16 +264,16 @@ class RngStates:
         return self.end_of(stream, previous, model)
 
     def _restored_state(self, ref: tuple, model: Any) -> torch.Tensor:
-        """The state at a restored CPU position, in ``model``'s layout of the same epoch.
+        """The state at a restored position, in ``model``'s layout of the same epoch.
 
-        Markers and synced states stand for a position of the CPU layout, at
-        a boundary between calls; another model's layout has the same
-        boundary at the same call index.
+        Markers and synced states stand for a position of their stream's own
+        layout, at a boundary between calls; another model's layout has the
+        same boundary at the same call index.
         """
         origin, restored, position = ref
-        if model != "cpu":
-            cpu = self.layout(origin, restored, "cpu")
-            boundaries = [*cpu.starts, cpu.end]
+        if model != origin.model:
+            own = self.layout(origin, restored, origin.model)
+            boundaries = [*own.starts, own.end]
             if position not in boundaries:
                 raise RuntimeError("internal: a restored position is not a call boundary")
             other = self.layout(origin, restored, model)
@@ -292,8 +292,9 @@ def _warn_cross_restore(stream: Any, epoch: Epoch, model: Any) -> None:
         f"The code recorded on {stream.device.type} restored its generator's state{where}; "
         f"materialized on {model}, the restore is applied to that device's generator "
         "too, as torch.random.fork_rng (which restores every device) would. Code that "
-        "restores only the CPU state (torch.set_rng_state) would have left CUDA's "
-        "generator running: materialize on the recorded device for those values.",
+        f"restores only the {stream.device.type} generator (torch.set_rng_state, "
+        "torch.cuda.set_rng_state) would have left the other one running: materialize "
+        "on the recorded device for those values.",
         CrossDeviceRestoreWarning,
         stacklevel=2,
     )

@@ -103,9 +103,9 @@ class Epoch:
     base: Any
     calls: list[Any] = field(default_factory=list)  # the random Nodes
     layouts: dict[str, Layout] = field(default_factory=dict)
-    # (Stream, Epoch, Position) where a state-tensor base was read with
-    # torch.get_rng_state() in this recording (fork_rng restoring it), if so:
-    # the position it stands for on another kind of device.
+    # (Stream, Epoch, Position in that stream's own layout) a state-tensor base
+    # stands for, where a sync of this recording left it (fork_rng reads and
+    # restores such states): the same position on another kind of device.
     origin: Any = None
 
 

@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 import torch
+from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 from torch import nn
 
 import torchdefer

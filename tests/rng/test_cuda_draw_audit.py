@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 
 import torchdefer
 from torchdefer.recorder.stream import call_effect

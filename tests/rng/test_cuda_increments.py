@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

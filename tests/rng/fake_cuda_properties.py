@@ -1,4 +1,8 @@
-"""Fake CUDA device properties: the seam the Philox model reads (tests on a host without CUDA)."""
+"""Fake CUDA device properties: the seam the Philox model reads (tests on a host without CUDA).
+
+A module, not a conftest: sibling test folders have conftests of their own,
+and two ``conftest`` modules on the path collide. Import the fixture.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ def _index(device) -> int:
     return torch.device(device).index or 0
 
 
-@pytest.fixture
-def fake_cuda_properties(monkeypatch):
+@pytest.fixture(name="fake_cuda_properties")
+def fake_cuda_properties_fixture(monkeypatch):
     """``torch.cuda.get_device_properties`` answers FAKE_DEVICES (no GPU needed)."""
 
     def properties(device=None):

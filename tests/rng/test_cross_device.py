@@ -259,3 +259,13 @@ def test_a_restore_inside_a_cpu_recording_placed_for_cuda_restores_there_and_war
     eager = build()
     for i in (2, 0, 1):
         assert torch.equal(torchdefer.materialize_tensor(tensors[i]), eager[i])
+
+
+def test_loading_a_cpu_recording_onto_a_device_this_host_lacks_names_both_devices():
+    missing = f"cuda:{torch.cuda.device_count()}"
+    model = torchdefer.deferred_init(nn.Linear, 2, 2)
+    state = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
+    with pytest.raises(RuntimeError) as caught:
+        torchdefer.load_state_dict(model, state, device=missing)
+    message = str(caught.value)
+    assert "recorded on 'cpu'" in message and f"loaded onto '{missing}'" in message

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torchdefer.errors import TorchdeferError
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "ProgramFileError"]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MissingGraph", "ProgramFileError"]
 
 # Properties read as ``x.dtype``; the others (``value``, ``type``, ``structure``)
 # are written ``x (value)``.
@@ -70,3 +70,14 @@ class DescriptorConflict(TorchdeferError, ValueError):
 class ProgramFileError(TorchdeferError, ValueError):
     """A program file is damaged, not a torchdefer program, or holds something
     that loading would have to execute; the message names the file and the part."""
+
+
+class MissingGraph(TorchdeferError, RuntimeError):
+    """An export program has no graph for a call, and cannot build one: it was
+    loaded from a file (which cannot trace the model), or is being saved
+    before any graph was built (the file could run nothing).
+
+    The message says which case is missing and how to have it built: call
+    the scripted program with such inputs before ``save()``, or list the
+    dtypes with ``script(..., dtypes=[...])``.
+    """

@@ -6,7 +6,6 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils import _pytree as pytree
 
 from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
@@ -47,9 +46,19 @@ class RecordingMode(FakeSlotMode):
 
 
 def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
-    """Whether the call has tensor arguments and all of them are real meta tensors."""
-    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-    return bool(tensors) and all(t.is_meta for t in tensors)
+    """Whether the call has tensor arguments and all of them are real meta tensors.
+
+    ATen arguments nest one level at most (a tensor list), so no pytree walk:
+    this runs for every factory call.
+    """
+    seen = False
+    for x in (*args, *(kwargs or {}).values()):
+        for t in x if isinstance(x, (list, tuple)) else (x,):
+            if isinstance(t, torch.Tensor):
+                if not t.is_meta:
+                    return False
+                seen = True
+    return seen
 
 
 @contextlib.contextmanager

@@ -160,7 +160,9 @@ class RngRecorder:
             marker = current.clone()
             source = torch.Generator()
             source.seed()
-            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
+            words = torch.randint(
+                0, 1 << 32, (624,), dtype=torch.int64, device="cpu", generator=source
+            )
             mt19937.array_of(marker).copy_(words)
         else:  # the seed, position fields and cached samples of the real state
             marker[mt19937.ENGINE] = current[mt19937.ENGINE]

@@ -41,6 +41,10 @@ def materialize_tensor(
     Args:
         tensor: a deferred (or real) tensor.
         device: where to create it; ``None`` means the device it was recorded on.
+            On another kind of device, random ops draw from that device's
+            generator: the values the same code gives run with ``device=``
+            from the same seed (a model recorded on the CPU and materialized
+            with ``device="cuda"`` gets eager CUDA's values).
         dtype: convert a floating point (or complex) result to this dtype, as
             ``t.to(dtype)`` would; other tensors keep theirs.
 
@@ -92,8 +96,11 @@ def materialize_module(
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
         device: where to create the tensors; ``None`` means each tensor's
-            recorded device. Unlike torchdistX, whose second positional
-            argument was ``buffers_only``; pass that by keyword.
+            recorded device. Random ops then draw as the same code run with
+            ``device=`` from the same seed would (CPU-recorded on ``"cuda"``:
+            eager CUDA's values; see :func:`materialize_tensor`). Unlike
+            torchdistX, whose second positional argument was
+            ``buffers_only``; pass that by keyword.
         dtype: convert floating point tensors to this dtype, as
             ``module.to(dtype)`` would after materializing, but one tensor at
             a time: peak memory is the module in ``dtype`` plus one tensor in

@@ -25,7 +25,7 @@ from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
 from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream, meta_call
+from torchdefer.recorder.stream import Stream, meta_call, model_of
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class RngReplay:
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = device.type  # the generator model: "cpu" (mt19937) or "cuda" (Philox)
+        model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
         out, after = draw(node, stream, device, start, args, kwargs)
@@ -189,10 +189,9 @@ def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
+def _run_call(node: Node, state: torch.Tensor, model: Any) -> torch.Tensor:
     from torchdefer.materialize.replay import Replay
 
-    stream = node.rng[0]  # type: ignore[index]
     steps = getattr(node.op, "steps", None)
     if steps is not None and model == "cpu":
         # A composite that knows its draws in bounded memory (a rejection loop).
@@ -201,7 +200,7 @@ def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
             after = steps(state, *args, **kwargs)
         if after is not None:
             return after
-    device = torch.device("cpu") if model == "cpu" else stream.device
+    device = torch.device("cpu") if model == "cpu" else model  # a model is its device
     replay = Replay(node.graph, device)  # type: ignore[arg-type]
     try:
         with suspended(), torch.no_grad():

@@ -37,7 +37,7 @@ from torchdefer.recorder._threads import recording_thread
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
-from torchdefer.recorder.stream import Epoch, Position, Stream
+from torchdefer.recorder.stream import Epoch, Position, Stream, model_of
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 
@@ -83,6 +83,13 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     return None
 
 
+def _cuda_states() -> dict[int, torch.Tensor]:
+    """The CUDA generators' states where CUDA is initialized (never initializes it)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {i: g.get_state() for i, g in enumerate(torch.cuda.default_generators)}
+
+
 class RngRecorder:
     """Assigns stream positions to random ops and keeps the real generators in step."""
 
@@ -96,11 +103,14 @@ class RngRecorder:
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
             self.cpu_start = torch.default_generator.get_state()
-        self.states = RngStates(self.cpu_start)
+            cuda_start = _cuda_states()
+        self.states = RngStates(self.cpu_start, torch.initial_seed(), cuda_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
+        # exact state (bytes) a sync left in a generator -> the position it stands for
+        self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
         # id(marker tensor) -> (it, its second array word): the markers this
         # recorder made (a stream's `left` is one of them or an exact state).
@@ -150,7 +160,7 @@ class RngRecorder:
         stream = self.streams.get(key)
         if stream is None:
             real = generator if generator is not None else default_generator(device)
-            model = device.type if real is not None and device.type in ("cpu", "cuda") else None
+            model = model_of(device) if real is not None else None
             if real is not None and model is None:
                 raise RecordingError(
                     f"A random op draws from the {device.type} generator, which torchdefer "
@@ -179,7 +189,10 @@ class RngRecorder:
         if stream.epochs and same:
             return stream.epochs[-1]
         restored = self._markers.get(_marker_key(current))
-        stream.epochs.append(Epoch(restored if restored is not None else current))
+        if restored is not None:
+            stream.epochs.append(Epoch(restored))
+        else:  # a state eager code set; maybe one a sync handed out (fork_rng)
+            stream.epochs.append(Epoch(current, origin=self._exact.get(tensor_bytes(current))))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
@@ -219,6 +232,9 @@ class RngRecorder:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
         stream.left = real.get_state()
+        if stream.model != "cpu":  # a CUDA state user code may read and restore (fork_rng)
+            end = epoch.layouts[stream.model].end
+            self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
     def sync(self) -> None:
         """Put the exact logical state in every generator that holds a marker.
@@ -239,6 +255,7 @@ class RngRecorder:
                 origin, epoch, position = ref
                 real.set_state(self.states.state_at(origin, epoch, "cpu", position))
                 stream.left = real.get_state()
+                self._exact[tensor_bytes(stream.left)] = ref
 
     def _lazy(self) -> bool:
         """Whether a marker may stand in for the exact state after this op.

@@ -232,10 +232,29 @@ def test_a_composite_op_mixing_a_cuda_input_with_a_cpu_weight_is_still_refused()
 
 
 @pytest.mark.parametrize("read", ["get_rng_state", "generator.get_state"])
+@pytest.mark.parametrize("other_thread", [False, True])
 def test_a_restore_inside_a_cpu_recording_placed_for_cuda_restores_there_and_warns(
-    fake_cuda_properties, read
+    fake_cuda_properties, read, other_thread
 ):
+    # With another Python thread alive the recorder leaves exact states, not
+    # markers, in the generator: a restore of one is still known as a restore.
+    import threading
+
     from torchdefer.recorder.states import CrossDeviceRestoreWarning
+
+    release = threading.Event()
+    waiter = threading.Thread(target=release.wait)
+    if other_thread:
+        waiter.start()
+    try:
+        _restore_placed_for_cuda(read, CrossDeviceRestoreWarning)
+    finally:
+        release.set()
+        if other_thread:
+            waiter.join()
+
+
+def _restore_placed_for_cuda(read, CrossDeviceRestoreWarning):
 
     def build():
         first = torch.randn(7)

@@ -232,9 +232,11 @@ class RngRecorder:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
         stream.left = real.get_state()
-        if stream.model != "cpu":  # a CUDA state user code may read and restore (fork_rng)
-            end = epoch.layouts[stream.model].end
-            self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
+        # A state user code may read and restore (fork_rng): known by its bytes,
+        # so a restore of it is the restore of this position on any device. On
+        # the CPU too: with other threads alive no marker stands in for it.
+        end = epoch.layouts[stream.model].end  # type: ignore[index]
+        self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
     def sync(self) -> None:
         """Put the exact logical state in every generator that holds a marker.

@@ -61,7 +61,8 @@ def materialize_tensor(
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
         raw = _materialize(tensor, device, None)
-        memo[key] = real_tensor(tensor, cast(raw, dtype))
+        with suspended():  # inside deferred_init, the conversion is real, not recorded
+            memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
 
 
@@ -147,7 +148,9 @@ def materialize_module(
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.
         for name, fake in found.items():
-            real = cast(_materialize(fake, device, name), dtype)
+            real = _materialize(fake, device, name)
+            with suspended():  # as in materialize_tensor
+                real = cast(real, dtype)
             swap_in(fake, real, name)
             bar.advance(name, sizes[name])
     with suspended():

@@ -148,13 +148,15 @@ def _last_overwrite(storage: Storage, version: int) -> int:
 
 
 def _overwrites(node: Node, storage: Storage) -> bool:
-    if len(node.writes) != 1 or not node.leaves:
+    if len(node.writes) != 1 or not node.leaves or node.writes[0][0] is not storage:
         return False
     target = node.leaves[0]
     if not isinstance(target, Value) or target.storage is not storage:
         return False
     meta = target.meta
-    if meta.offset != 0 or math.prod(meta.size) * meta.dtype.itemsize != storage.nbytes:
+    # The storage's size when written: a view taken before it grew covers less.
+    nbytes = storage.nbytes_at(node.writes[0][1])
+    if meta.offset != 0 or math.prod(meta.size) * meta.dtype.itemsize != nbytes:
         return False
     if not non_overlapping_and_dense(meta.size, meta.stride):
         return False

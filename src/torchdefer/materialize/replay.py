@@ -71,15 +71,19 @@ class Replay:
 
         ``substitute`` may answer values itself (see :func:`make_plan`).
         """
+        # Materializing (or a data read) inside deferred_init: what replay runs,
+        # the cache's views over real storages included, is real, not recorded.
+        with suspended():
+            return self._run(targets, names, substitute)
+
+    def _run(self, targets, names, substitute) -> list[torch.Tensor]:
         plan = make_plan(targets, self.cache, self.device_key, self.device, substitute)
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}
         # id(storage) -> {id(value): (value, real layout)} of the values computed
         layouts: dict[int, dict[int, tuple[Value, TensorMeta]]] = {}
-        # A data-dependent read replays while deferred_init's mode is active:
-        # replayed ops must run for real, not be recorded again.
-        with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
+        with torch.no_grad(), AmbientSwitch() as ambient:
             try:
                 for i, node in enumerate(plan.nodes):
                     ambient.use(node.ambient)  # default dtype, deterministic mode

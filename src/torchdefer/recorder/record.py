@@ -14,7 +14,14 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
+from torchdefer.recorder._storage import (
+    StorageArgs,
+    is_storage,
+    owner_of,
+    record_growth,
+    resizable_by,
+    write,
+)
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.external import ExternalRef
@@ -56,7 +63,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if isinstance(x, torch.Tensor):
             x = flat[i] = _as_deferred(graph, x, func)
         elif plan.takes_storage and is_storage(x):
-            x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
+            x = _as_deferred(graph, owner_of(x, graph, func, _where(2)), func)
             owners.append(x)
         else:
             continue
@@ -75,6 +82,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
     before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
+    resizable = resizable_by(func, flat + owners, list(_written_tensors(written, writes)))
+    sizes = {id(t): _storage_id(t) for t in resizable}
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
             func, args, _without_generator(kwargs)
@@ -99,6 +108,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     node.ambient = current_ambient()
     if writes:
         node.writes = _record_writes(node, written, writes)
+    if resizable:
+        node.writes += record_growth(node, resizable, sizes)
     out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
     node.kind = _kind(func, node, aliased, device)
     generator = _generator_of(kwargs, flat)
@@ -273,6 +284,7 @@ def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
     fake = DeferredTensor(elem, device)
     if storage is None:
         storage = graph.new_storage(node, elem.untyped_storage().nbytes())
+        graph.holders[_storage_id(fake)] = fake
     fake._graph = graph
     fake._value = Value(node, index, storage, TensorMeta.of(elem, device))
     node.outputs.append(fake._value)
@@ -288,28 +300,7 @@ def _written_tensors(values: list[Any], written: tuple[int, ...]):
 
 
 def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
-    writes = []
-    for t in _written_tensors(values, written):
-        storage = t._value.storage
-        if storage.creator.kind == NodeKind.EXTERNAL:
-            raise RecordingError(
-                f"{node.op} at {node.where()} writes in place to a real tensor (one created "
-                "outside deferred_init, or one materialize_tensor/materialize_module returned "
-                "inside it); the write cannot be deferred. Clone it first (`t = t.clone()`), "
-                "or do the update outside deferred_init."
-            )
-        if storage.materialized:
-            raise RecordingError(
-                f"{node.op} at {node.where()} writes to a tensor whose storage was "
-                "already materialized; the real tensor would not see the write. Do all "
-                "in-place updates before materializing (if materialize_tensor or "
-                "materialize_module ran inside deferred_init, call it after deferred_init "
-                "returns; to read values while building, use .tolist() or .item())."
-            )
-        storage.version += 1
-        storage.writers.append(node)
-        writes.append((storage, storage.version))
-    return tuple(writes)
+    return tuple(write(node, t._value.storage) for t in _written_tensors(values, written))
 
 
 def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):

@@ -20,6 +20,7 @@ from torch import nn
 
 from context import FLOATS, Ctx, with_no_grad
 from random_families import custom_random, random_on, random_op, rng_state
+from storage_families import grow
 
 __all__ = ["FAMILIES"]
 
@@ -389,4 +390,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "module": _module,
     "exotic": _exotic,
     "custom_random": custom_random,
+    "grow": grow,
 }

@@ -217,3 +217,20 @@ def test_resizing_a_fake_storage_object_is_refused_with_what_to_do():
 
     with pytest.raises(torchdefer.TorchdeferError, match=r"t.resize_\(...\)"):
         torchdefer.deferred_init(program)
+
+
+def test_a_view_of_a_resized_base_that_then_requires_grad_gets_the_view_history_error():
+    # Autograd on fake tensors replays the view's ops on the resized base
+    # (eager uses as_strided) and fails: the same refusal as after set_.
+    def build():
+        t = torch.full((1, 5), -1.25, dtype=torch.float16)
+        d = t.diagonal()
+        t.resize_(10)
+        t.fill_(0.1)
+        d.fill_(1.5)
+        t.requires_grad_()
+        return d.reshape(-1)
+
+    build()  # eager
+    with pytest.raises(torchdefer.TorchdeferError, match="cannot rebuild the history of a view"):
+        torchdefer.deferred_init(build)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from torchdefer.fake.device import device_available
+from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
@@ -143,7 +145,13 @@ def materialize_module(
     if not found:
         return module
     sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
-    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar:
+    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
+            contextlib.ExitStack() as one_call:
+        # One call of each graph's cache: a tensor computed at construction from
+        # one materialized earlier in this call reads it from the cache (nothing
+        # is computed twice); the user changes neither before we return.
+        for graph in {id(f._graph): f._graph for f in found.values()}.values():
+            one_call.enter_context(cache_for(graph).call())
         # One tensor per replay, swapped in at once: a later replay finds the
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.

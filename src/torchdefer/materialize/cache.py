@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ class _Entry:
     # storage the replay that made it computed: views of the storage rebuilt
     # later get eager's strides even where the meta kernels' differ.
     layouts: dict[int, tuple[Value, TensorMeta]]
+    call: int  # the materialization call that stored it (ReplayCache.call)
 
 
 class ReplayCache:
@@ -30,12 +33,18 @@ class ReplayCache:
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
-    eager code are rebuilt as views of it (shared storage stays shared, and
-    nothing is computed twice). Only a storage's current version is answered,
-    and external tensors' storages are never kept (each replay reads those
-    through their change check). A cached storage is the user's tensor, so a
-    tensor computed from it is computed from what it holds now (README,
-    "Limits").
+    eager code are rebuilt as views of it (shared storage stays shared). Only
+    a storage's current version is answered, and external tensors' storages
+    are never kept (each replay reads those through their change check).
+
+    A materialized storage is the user's tensor once the call that made it
+    returns: a training step may change it, through ``.data`` or ``set_`` too,
+    which no version counter sees. So it answers two questions differently.
+    As the tensor a target *is* (the target or a view of it), always: eager
+    views see every later change. As the *contents* a recorded op read, only
+    within the materialization call that stored it (``call()``: no user code
+    runs until it returns, and nothing is computed twice there); a later
+    call replays that input from what construction gave.
 
     A value the replay computed is rebuilt with the layout it really had. Any
     other view is rebuilt from its recorded sizes and strides, which are the
@@ -50,8 +59,31 @@ class ReplayCache:
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (storage, device key) -> storage record: a replayed layout differed
         self._diverged: dict[tuple[int, str], Storage] = {}
+        self._call = 0  # materialization calls begun
+        self._depth = 0  # calls running now, nested ones included
 
-    def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """One materialization call: the user's code does not run until it returns,
+        so what it stores answers reads of contents until then. Nested calls
+        (a replay a replay needs) are part of the outer one."""
+        if not self._depth:
+            self._call += 1
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    def lookup(
+        self, value: Value, version: int, device_key: str, device: torch.device, *,
+        alias: bool = False,
+    ) -> torch.Tensor | None:
+        """``value`` at ``version`` over its cached real storage, or None to replay it.
+
+        ``alias``: the tensor is wanted as what a target is (eager's view of
+        the user's tensor, changes included), not as contents a recorded op read.
+        """
         key = (id(value.storage), device_key)
         entry = self._storages.get(key)
         # Only the storage's current contents: an older version still alive (a
@@ -60,6 +92,8 @@ class ReplayCache:
         if (entry is None or entry.version != version or version != value.storage.version
                 or entry.ref.expired()):
             return None
+        if not alias and value.storage.materialized and entry.call != self._call:
+            return None  # the user's since its call returned: maybe changed
         known = entry.layouts.get(id(value))
         if known is not None:
             meta = known[1]
@@ -90,7 +124,7 @@ class ReplayCache:
         known = dict(layouts or {})
         known[id(value)] = (value, TensorMeta.of(real, real.device))
         self._storages[(id(value.storage), device_key)] = _Entry(
-            value.storage, ref, version, known
+            value.storage, ref, version, known, self._call
         )
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:

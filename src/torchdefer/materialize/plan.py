@@ -48,19 +48,30 @@ def make_plan(
     device_key: str,
     device: torch.device,
     substitute: Substitute | None = None,
+    aliases: bool = True,
 ) -> Plan:
+    """The nodes to replay for ``targets``, and the values the cache answers.
+
+    ``aliases``: the targets are tensors for the user, each the user's tensor
+    (or a view of it) as it is now where it was materialized before; else
+    they are inputs, wanted with what construction gave them.
+    """
     needed: dict[int, Node] = {}
     must_run: set[int] = set()  # nodes whose effect is needed, not only their output object
     cached: dict[tuple[int, int], torch.Tensor] = {}
     expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
     # (value, version, whether its contents are needed or only the tensor object)
     work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
+    # A target is the user's tensor (or a view of it) as it is now; an input is
+    # what construction gave (ReplayCache.lookup).
+    as_is = {(id(v), version) for v, version in targets} if aliases else set()
     while work:
         value, version, contents = work.pop()
         key = (id(value), version)
         if key in cached:
             continue
-        real = cache.lookup(value, version, device_key, device or value.meta.device)
+        real = cache.lookup(value, version, device_key, device or value.meta.device,
+                            alias=key in as_is)
         if real is None and substitute is not None and contents:
             real = substitute(value, version)
         if real is not None:

@@ -59,25 +59,31 @@ class Replay:
         return leaf
 
     def nested(self, targets: list[tuple[Value, int]]) -> list[torch.Tensor]:
-        return Replay(self.graph, self.device).run(targets)
+        """Inputs a node of this replay reads: the contents construction gave."""
+        return Replay(self.graph, self.device).run(targets, inputs=True)
 
     def run(
         self,
         targets: list[tuple[Value, int]],
         names: list[str] | None = None,
         substitute: Substitute | None = None,
+        *,
+        inputs: bool = False,
     ) -> list[torch.Tensor]:
         """Real tensors for ``(value, version)`` targets, sharing storage where eager did.
 
         ``substitute`` may answer values itself (see :func:`make_plan`).
+        ``inputs``: the targets are inputs of a replay, not tensors for the user
+        (see ``ReplayCache.lookup``).
         """
         # Materializing (or a data read) inside deferred_init: what replay runs,
         # the cache's views over real storages included, is real, not recorded.
-        with suspended():
-            return self._run(targets, names, substitute)
+        with suspended(), self.cache.call():
+            return self._run(targets, names, substitute, inputs)
 
-    def _run(self, targets, names, substitute) -> list[torch.Tensor]:
-        plan = make_plan(targets, self.cache, self.device_key, self.device, substitute)
+    def _run(self, targets, names, substitute, inputs: bool) -> list[torch.Tensor]:
+        plan = make_plan(targets, self.cache, self.device_key, self.device, substitute,
+                         aliases=not inputs)
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}

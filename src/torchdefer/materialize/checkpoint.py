@@ -38,9 +38,11 @@ from torch import nn
 
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.api import materialize_module, materialized_nbytes
+from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.swap import swap_in
+from torchdefer.recorder.graph import Value
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
 __all__ = [
@@ -204,11 +206,31 @@ def assign_loaded(group: TensorGroup, loaded: torch.Tensor, device: torch.device
     with torch.no_grad():
         real = loaded.detach().to(device=place, dtype=target.dtype)
     real = cast(real, dtype)
-    storage = target._value.storage
+    value = target._value
     swap_in(target, real, name)
     # Later recorded writes to this storage would never reach the loaded tensor.
-    storage.materialized = True
+    value.storage.materialized = True
+    _keep_for_views(value, target, device)  # target is the loaded tensor now
     return real
+
+
+def _keep_for_views(value: Value, real: torch.Tensor, device: torch.device | None) -> None:
+    """Let deferred views of a loaded tensor (``row = m.weight[0]`` held outside the
+    module) be rebuilt over the loaded storage, as eager's views see the loaded
+    values: the replay cache keeps it, when it is all of the recorded storage."""
+    meta = value.meta
+    if (real.dtype != meta.dtype or real.stride() != meta.stride or meta.offset != 0
+            or real.untyped_storage().nbytes() != value.storage.nbytes):
+        return
+    graph = value.node.graph
+    if graph is None:
+        return
+    cache = cache_for(graph)
+    keys = {"recorded" if device is None or device == meta.device else str(device)}
+    if device is not None:
+        keys.add(str(device))
+    for key in keys:
+        cache.store(value, value.storage.version, key, real)
 
 
 def _pick(group: TensorGroup, present: list[str], source: CheckpointSource) -> torch.Tensor:

@@ -275,3 +275,22 @@ def test_a_skipped_random_op_draws_as_many_numbers_as_construction_after_its_inp
         m.rate.mul_(10)
     for i in (1, 0):
         assert_same_tensor(torchdefer.materialize_tensor(lazy[i]), eager[i], f"output {i}")
+
+
+def test_a_view_rebuilt_through_its_base_aliases_the_trained_parameter():
+    # zeros_like of a flipped diagonal: replay gives eager's strides, the meta
+    # kernel others, so the views are rebuilt through the base they alias,
+    # which is the user's tensor (changed by the step), not construction's.
+    def build():
+        w = torch.nn.Parameter(torch.zeros_like(torch.randn(5, 7)[None].diagonal().flip(0)))
+        return w, w.data, torch.empty(0).set_(w), w.detach().t()
+
+    eager, lazy = build_both(build)
+    weight = torchdefer.materialize_tensor(lazy[0])
+    for w in (eager[0], weight):
+        with torch.no_grad():
+            w.add_(3)
+    for i in (1, 2, 3):
+        real = torchdefer.materialize_tensor(lazy[i])
+        assert_same_tensor(real, eager[i], f"output {i}")
+        assert real.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()

@@ -62,16 +62,18 @@ def make_plan(
     expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
     # (value, version, whether its contents are needed or only the tensor object)
     work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
-    # A target is the user's tensor (or a view of it) as it is now; an input is
-    # what construction gave (ReplayCache.lookup).
-    as_is = {(id(v), version) for v, version in targets} if aliases else set()
+    # A target is the user's tensor (or a view of it) as it is now, and so is
+    # any value of its storage the walk meets (the base a view of it is rebuilt
+    # from, the tensor set_ made it share); any other input is what
+    # construction gave it (ReplayCache.lookup).
+    as_is = {id(v.storage) for v, _ in targets} if aliases else set()
     while work:
         value, version, contents = work.pop()
         key = (id(value), version)
         if key in cached:
             continue
         real = cache.lookup(value, version, device_key, device or value.meta.device,
-                            alias=key in as_is)
+                            alias=id(value.storage) in as_is)
         if real is None and substitute is not None and contents:
             real = substitute(value, version)
         if real is not None:

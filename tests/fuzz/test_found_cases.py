@@ -75,6 +75,12 @@ CASES: dict[str, Program] = {
         "t7 = torch.zeros_like(t6)",
         "t11 = t7.data",
     ),)),
+    "data_of_a_product_of_a_transposed_view_shares_its_storage": Program(86028553, ((
+        "t2 = torch.zeros((1, 5))",
+        "t4 = t2.mT",
+        "t6 = t4 * 3",
+        "t7 = t6.data",
+    ),)),
     # default dtype
     "log_of_int_arange_under_float64_default_is_float64": Program(0, ((
         "torch.set_default_dtype(torch.float64)",

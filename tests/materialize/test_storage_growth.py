@@ -148,6 +148,20 @@ def growth_of_a_parameter_with_views():
     return m.weight, v, data
 
 
+def set_with_a_size_onto_the_empty_storage_of_set_():
+    t = torch.ones(3)
+    t.set_()  # a new, empty storage
+    t.resize_(6)
+    t.fill_(2.0)
+    x = torch.zeros(1)
+    x.set_(t, 1, (4,), (1,))
+    x[3:].fill_(5.0)
+    y = torch.zeros(1)
+    y.set_(t, 2, (8,), (1,))  # grows t's storage to 10 elements
+    y[4:].fill_(7.0)
+    return t, x, y
+
+
 PROGRAMS = [
     transposed_view_written_after_growth, random_init_of_a_transposed_view_after_growth,
     contiguous_views_after_growth, every_kind_of_view_after_growth,
@@ -155,6 +169,7 @@ PROGRAMS = [
     set_with_a_size_grows_the_source_storage, set_to_a_tensor_with_a_size_grows_its_storage,
     growth_through_a_tensor_set_onto_the_storage, set_onto_a_grown_storage,
     out_argument_resized, growth_of_a_parameter_with_views,
+    set_with_a_size_onto_the_empty_storage_of_set_,
 ]
 
 

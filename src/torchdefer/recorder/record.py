@@ -334,6 +334,7 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
                 storage = o._value.storage
             elif storage is None:
                 storage = storages[key] = graph.new_storage(node, _nbytes(o))
+                graph.holders[key] = o
             with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
                 meta = TensorMeta.of(o, o.fake_device)
             o._value = Value(node, k, storage, meta)

@@ -21,13 +21,13 @@ depends on them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from torchdefer.checkpoint import load_state_dict, set_distributed_loader
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
-from torchdefer.materialize import load_state_dict, materialize_module, materialize_tensor
+from torchdefer.materialize import materialize_module, materialize_tensor
 from torchdefer.materialize.api import set_sharded_materializer
-from torchdefer.materialize.checkpoint import set_distributed_loader
 from torchdefer.recorder import composite, deferred, deferred_init, is_deferred
 
 __all__ = [
@@ -50,6 +50,17 @@ __all__ = [
     "script",
 ]
 
+if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
+    from torchdefer.descriptors import (
+        DescriptorMismatch,
+        MetaTensorType,
+        describe,
+        load,
+        save,
+        script,
+    )
+    from torchdefer.viz import explain
+
 # Names that live in extension packages, resolved on first use (PEP 562).
 _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
@@ -70,7 +81,7 @@ def _materialize_sharded(module: Any) -> Any:
 
 
 def _load_distributed(module: Any, source: Any, **options: Any) -> Any:
-    # DCP checkpoints and sharded modules: the distributed extension, imported
+    # Sharded modules: the distributed extension, imported
     # only when one is actually loaded.
     loader = importlib.import_module("torchdefer.distributed.checkpoint").load_state_dict
     return loader(module, source, **options)

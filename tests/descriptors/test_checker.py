@@ -178,9 +178,9 @@ def test_positional_and_keyword_calls_bind_like_python():
     p = torchdefer.script(f, {"x": MetaTensorType(["n"], torch.float32), "scale": float})
     x = torch.randn(3)
     torch.testing.assert_close(p(x=x, scale=3.0), f(x, scale=3.0))
-    with pytest.raises(TypeError, match=r"f\(\): too many positional arguments"):
+    with pytest.raises(TypeError, match=r"f\(\) takes 1 positional argument but 2 were given$"):
         p(x, 3.0)
-    with pytest.raises(TypeError, match=r"f\(\): missing a required argument: 'x'"):
+    with pytest.raises(TypeError, match=r"f\(\) missing 1 required positional argument: 'x'$"):
         p(scale=1.0)
 
 

@@ -21,6 +21,7 @@ import torchdefer
 ALL = [
     "dcp_checkpoint_into_fsdp2_model_matches_eager",
     "safetensors_into_fsdp2_model_matches_eager",
+    "a_failed_load_into_fsdp2_model_changes_nothing",
 ]
 
 
@@ -92,4 +93,65 @@ def safetensors_into_fsdp2_model_matches_eager(rank: int, world: int) -> None:
     result = torchdefer.load_state_dict(model, path)
     assert result.missing_keys == (), result.missing_keys
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    _check(model, eager, result.missing_keys)
+
+
+def _all_deferred(model) -> bool:
+    return all(torchdefer.is_deferred(p.to_local()) for p in model.parameters())
+
+
+def a_failed_load_into_fsdp2_model_changes_nothing(rank: int, world: int) -> None:
+    """Tied names with different values, a read failing after other shards were prepared,
+    and a DCP tensor its chunks cover only in part: each rank refuses, every shard stays
+    deferred, and a good load afterwards matches eager."""
+    eager, state = _expected(tie=True, drop=None)
+    bad = dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"] + 1})
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_llama, True)
+    _shard(model)
+    try:
+        torchdefer.load_state_dict(model, bad)
+    except torchdefer.checkpoint.CheckpointMismatchError as e:
+        assert "tied" in str(e), e
+    else:
+        raise AssertionError("different tied values were loaded")
+    assert _all_deferred(model), "a failed load changed shards"
+
+    class FailsLate(dict):  # a disk error on a late tensor, after other shards were prepared
+        def __getitem__(self, key):
+            if key == "model.norm.weight":
+                raise OSError("Input/output error")
+            return super().__getitem__(key)
+
+    try:
+        torchdefer.load_state_dict(model, FailsLate(state))
+    except OSError as e:
+        assert "Input/output" in str(e), e
+    else:
+        raise AssertionError("the failing read was not seen")
+    assert _all_deferred(model), "a load failing partway changed shards"
+
+    path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"dcp-partial-{world}")
+    if rank == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(state, checkpoint_id=path, no_dist=True)
+        metadata_path = path / ".metadata"
+        import pickle
+
+        metadata = pickle.loads(metadata_path.read_bytes())  # written just above
+        chunk = metadata.state_dict_metadata["model.norm.weight"].chunks[0]
+        chunk.sizes = torch.Size([chunk.sizes[0] // 2])
+        metadata_path.write_bytes(pickle.dumps(metadata))
+    dist.barrier()
+    try:
+        torchdefer.load_state_dict(model, path)
+    except torchdefer.checkpoint.CheckpointFormatError as e:
+        assert "model.norm.weight" in str(e) and "uninitialized" in str(e), e
+    else:
+        raise AssertionError("a partly covered tensor was loaded")
+    assert _all_deferred(model), "a failed DCP load changed shards"
+
+    result = torchdefer.load_state_dict(model, state)
+    assert result.missing_keys == (), result.missing_keys
     _check(model, eager, result.missing_keys)

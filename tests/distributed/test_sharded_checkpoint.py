@@ -43,3 +43,8 @@ def test_a_dcp_checkpoint_loads_into_an_fsdp2_deferred_model(outcomes):
 def test_a_safetensors_checkpoint_loads_into_an_fsdp2_deferred_model(outcomes):
     assert not outcomes["safetensors_into_fsdp2_model_matches_eager"], "\n".join(
         outcomes["safetensors_into_fsdp2_model_matches_eager"])
+
+
+def test_a_failed_load_into_an_fsdp2_deferred_model_changes_nothing(outcomes):
+    assert not outcomes["a_failed_load_into_fsdp2_model_changes_nothing"], "\n".join(
+        outcomes["a_failed_load_into_fsdp2_model_changes_nothing"])

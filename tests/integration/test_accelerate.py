@@ -56,3 +56,32 @@ def test_tied_models_load_with_torchdefer_then_dispatch_model(tmp_path):
     model = accelerate.dispatch_model(model, device_map={"": "cpu"})
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert_same_module(model, reference)
+
+
+def _partly_empty(include_buffers: bool):
+    with accelerate.init_empty_weights(include_buffers=include_buffers):
+        empty = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    return empty, torch.nn.Linear(3, 3)
+
+
+@pytest.mark.parametrize("include_buffers", [False, True])
+def test_init_empty_weights_inside_deferred_init_gives_what_eager_gives(include_buffers):
+    # accelerate rebuilds each parameter as type(p)(p.to("meta"), **p.__dict__);
+    # torchdefer's own fields in that __dict__ must not reach Parameter.__new__.
+    torch.manual_seed(0)
+    eager_empty, eager_real = _partly_empty(include_buffers)
+    eager_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    empty, real = torchdefer.deferred_init(_partly_empty, include_buffers)
+    assert torch.equal(torch.get_rng_state(), eager_state)
+    torchdefer.materialize_module(empty)
+    torchdefer.materialize_module(real)
+    assert_same_module(real, eager_real)
+    got = dict(empty.named_parameters()) | dict(empty.named_buffers())
+    want = dict(eager_empty.named_parameters()) | dict(eager_empty.named_buffers())
+    assert got.keys() == want.keys()
+    for name, ref in want.items():
+        t = got[name]
+        assert (type(t), t.device, t.shape, t.dtype) == (type(ref), ref.device, ref.shape, ref.dtype), name
+        if not ref.is_meta:
+            assert torch.equal(t, ref), name

@@ -7,8 +7,10 @@ and it pulls in sympy and the export machinery.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 import torch.utils._sympy.functions as sympy_functions
 from torch._guards import TracingContext, tracing
+from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.interp import sympy_interp
@@ -25,10 +28,11 @@ from torch.utils._sympy.symbol import prefix_str
 
 from torchdefer.fake._source import is_library_code
 
-__all__ = ["FakeTensor", "deserialize", "evaluate", "example_mode",
+__all__ = ["FakeTensor", "HigherOrderOperator", "OpOverload", "deserialize",
+           "dispatcher_operator_names", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
-           "jit_function", "prefix_str", "reparametrize", "serialize", "symbol_sources",
-           "sympy_functions"]
+           "jit_function", "jit_script", "prefix_str", "reparametrize", "serialize",
+           "spec_children", "symbol_sources", "sympy_functions"]
 
 class _ShapeEnv(ShapeEnv):
     """A ShapeEnv whose guard records point at the model's line, not torch's.
@@ -156,6 +160,12 @@ def deserialize(graph: bytes, state: dict[str, torch.Tensor],
     return serde.deserialize(serde.SerializedArtifact(graph, state, constants, b""))
 
 
+def dispatcher_operator_names() -> frozenset[str]:
+    """``aten::add.Tensor``-style names of every operator registered with the
+    dispatcher (TorchScript-only builtins like ``aten::save`` are not)."""
+    return frozenset(torch._C._dispatch_get_all_op_names())
+
+
 def jit_function(graph: torch._C.Graph) -> Callable[..., Any]:
     """A callable TorchScript function running ``graph`` (first input ``self``)."""
     return torch._C._create_function_from_graph("forward", graph)
@@ -165,3 +175,71 @@ def jit_fold(graph: torch._C.Graph) -> None:
     """Constant-propagate and delete dead code: value-decided branches vanish."""
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
+
+
+def spec_children(spec: Any) -> list[Any]:
+    """A pytree ``TreeSpec``'s child specs: ``children()`` where torch has it
+    (2.13 deprecates ``children_specs``, which older releases only have)."""
+    children = getattr(type(spec), "children", None)
+    return spec.children() if callable(children) else list(spec.children_specs)
+
+
+# TorchScript keeps one graph per function (its cache) and per module class
+# (shared types), so a function scripted with other annotations gets a name
+# of its own: the number makes it unique in the process.
+_specialized = itertools.count()
+
+
+def jit_script(target: Any, annotations: Mapping[str, str]) -> Any:
+    """``torch.jit.script(target)``, the unannotated parameters named in
+    ``annotations`` (of the function, or of a module's ``forward``) typed by
+    them (TorchScript type text, ``"Tuple[Tensor, int]"``).
+
+    TorchScript reads types only from the source: the definition is built
+    from the parsed source with the annotations added; a function is
+    compiled under a name of its own, a module with its types unshared.
+    """
+    if not annotations:
+        return torch.jit.script(target)
+    from torch import _jit_internal
+    from torch.jit import _recursive, _script, frontend
+
+    if not isinstance(target, torch.nn.Module):
+        rcb = _jit_internal.createResolutionCallbackFromClosure(target)
+        name = f"__torch__.torchdefer_specialized{next(_specialized)}.{target.__name__}"
+        return torch._C._jit_script_compile(name, _annotated_def(target, annotations), rcb,
+                                            frontend.get_default_args(target))
+    root = _script.call_prepare_scriptable_func(target)
+    forward = type(root).forward
+
+    def stubs(module: torch.nn.Module) -> list[Any]:
+        found = _recursive.infer_methods_to_compile(module)
+        if module is not root:
+            return found
+        return [_recursive.ScriptMethodStub(
+                    s.resolution_callback,
+                    _annotated_def(forward, annotations, "RecursiveScriptModule"),
+                    s.original_method)
+                if getattr(s.original_method, "__name__", None) == "forward" else s
+                for s in found]
+
+    return _recursive.create_script_module(root, stubs, share_types=False)
+
+
+def _annotated_def(fn: Callable[..., Any], annotations: Mapping[str, str],
+                   self_name: str | None = None) -> Any:
+    """TorchScript's definition of ``fn`` with ``annotations`` on its
+    unannotated parameters, placed at each parameter in the source."""
+    from torch.jit import frontend
+
+    parsed = frontend.parse_def(fn)
+    node = parsed.ast.body[0]
+    for arg in [*node.args.args, *node.args.kwonlyargs]:
+        if arg.arg in annotations and arg.annotation is None:
+            expr = ast.parse(annotations[arg.arg], mode="eval").body
+            for part in ast.walk(expr):  # messages point at the parameter
+                part.lineno, part.col_offset = arg.lineno, arg.col_offset
+                part.end_lineno, part.end_col_offset = arg.end_lineno, arg.end_col_offset
+            arg.annotation = expr
+    type_line = torch.jit.annotations.get_type_line(parsed.source)
+    return frontend.build_def(parsed.ctx, node, type_line, fn.__name__, self_name=self_name)

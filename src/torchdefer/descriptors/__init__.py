@@ -14,8 +14,8 @@ every call::
     torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
 
 Each module's docstring says how its part works and why. Modules import only
-those before them in this order: ``errors``, ``_expr``,
-``meta_tensor_type``, ``tree``, ``checker``, ``weights``, ``outputs``,
+those before them in this order: ``errors``, ``_call``, ``_expr``,
+``meta_tensor_type``, ``object_of``, ``tree``, ``checker``, ``weights``, ``outputs``,
 ``_conflict``, the backends, ``program``, ``archive``, ``describe``. The
 private torch APIs they use (export's serializer, ShapeEnv, dynamo) come
 from the project's compat package, ``torchdefer._compat.export``.
@@ -23,9 +23,15 @@ from the project's compat package, ``torchdefer._compat.export``.
 
 from torchdefer.descriptors.archive import load, save
 from torchdefer.descriptors.describe import describe
-from torchdefer.descriptors.errors import DescriptorConflict, DescriptorMismatch, ProgramFileError
+from torchdefer.descriptors.errors import (
+    DescriptorConflict,
+    DescriptorMismatch,
+    MissingGraph,
+    ProgramFileError,
+)
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
+from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.program import Program, script
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "Program",
-           "ProgramFileError", "describe", "load", "save", "script"]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "MissingGraph",
+           "ObjectOf", "Program", "ProgramFileError", "describe", "load", "save", "script"]

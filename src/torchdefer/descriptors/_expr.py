@@ -16,12 +16,16 @@ export's ``in_spec``/``out_spec``) are read by ``pytree.treespec_loads``,
 which only builds types registered in this process, but two of torch's own
 readers import what the text names: a ``collections.defaultdict`` context
 names its ``default_factory`` (module and attribute), and a dict key written
-as an enum names the enum's module. :func:`treespec` refuses both first.
+as an enum names the enum's module. :func:`checked_treespec` decodes the
+JSON, refuses both on the decoded structure (a JSON escape such as
+``"\\u005f_enum__"`` spells ``__enum__`` too) and hands torch the text written
+back from what it checked.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import operator
 import re
@@ -33,7 +37,7 @@ import torch.utils._pytree as pytree
 from torchdefer._compat.export import int_oo, prefix_str
 from torchdefer._compat.export import sympy_functions as _fns
 
-__all__ = ["TORCH_SYMBOL", "UnsafeExpression", "parse", "treespec"]
+__all__ = ["TORCH_SYMBOL", "UnsafeExpression", "checked_treespec", "parse", "treespec"]
 
 TORCH_SYMBOL = re.compile("(?:" + "|".join(map(re.escape, prefix_str.values())) + r")\d+")
 """Names torch gives symbols (``s0``, ``u3``, ``zf1``)."""
@@ -161,18 +165,64 @@ def treespec(text: str) -> pytree.TreeSpec:
     """The pytree spec ``text`` writes, read only if no reader would import anything.
 
     Raises:
-        UnsafeExpression: a ``defaultdict`` node or an enum-keyed context.
+        UnsafeExpression: a node whose context reader would import a module
+            (``defaultdict``, an enum-valued key, a type with its own reader).
+        ValueError: not a pytree spec, or a container type not registered here.
+
+    Example:
+        >>> treespec('[1, {"type": "builtins.tuple", "context": "null", "children_spec": []}]')
+        TreeSpec(tuple, None, [])
+    """
+    return pytree.treespec_loads(checked_treespec(text))
+
+
+def checked_treespec(text: str) -> str:
+    """``text`` decoded, checked node by node and written again: what torch reads next.
+
+    Every check is on the decoded JSON (``"\\u005f_enum__"`` is ``"__enum__"``
+    here, as it is to torch's reader), and torch is handed the text written
+    back from what was checked, never the file's own spelling of it.
     """
     try:
-        _, root = json.loads(text)
+        protocol, root = json.loads(text)
     except (TypeError, ValueError) as e:
-        raise UnsafeExpression(f"not a pytree spec ({e})") from None
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict) or not isinstance(node.get("children_spec"), list):
-            raise UnsafeExpression(f"not a pytree spec node: {str(node)[:80]}")
-        if node.get("type") == "collections.defaultdict" or "__enum__" in str(node.get("context")):
-            raise UnsafeExpression(f"a pytree spec naming something to import ({node['type']})")
-        stack += node["children_spec"]
-    return pytree.treespec_loads(text)
+        raise ValueError(f"not a pytree spec ({e})") from None
+    if protocol != 1:
+        raise ValueError(f"pytree spec protocol {protocol!r}; torchdefer reads protocol 1")
+    return json.dumps([protocol, _checked_node(root)])
+
+
+def _checked_node(node: Any) -> dict[str, Any]:
+    """A copy of one spec node with its children, each context decoded and re-encoded."""
+    if not isinstance(node, dict) or node.keys() != {"type", "context", "children_spec"} or (
+            not isinstance(node["children_spec"], list)):
+        raise ValueError(f"not a pytree spec node: {str(node)[:80]}")
+    children = [_checked_node(child) for child in node["children_spec"]]
+    kind, context = node["type"], node["context"]
+    if kind is None and context is None and not children:
+        return {"type": None, "context": None, "children_spec": []}
+    typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(kind) if isinstance(kind, str) else None
+    if typ is None:
+        raise ValueError(f"pytree type {str(kind)[:80]!r} is not registered in this process; "
+                         "register it with torch.utils._pytree before loading")
+    reader = pytree.SUPPORTED_SERIALIZED_TYPES[typ].from_dumpable_context
+    if reader is None:  # torch decodes the context as JSON, enum keys importing their module
+        if not isinstance(context, str):
+            raise ValueError(f"the context of a {kind} node is not JSON text")
+        context = json.dumps(json.loads(context, object_hook=_refuse_enum))
+    elif reader is not _NAMEDTUPLE_READER or not isinstance(context, str):
+        raise UnsafeExpression(f"a pytree spec naming something to import ({kind} has its own "
+                               "context reader, which may import what the file names)")
+    return {"type": kind, "context": context, "children_spec": children}
+
+
+# A namedtuple's context is its registered name, looked up among registered types.
+_NAMEDTUPLE_READER = pytree.SUPPORTED_SERIALIZED_TYPES[
+    collections.namedtuple].from_dumpable_context  # type: ignore[index]
+
+
+def _refuse_enum(obj: dict[str, Any]) -> dict[str, Any]:
+    if "__enum__" in obj:
+        raise UnsafeExpression(f"a pytree spec naming something to import (an enum key naming "
+                               f"{str(obj.get('fqn'))[:80]!r})")
+    return obj

@@ -11,19 +11,28 @@ The file is a zip archive:
 
 **Loading never runs code from the file.** Descriptors and cases are JSON
 read into descriptor objects; containers are rebuilt only from types
-registered with ``torch.utils._pytree`` in the loading process, and no pytree
-spec (ours, or export's ``in_spec``/``out_spec``) reaches torch's reader if
-it names something to import (``_expr.treespec``); tensors are
-read with ``torch.load(weights_only=True)``; every symbolic expression in the
-graph JSON is checked by the restricted parser of ``_expr`` *before* torch's
+registered with ``torch.utils._pytree`` in the loading process, and every
+pytree spec (ours, or export's ``in_spec``/``out_spec``) is checked decoded
+and handed to torch's reader as the text written back from what was checked
+(``_expr.checked_treespec``); tensors are read with
+``torch.load(weights_only=True)``; every symbolic expression in the graph
+JSON is checked by the restricted parser of ``_expr`` *before* torch's
 deserializer (which would ``sympify``, i.e. evaluate, it) sees it; the
 ``guards_code`` that ``ExportedProgram.module()`` would ``exec`` must be
-empty; torch's verifier refuses graph nodes that call anything but operators.
-``torch.export.load`` is not used: it falls back to ``weights_only=False``
-for payloads that are not plain tensors. A TorchScript archive contains code
-that runs when it is loaded, so jit programs load only with
-``allow_torchscript=True``. Damaged files raise :class:`ProgramFileError`
-naming the file and the part.
+empty. **A loaded graph runs tensor math only**: every node's operator is
+checked against an allowlist (``_operators``) on the decoded JSON, before
+torch resolves a name in it, and again on the graph module torch builds;
+``aten.from_file``, custom namespaces and code-running higher-order
+operators are refused. ``torch.export.load`` is not used: it falls back to
+``weights_only=False`` for payloads that are not plain tensors, and runs any
+registered operator. **Sizes are bounded**: every zip header (the file's and
+those of the archives inside it) is checked against the archive before a
+byte is read, compressed members are bounded (``_zip``), and each member
+must be as large as ``torchdefer.json`` declares. A TorchScript archive
+contains code that runs when it is loaded, so jit programs load only with
+``allow_torchscript=True`` (see :func:`load` for what that trusts). Damaged
+or refused files raise :class:`ProgramFileError` naming the file and the
+part.
 
 A program of a deferred (or meta) model is saved with meta-tensor weights:
 nothing of the model's size is written or allocated on load; bind real
@@ -35,6 +44,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,7 +54,14 @@ from typing import Any
 import torch
 
 from torchdefer._compat import export as compat
-from torchdefer.descriptors._expr import UnsafeExpression, parse, treespec
+from torchdefer.descriptors._expr import UnsafeExpression, checked_treespec, parse
+from torchdefer.descriptors._operators import (
+    ForbiddenOperator,
+    check_graph_json,
+    check_graph_module,
+)
+from torchdefer.descriptors._torchscript import check_torchscript_code
+from torchdefer.descriptors._zip import checked_members, checked_size, nested_members
 from torchdefer.descriptors.checker import concrete_trees
 from torchdefer.descriptors.errors import ProgramFileError
 from torchdefer.descriptors.export_backend import Coverage, ExportRunner
@@ -84,21 +101,30 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     if not isinstance(program, Program):
         raise TypeError("save() takes a program from torchdefer.script(), got "
                         f"{type(program).__name__}")
+    program._saveable()  # a file without a graph could run nothing
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
         "qualname": program.qualname, "params": to_json(program._params),
+        "method": program._check.method,  # a module's forward: messages count its self
+        "variadic": program._check.variadic,
         "ranges": [[n, lo, hi] for n, (lo, hi) in program._ranges.items()],
     }
     files: dict[str, bytes] = {}
     if program.backend == "jit":
         scripted = next(iter(program._variants.values())).scripted
         files["program.ts"] = _bytes(torch.jit.save, scripted)
+        try:  # say it now rather than write a file load() refuses
+            check_torchscript_code(files["program.ts"])
+        except ForbiddenOperator as e:
+            raise TypeError(f"save(): the TorchScript of {program.qualname}: {e}; load() would "
+                            "refuse the file, so it is not written") from None
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
         except TypeError:
             header["outputs"] = None
     else:
         header["variants"], header["weights"] = _export_files(program, files)
+    header["members"] = {n: len(data) for n, data in files.items()}
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         zf.writestr("torchdefer.json", json.dumps(header, indent=1))
         for name, data in files.items():
@@ -110,8 +136,15 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
 
     Args:
         path: the file.
-        allow_torchscript: load a jit program, whose TorchScript archive holds
-            code that runs while it is loaded; only for files you trust.
+        allow_torchscript: load a jit program. Its TorchScript archive is code:
+            ``torch.jit.load`` compiles it and the program runs it, so this
+            trusts the file as code. torchdefer still checks everything else
+            in the file as for an export program, and refuses TorchScript
+            that defines ``__setstate__`` (run while loading) or calls an
+            operator that reaches files, pinned memory, streams, RPC, the
+            process's seed or a custom namespace (``_torchscript``); it does
+            not refuse other TorchScript builtins (``print``, grad-mode
+            switches, string and list operations). Only for files you trust.
 
     Returns:
         The program; bind weights with :meth:`Program.with_weights` if it was
@@ -119,17 +152,30 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
 
     Raises:
         ProgramFileError: the file is damaged or incomplete, not a torchdefer
-            program, or holds something loading would have to execute.
+            program, not a regular file, or holds something loading would
+            have to execute or a graph calling more than tensor operators.
+        OSError: the path cannot be opened (``FileNotFoundError`` ...).
+
+    Example:
+        >>> import torch, torchdefer, tempfile, os
+        >>> from torchdefer.descriptors import MetaTensorType
+        >>> p = torchdefer.script(lambda x: x * 2, {"x": MetaTensorType(["n"], torch.float32)})
+        >>> f = os.path.join(tempfile.mkdtemp(), "double.tdp")
+        >>> torchdefer.save(p, f)
+        >>> loaded = torchdefer.load(f)
+        >>> loaded(torch.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+        >>> loaded(torch.arange(3))  # still checked: an int64 tensor is refused
+        Traceback (most recent call last):
+        ...
+        torchdefer.descriptors.errors.DescriptorMismatch: x.dtype: expected torch.float32, ...
     """
     name = os.fspath(path)
-    members: dict[str, bytes] = {}
-    with _reading(name, "the archive"), zipfile.ZipFile(path) as zf:
-        for member in zf.namelist():
-            with _reading(name, member):
-                members[member] = zf.read(member)
+    members = _read(name)
     header = _json(members, "torchdefer.json", name) if "torchdefer.json" in members else None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
-        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header)")
+        raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header); "
+                               "torchdefer.load reads files written by torchdefer.save")
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
@@ -150,7 +196,9 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         outputs = header.get("outputs") and from_json(header["outputs"])
     if backend == "jit":
         with _reading(name, "program.ts"):
-            data = io.BytesIO(_member(members, "program.ts", name))
+            nested_members(_member(members, "program.ts", name), name, "program.ts")
+            check_torchscript_code(members["program.ts"])  # before torch.jit.load runs any
+            data = io.BytesIO(members["program.ts"])
             runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
                                            qualname)}
         weights = Weights()
@@ -161,7 +209,9 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         if backend == "export":
             outputs = None if first is None else first.output_descriptors(ranges)
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
-                       runners=runners, weights=weights, output_descriptors=outputs)
+                       runners=runners, weights=weights, output_descriptors=outputs,
+                       method=header.get("method") is True,
+                       variadic=header.get("variadic") is True)
 
 
 def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[str, bytes],
@@ -183,15 +233,17 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
         graph = _json(members, member, name)
         constants = _tensors(members, f"graph{i}.constants.pt", name)
         with _reading(name, member):
+            if not isinstance(graph, dict):
+                raise ValueError("not a JSON object")
             if graph.get("guards_code"):
                 raise UnsafeExpression("it carries guards_code, Python source torch would exec")
-            for key, text in _texts(graph):
-                parse(text) if key == "expr_str" else treespec(text)
+            check_graph_json(graph)  # before torch resolves any name in it
+            _check_texts(graph)
             # Non-persistent buffers are constants to torch; the runner reads them from weights.
             persistent = {n: t for n, t in state.items() if n not in constants}
-            # torch's verifier, run by the deserializer, refuses nodes that call
-            # anything but operators (test_archive checks it still does).
-            ep = compat.deserialize(members[member], persistent, constants)
+            # torch reads the document as checked above, written again: never the file's text.
+            ep = compat.deserialize(json.dumps(graph).encode(), persistent, constants)
+            check_graph_module(ep.graph_module)
         runners[case] = ExportRunner(ep, params, concrete, recipe, coverage, weights, qualname,
                                      v.get("training"))
     return weights, runners
@@ -202,6 +254,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     variants = []
     for i, (case, runner) in enumerate(program._variants.items()):
         ep = runner.program
+        try:  # say it now rather than write a file load() refuses
+            check_graph_module(ep.graph_module)
+        except ForbiddenOperator as e:
+            raise TypeError(f"save(): graph {i} of {program.qualname}: {e}; load() would refuse "
+                            "the file, so it is not written") from None
         try:
             live = dict(zip(runner.held, runner.resolve()))
         except RuntimeError:  # deferred or unbound: store metadata only
@@ -211,6 +268,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             source = (source if has_data(source) else meta_twin(t)).detach()
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
+        if not ep.graph_signature.output_specs:  # torch's serializer fails on it (unpacking)
+            raise TypeError(f"save(): graph {i} of {program.qualname} returns only constants "
+                            "(no tensor or size computed by the graph), which torch.export's "
+                            "serializer cannot write; return a tensor as well, or save a program "
+                            "whose outputs depend on its inputs")
         graph = json.loads(compat.serialize(ep, meta_twin))
         if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
             graph["guards_code"] = []  # coverage replaces it
@@ -228,12 +290,31 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     return variants, all(not t.is_meta for t in weights.values())
 
 
-def _texts(data: Any) -> Iterator[tuple[str, str]]:
-    """Every text torch.export's graph JSON has read by ``sympify`` (``expr_str``)
-    or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``), with its key."""
-    if isinstance(data, (dict, list)):
-        for k, v in data.items() if isinstance(data, dict) else enumerate(data):
-            yield from [(k, v)] if k in ("expr_str", "in_spec", "out_spec") else _texts(v)
+def _check_texts(data: Any) -> None:
+    """Check every text torch.export's graph JSON has read by ``sympify``
+    (``expr_str``) or by ``pytree.treespec_loads`` (``in_spec``, ``out_spec``);
+    a spec is replaced by the text written back from its checked structure.
+    ``source_fn_stack`` metadata is dropped: torch resolves each name in it
+    with ``getattr`` from ``torch`` (a name like ``torch._inductor.x`` imports
+    that submodule), and no loaded program needs it; carriage returns in the
+    other metadata texts (which fx prints as comments of generated code)
+    become spaces."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        for k, v in item.items() if isinstance(item, dict) else enumerate(item):
+            if k == "expr_str":
+                parse(v)
+            elif k in ("in_spec", "out_spec") and isinstance(item, dict):
+                item[k] = checked_treespec(v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+        if isinstance(item, dict) and isinstance(item.get("metadata"), dict):
+            metadata = item["metadata"]
+            metadata.pop("source_fn_stack", None)
+            for key, text in metadata.items():  # fx writes them into code comments, and a
+                if isinstance(text, str):  # lone "\r" ends a comment for Python's compiler
+                    metadata[key] = text.replace("\r", " ")
 
 
 @contextmanager
@@ -246,12 +327,53 @@ def _reading(name: str, part: str) -> Iterator[None]:
     except UnsafeExpression as e:
         raise ProgramFileError(f"{name!r}: {part} holds something loading would execute ({e}); "
                                "refusing to load it") from None
+    except ForbiddenOperator as e:
+        raise ProgramFileError(f"{name!r}: {part}: {e}; refusing to load it (only load program "
+                               "files written by torchdefer.save)") from None
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise ProgramFileError(f"{name!r}: {part} is damaged or truncated ({e}); the file cannot "
                                "be read, save the program again") from None
     except Exception as e:  # whatever torch's deserializer or json raise on bad content
         raise ProgramFileError(f"{name!r}: {part} is not what torchdefer wrote "
                                f"({type(e).__name__}: {e}); save the program again") from None
+
+
+def _read(name: str) -> dict[str, bytes]:
+    """Every member of the archive, each header checked before anything is read (``_zip``).
+
+    A missing or unreadable path raises the ``OSError`` ``open`` raises (it
+    names the path); everything about the file's content, ``ProgramFileError``.
+    """
+    # Non-blocking: opening a FIFO named like a program must not wait for a writer.
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ProgramFileError(f"{name!r} is not a regular file; a program is read from a file "
+                               "written by torchdefer.save")
+    with open(fd, "rb") as f:
+        with _reading(name, "the archive"), zipfile.ZipFile(f) as zf:
+            members: dict[str, bytes] = {}
+            declared = None  # the header first: it declares the others' sizes
+            for member in sorted(checked_members(zf, info.st_size, name),
+                                 key=lambda i: i.filename != "torchdefer.json"):
+                if declared is not None:
+                    checked_size(member, declared, name)
+                with _reading(name, member.filename), zf.open(member) as stream:
+                    members[member.filename] = stream.read()
+                if member.filename == "torchdefer.json":
+                    declared = _declared_sizes(members[member.filename])
+            return members
+
+
+def _declared_sizes(header: bytes) -> object:
+    """The header's ``members`` table; ``None`` for files saved before it existed
+    (a header that is no JSON object is reported when it is read)."""
+    try:
+        data = json.loads(header)
+    except ValueError:
+        return None
+    return data.get("members") if isinstance(data, dict) else None
 
 
 def _member(members: dict[str, bytes], member: str, name: str) -> bytes:
@@ -268,13 +390,16 @@ def _json(members: dict[str, bytes], member: str, name: str) -> Any:
 
 def _tensors(members: dict[str, bytes], member: str, name: str) -> dict[str, torch.Tensor]:
     data = _member(members, member, name)
+    nested_members(data, name, member)
     try:
         out = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
     except Exception as e:
         raise ProgramFileError(f"{name!r}: {member} holds more than tensors, or is damaged; "
-                               f"refusing to unpickle it ({type(e).__name__})") from None
+                               f"refusing to unpickle it ({type(e).__name__}); save the program "
+                               "again") from None
     if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
-        raise ProgramFileError(f"{name!r}: {member} is not a dict of tensors")
+        raise ProgramFileError(f"{name!r}: {member} is not a dict of tensors; save the program "
+                               "again")
     return out
 
 

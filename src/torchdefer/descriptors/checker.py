@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.errors import DescriptorMismatch
 from torchdefer.descriptors.meta_tensor_type import (
     SCALARS,
@@ -29,6 +30,7 @@ from torchdefer.descriptors.meta_tensor_type import (
     TensorCheck,
     describe_value,
 )
+from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
 
 __all__ = ["NOT_ACCEPTED", "Checker", "Key", "concrete_trees", "concretize", "merge_ranges",
@@ -54,8 +56,10 @@ class Checker:
     """
 
     def __init__(self, qualname: str, params: tuple[Param, ...], ranges: Mapping[str, DimRange],
-                 specialize: bool) -> None:
+                 specialize: bool, method: bool = False, variadic: bool = False) -> None:
         self.qualname, self.params, self.specialize = qualname, params, specialize
+        self.method = method  # a bound method: Python's messages count its self
+        self.variadic = variadic  # the callable takes *args/**kwargs, which the program does not
         self.ranges = dict(ranges)
         self.signature = inspect.Signature([
             inspect.Parameter(p.name, getattr(inspect.Parameter, p.kind),
@@ -81,7 +85,12 @@ class Checker:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.qualname}(): {e}") from None
+            message = call_error(self.qualname, self.signature, args, kwargs, self.method)
+            if message and self.variadic and ("were given" in message or "was given" in message
+                                              or "unexpected keyword" in message):
+                message += (" (the program takes no *args or **kwargs, which descriptors cannot "
+                            "describe; its parameters are the named ones)")
+            raise TypeError(message or f"{self.qualname}(): {e}") from None
         passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
                   and self.signature.parameters[n].default is NOT_ACCEPTED]
         if passed:
@@ -100,7 +109,7 @@ class Checker:
         if isinstance(node, Value):
             return _check_value(node.value)
         if isinstance(node, TypeOf):
-            return _check_type(node.type)
+            return _check_type(node.type, exact=not self.specialize)
         if isinstance(node, ListOf):
             return _check_list(self.compile(node.element))
         if isinstance(node, OptionalOf):
@@ -110,11 +119,13 @@ class Checker:
     def _check_container(self, node: Node) -> Check:
         """One level of a tuple / list / dict / pytree-registered container."""
         level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
-        kind, n = type(node), len(level)
+        # An ObjectOf stands for an argument of its class, flattened by its class.
+        kind = node.type if isinstance(node, ObjectOf) else type(node)
+        n = len(level)
         keys = [kp[0].key for kp, _ in level] if kind is dict else None
         checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
         flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
-        context = flatten(node)[1]
+        context = node.context if isinstance(node, ObjectOf) else flatten(node)[1]
         want = (f"a dict with keys {keys}" if keys is not None
                 else f"a {kind.__name__} of length {n}")
 
@@ -175,12 +186,16 @@ def _check_value(want: Any) -> Check:
     return check_value
 
 
-def _check_type(kind: type) -> Check:
-    allowed = (int, float) if kind is float else (kind,)
+def _check_type(kind: type, exact: bool = False) -> Check:
+    """``exact`` (TorchScript): no int for a float, which TorchScript would turn
+    into a float where eager code keeps the int (``torch.full((2,), 3)`` is int64)."""
+    allowed = (int, float) if kind is float and not exact else (kind,)
 
     def check_type(value: Any, path: str, env: dict, where: dict, facts: list | None) -> None:
         if not isinstance(value, allowed) or (isinstance(value, bool) and kind is not bool):
-            raise DescriptorMismatch(path, "type", kind.__name__, describe_value(value))
+            detail = ("TorchScript would run it as a float, where the eager model keeps an int; "
+                      f"pass {value}.0") if kind is float and type(value) is int else ""
+            raise DescriptorMismatch(path, "type", kind.__name__, describe_value(value), detail)
         if facts is None:
             return
         if kind is int:

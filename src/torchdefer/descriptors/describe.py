@@ -9,7 +9,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.meta_tensor_type import examples_descriptor
+from torchdefer.descriptors.object_of import node_keys, unflatten
 
 __all__ = ["describe"]
 
@@ -21,7 +23,9 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
     :meth:`MetaTensorType.from_examples`); lengths that vary but are equal to
     each other in every call share one name across tensors (the example's
     ``x`` and ``mask``). Other arguments equal in every call become values,
-    else types.
+    else types. Containers of classes other than Python's and torch's
+    (a dataclass, a pytree-registered class) are
+    :class:`~torchdefer.descriptors.ObjectOf`, never built around descriptors.
 
     Args:
         fn: a module (its ``forward``) or a function.
@@ -46,10 +50,14 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
     sig = inspect.signature(target)
     bound = []
     for i, call in enumerate(example_calls):
+        args, kwargs = ((), dict(call)) if isinstance(call, Mapping) else (tuple(call), {})
         try:
-            b = sig.bind(**call) if isinstance(call, Mapping) else sig.bind(*call)
+            b = sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"describe(): example call {i} does not fit {sig}: {e}") from e
+            qualname = getattr(target, "__qualname__", type(target).__name__)
+            why = None if _variadic(sig) else call_error(qualname, sig, args, kwargs,
+                                                         inspect.ismethod(target))
+            raise TypeError(f"describe(): example call {i} does not fit {sig}: {why or e}") from e
         bound.append(dict(b.arguments))
     shared: dict[tuple[int, ...], str] = {}  # lengths across calls -> name, over all tensors
     return {n: _common([b[n] for b in bound], n, shared)
@@ -62,9 +70,14 @@ def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) ->
     if any(spec != flat[0][1] for _, spec in flat):
         raise TypeError(f"describe(): {path} differs in structure across example calls; "
                         "describe it by hand")
-    return pytree.tree_unflatten(
-        [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))],
-        flat[0][1])
+    leaves = [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))]
+    # Containers of the model's own classes are ObjectOf: never built around descriptors.
+    return unflatten(flat[0][1], iter(leaves), iter(node_keys(values[0], flat[0][1])))
+
+
+def _variadic(sig: inspect.Signature) -> bool:
+    """Whether ``sig`` takes ``*args`` or ``**kwargs`` (Python's words then differ)."""
+    return any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values())
 
 
 def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> Any:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torchdefer.errors import TorchdeferError
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "ProgramFileError"]
+__all__ = ["DescriptorConflict", "DescriptorMismatch", "MissingGraph", "ProgramFileError"]
 
 # Properties read as ``x.dtype``; the others (``value``, ``type``, ``structure``)
 # are written ``x (value)``.
@@ -24,6 +24,16 @@ class DescriptorMismatch(TorchdeferError, TypeError):
         property: the checked property, e.g. ``shape[0]``, ``dtype``, ``value``.
         expected: the descriptor's requirement, as text.
         got: what the call passed, as text.
+
+    Example:
+        >>> import torch, torchdefer
+        >>> from torchdefer import DescriptorMismatch, MetaTensorType
+        >>> p = torchdefer.script(lambda x: x + 1, {"x": MetaTensorType(["b", 4], torch.float32)})
+        >>> try:
+        ...     p(torch.zeros(2, 5))
+        ... except DescriptorMismatch as e:
+        ...     print(e.path, e.property, e.expected, e.got)
+        x shape[1] 4 5
     """
 
     def __init__(self, path: str, property: str, expected: str, got: str, detail: str = "") -> None:
@@ -60,3 +70,14 @@ class DescriptorConflict(TorchdeferError, ValueError):
 class ProgramFileError(TorchdeferError, ValueError):
     """A program file is damaged, not a torchdefer program, or holds something
     that loading would have to execute; the message names the file and the part."""
+
+
+class MissingGraph(TorchdeferError, RuntimeError):
+    """An export program has no graph for a call, and cannot build one: it was
+    loaded from a file (which cannot trace the model), or is being saved
+    before any graph was built (the file could run nothing).
+
+    The message says which case is missing and how to have it built: call
+    the scripted program with such inputs before ``save()``, or list the
+    dtypes with ``script(..., dtypes=[...])``.
+    """

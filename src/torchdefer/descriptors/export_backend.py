@@ -37,6 +37,7 @@ from torchdefer.descriptors._expr import parse
 from torchdefer.descriptors.checker import Key, Param, show_key
 from torchdefer.descriptors.errors import DescriptorConflict
 from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors.object_of import real_spec
 from torchdefer.descriptors.outputs import OutputRecipe, describe_output
 from torchdefer.descriptors.tree import Node, TypeOf, Value, from_json, to_json
 from torchdefer.descriptors.weights import Weights
@@ -156,7 +157,7 @@ class ExportRunner:
                  for s, k in self.symbols.items()}
         output = next(n for n in self.gm.graph.nodes if n.op == "output")
         vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in output.args[0]]
-        return self.recipe.rebuild(iter(describe_output(v, names, ranges) for v in vals))
+        return self.recipe.describe(iter(describe_output(v, names, ranges) for v in vals))
 
 
 def _inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> tuple[list, list]:
@@ -171,8 +172,8 @@ def _inputs(params: tuple[Param, ...], concrete: Mapping[str, Node]) -> tuple[li
         flat, spec = pytree.tree_flatten_with_path(concrete[p.name])
         positions = [j for j, (_, leaf) in enumerate(flat)  # graph inputs, not baked in
                      if isinstance(leaf, MetaTensorType) or leaf == TypeOf(int)]
-        if positions:
-            picks.append((i, None if spec.is_leaf() else spec, positions))
+        if positions:  # the spec flattens the call's own argument
+            picks.append((i, None if spec.is_leaf() else real_spec(spec), positions))
         for kp, leaf in (flat[j] for j in positions):
             path = p.name + pytree.keystr(kp)
             keys = {None: (path,)} if isinstance(leaf, TypeOf) else {
@@ -249,7 +250,8 @@ class _Bound(torch.nn.Module):
             for attr in ("_parameters", "_buffers", "_modules"):
                 object.__setattr__(self, attr, getattr(target, attr))
             self.training = target.training
-        trees = [(p, *pytree.tree_flatten(concrete[p.name])) for p in params if p.name in concrete]
+        trees = [(p, leaves, real_spec(spec)) for p in params if p.name in concrete
+                 for leaves, spec in [pytree.tree_flatten(concrete[p.name])]]
 
         def forward(*dynamic: Any) -> Any:
             stream, args, kwargs = iter(dynamic), [], {}

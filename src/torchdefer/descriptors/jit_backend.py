@@ -10,18 +10,27 @@ branches constant propagation and dead-code elimination then delete. One
 graph serves every call the descriptors admit: TorchScript is generic in
 sizes, dtypes and lengths.
 
+Descriptors take precedence over missing annotations (the RFC): a described
+parameter without an annotation is compiled with the type its descriptor
+gives (``Tuple[Tensor, Tensor]``, ``int``, ``bool`` for ``flag=True``), where
+TorchScript alone would assume ``Tensor``. An undescribed parameter stays
+generic: typed by its annotation, else by its default's type (``=None``:
+``Optional[Tensor]``), and checked by type on each call, not pinned to its
+default (unless its type is one no descriptor expresses, such as a dict).
+
 What TorchScript would get wrong is refused at ``script()`` time: a model it
 cannot compile, a decorated or instance-level ``forward`` (it compiles the
-undecorated source), a descriptor that contradicts a parameter's TorchScript
-type (unannotated parameters are ``Tensor``), deferred weights. On each call
-tensor defaults are passed as the model would, and reassigned parameters and
-buffers of the live module are first copied into the scripted one. There is
-no ``torch.jit.trace`` fallback: a trace bakes in whatever Python saw
-(lengths, branches), which no call-time check can detect.
+undecorated source), a descriptor that contradicts a parameter's annotation,
+deferred weights. On each call tensor defaults are passed as the model would,
+and reassigned parameters and buffers of the live module are first copied
+into the scripted one. There is no ``torch.jit.trace`` fallback: a trace
+bakes in whatever Python saw (lengths, branches), which no call-time check
+can detect.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -64,7 +73,7 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
         raise TypeError(f"backend='jit': {qualname} is decorated (functools.wraps); TorchScript "
                         f"compiles the undecorated source and would drop the decorator; {advice}")
     try:
-        scripted = torch.jit.script(target)
+        scripted = compat.jit_script(target, _annotations(fn, params))
     except Exception as e:
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
         reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
@@ -77,7 +86,9 @@ class JitRunner:
     """A specialized TorchScript graph, called with the scripted module first.
 
     ``live`` is the module it was scripted from, whose reassigned weights are
-    copied in before each call (``None`` for a loaded program).
+    copied in before each call (``None`` for a loaded program). ``params``:
+    the parameters with undescribed ones made generic (the program checks
+    calls against these).
     """
 
     coverage = Coverage()  # generic in sizes: every checked call is covered
@@ -97,6 +108,8 @@ class JitRunner:
         self.keep: list[int] = []
         self.defaults: dict[int, Any] = {}
         anchor = next(iter(graph.nodes()), None)
+        params = tuple(_generic(p, v.type()) for p, v in zip(params, inputs))
+        self.params = params
         for i in reversed(range(len(params))):
             p, value = params[i], inputs[i]
             if p.node is None:  # a tensor default: passed as TorchScript recorded it
@@ -104,8 +117,9 @@ class JitRunner:
             elif not _fits(value.type(), p.node):
                 raise TypeError(
                     f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
-                    f"{value.type()} (unannotated parameters are Tensor), but it is described as "
-                    f"{p.node!r}; annotate the parameter to match, or use backend='export'")
+                    f"{value.type()} (from its annotation, or Tensor where no descriptor gives "
+                    f"one), but it is described as {p.node!r}; annotate the parameter to match, "
+                    "or use backend='export'")
             elif (constant := _constant(p.node)) is not None:
                 c = graph.insertConstant(constant[0])
                 if anchor is not None:
@@ -114,7 +128,7 @@ class JitRunner:
                 value.replaceAllUsesWith(c)
                 graph.eraseInput(first + i)
                 continue
-            elif isinstance(p.node, MetaTensorType):
+            else:
                 value.setType(_refined(value.type(), p.node))
             self.keep.insert(0, i)
         compat.jit_fold(graph)
@@ -160,6 +174,71 @@ class _Sync:
                 slot[4] = t
 
 
+def _annotations(fn: Any, params: tuple[Param, ...]) -> dict[str, str]:
+    """TorchScript types for the unannotated parameters of ``fn`` that a
+    descriptor or, undescribed, its default types (``=None``: ``Optional[Tensor]``)."""
+    signature = inspect.signature(fn)
+    out = {}
+    for p in params:
+        declared = signature.parameters[p.name].annotation
+        if p.node is None or declared is not inspect.Parameter.empty:
+            continue
+        text = _torchscript_type(p.node)
+        if text not in (None, "Tensor"):  # Tensor is TorchScript's own reading
+            out[p.name] = text
+    return out
+
+
+def _torchscript_type(node: Node) -> str | None:
+    """The TorchScript type text a descriptor tree admits, or ``None``."""
+    if isinstance(node, MetaTensorType):
+        return "Tensor"
+    if isinstance(node, (TypeOf, Value)):
+        kind = node.type if isinstance(node, TypeOf) else type(node.value)
+        names = {type(None): "Optional[Tensor]", torch.device: "Device",
+                 **{t: t.__name__ for t in (int, float, bool, str)}}
+        return names.get(kind)  # a dtype has no name TorchScript reads without torch
+    if isinstance(node, (ListOf, OptionalOf)):
+        inner = _torchscript_type(node.element if isinstance(node, ListOf) else node.inner)
+        wrap = "List" if isinstance(node, ListOf) else "Optional"
+        return None if inner is None else f"{wrap}[{inner}]"
+    if type(node) not in (tuple, list, dict) or not node:
+        return None
+    items = [_torchscript_type(n) for n in (node.values() if type(node) is dict else node)]
+    if None in items:
+        return None
+    if type(node) is tuple:
+        return f"Tuple[{', '.join(items)}]"
+    if len(set(items)) != 1 or (type(node) is dict and not all(type(k) is str for k in node)):
+        return None
+    return f"List[{items[0]}]" if type(node) is list else f"Dict[str, {items[0]}]"
+
+
+def _generic(p: Param, t: Any) -> Param:
+    """``p`` itself, or, undescribed with a plain default, the descriptor of
+    any value of its TorchScript type ``t`` (kept pinned where none is)."""
+    if p.described or p.node is None:
+        return p
+    node = _of_type(t)
+    return p if node is None else dataclasses.replace(p, node=node)
+
+
+def _of_type(t: Any) -> Node | None:
+    kind = t.kind()
+    plain = {"IntType": int, "FloatType": float, "BoolType": bool, "StringType": str}.get(kind)
+    if kind == "TensorType":
+        return MetaTensorType()
+    if plain is not None:
+        return TypeOf(plain)
+    if kind in ("OptionalType", "ListType"):
+        inner = _of_type(t.getElementType())
+        return None if inner is None else (OptionalOf if kind == "OptionalType" else ListOf)(inner)
+    if kind == "TupleType":
+        items = [_of_type(e) for e in t.elements()]
+        return None if None in items else tuple(items)
+    return None
+
+
 def _fits(t: Any, node: Node) -> bool:
     """Whether TorchScript type ``t`` accepts what ``node`` describes."""
     kind = t.kind()
@@ -194,8 +273,11 @@ def _constant(node: Node) -> tuple[Any] | None:
     return None if isinstance(value, (list, dict)) else (value,)  # no mutable constants
 
 
-def _refined(base: Any, desc: MetaTensorType) -> Any:
-    if not isinstance(base, torch.TensorType):
+def _refined(base: Any, desc: Node) -> Any:
+    """``base`` with the tensor properties ``desc`` knows, also inside tuples."""
+    if type(desc) is tuple and isinstance(base, torch.TupleType):
+        return torch.TupleType([_refined(t, d) for t, d in zip(base.elements(), desc)])
+    if not (isinstance(base, torch.TensorType) and isinstance(desc, MetaTensorType)):
         return base
     if desc.dtype is not None:
         base = base.with_dtype(desc.dtype)

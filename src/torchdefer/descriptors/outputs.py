@@ -8,8 +8,16 @@ rebuild an output from the graph's flat outputs: pytree's ``TreeSpec`` for
 registered containers; for an object of an unregistered class, its class and
 its attributes (``vars``), walked the same way; non-tensor leaves (``None``,
 a flag, a dtype) are kept as they were. :meth:`OutputRecipe.rebuild` runs it
-backwards on every call -- and once on descriptors, which gives
-``Program.output_descriptors`` the outputs' own structure.
+backwards on every call.
+
+:meth:`OutputRecipe.describe` gives ``Program.output_descriptors`` the
+outputs' own structure, but never runs the model's classes on descriptors: an
+``unflatten`` or ``__init__`` may reject what is not a tensor (``P holds
+tensors``), or compute from its inputs. Python's and torch's own containers
+(tuple, list, dict, namedtuple, ``torch.return_types``) are rebuilt; any other
+object becomes an :class:`ObjectOf`: its class and its children's descriptors,
+named by the keys its pytree registration gives (``.logits``), which the
+recipe records at trace time from the real object.
 """
 
 from __future__ import annotations
@@ -22,16 +30,24 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from torchdefer._compat.export import spec_children
 from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
+from torchdefer.descriptors.object_of import (
+    KEYS,
+    ObjectOf,
+    key_kind,
+    key_value,
+    node_keys,
+    plain,
+    unflatten,
+)
 from torchdefer.descriptors.tree import TypeOf, from_json, to_json
 
 __all__ = ["OutputRecipe", "describe_output"]
 
 _GRAPH = "graph"  # a leaf the graph computes
 _SYMBOLIC = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
 @dataclass(frozen=True, slots=True)
 class _Const:
     value: Any
@@ -47,10 +63,13 @@ class _Object:
 class OutputRecipe:
     """How to rebuild a model's output from a graph's flat outputs: its pytree
     structure (unregistered objects are leaves) and, per leaf, ``"graph"`` (the
-    next graph output), a constant, or an unregistered object to rebuild."""
+    next graph output), a constant, or an unregistered object to rebuild;
+    ``keys``: per container of a class not ``plain``, in pre-order, its
+    children's pytree keys (names for :class:`ObjectOf`; empty: by position)."""
 
     spec: pytree.TreeSpec
     slots: tuple[Any, ...]
+    keys: tuple[tuple[Any, ...], ...] = ()
 
     @classmethod
     def capture(cls, out: Any) -> tuple[list[Any], OutputRecipe]:
@@ -70,7 +89,7 @@ class OutputRecipe:
                 slots.append(_Object(type(leaf), recipe))
             else:
                 slots.append(_Const(leaf))  # functions, classes: kept by reference
-        return flat, cls(spec, tuple(slots))
+        return flat, cls(spec, tuple(slots), tuple(node_keys(out, spec)))
 
     def rebuild(self, flat: Iterator[Any]) -> Any:
         """The output with graph leaves taken in order from ``flat``."""
@@ -88,6 +107,22 @@ class OutputRecipe:
                 leaves.append(obj)
         return pytree.tree_unflatten(leaves, self.spec)
 
+    def describe(self, flat: Iterator[Any]) -> Any:
+        """The output's descriptor, graph leaves' descriptors taken in order
+        from ``flat``: like :meth:`rebuild`, but objects of the model's
+        classes are :class:`ObjectOf`, never built."""
+        leaves = []
+        for slot in self.slots:
+            if slot is _GRAPH:
+                leaves.append(next(flat))
+            elif isinstance(slot, _Const):
+                leaves.append(slot.value)
+            else:
+                attrs = slot.attrs.describe(flat)  # a dict
+                keys = tuple(map(pytree.GetAttrKey, attrs))
+                leaves.append(ObjectOf(slot.cls, keys, tuple(attrs.values())))
+        return unflatten(self.spec, iter(leaves), iter(self.keys))
+
     def to_json(self) -> dict[str, Any]:
         """JSON form; raises ``TypeError`` for what a file cannot name safely
         (unregistered classes), saying what to register or return instead."""
@@ -104,7 +139,8 @@ class OutputRecipe:
             slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
         except TypeError as e:
             raise TypeError(f"the program's outputs hold a constant that {e}") from None
-        return {"spec": pytree.treespec_dumps(self.spec), "slots": slots}
+        keys = [[_key_json(k, i) for i, k in enumerate(node)] for node in self.keys]
+        return {"spec": pytree.treespec_dumps(self.spec), "slots": slots, "keys": keys}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OutputRecipe:
@@ -113,7 +149,35 @@ class OutputRecipe:
         spec = treespec(data["spec"])
         if len(slots) != spec.num_leaves:
             raise ValueError(f"{len(slots)} slots for {spec.num_leaves} leaves")
-        return cls(spec, tuple(slots))
+        keys = tuple(tuple(_key_from_json(k) for k in node) for node in data.get("keys", ()))
+        if keys and [len(k) for k in keys] != [len(spec_children(s)) for s in _objects(spec)]:
+            raise ValueError(f"output keys {keys} do not fit the structure {spec}")
+        return cls(spec, tuple(slots), keys)
+
+
+def _objects(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
+    """The container specs of classes not ``plain``, in pre-order."""
+    if spec.is_leaf():
+        return []
+    own = [] if plain(spec.type) else [spec]
+    return own + [s for child in spec_children(spec) for s in _objects(child)]
+
+
+def _key_json(key: Any, position: int) -> list[Any]:
+    kind = key_kind(key)
+    try:
+        return [kind, to_json(key_value(key))]
+    except TypeError:  # a key a file cannot hold: read back by position
+        return ["index", position]
+
+
+def _key_from_json(data: Any) -> Any:
+    kind, value = data
+    cls, _ = KEYS[kind]
+    value = from_json(value)
+    if {"attr": str, "index": int}.get(kind, type(value)) is not type(value):
+        raise ValueError(f"output key {data!r}")
+    return cls(value)
 
 
 def describe_output(val: Any, names: Mapping[str, str | None],

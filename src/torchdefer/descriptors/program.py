@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -31,6 +32,7 @@ from torchdefer.descriptors.checker import (
     merge_ranges,
     show_key,
 )
+from torchdefer.descriptors.errors import MissingGraph
 from torchdefer.descriptors.meta_tensor_type import DimRange
 from torchdefer.descriptors.tree import Node, Param, parameters, tensors
 from torchdefer.descriptors.weights import Weights
@@ -49,19 +51,23 @@ class Program:
         backend: ``"export"`` or ``"jit"``.
         input_descriptors: the descriptors given to :func:`script`, normalized.
         output_descriptors: descriptors of the outputs, nested like them,
-            symbolic lengths named after the inputs' (``["b", 10]``); ``None``
-            while the descriptors leave the dtype or rank open and no call has
-            built a graph yet.
+            symbolic lengths named after the inputs' (``["b", 10]``); objects
+            of classes other than Python's and torch's containers are
+            :class:`~torchdefer.descriptors.ObjectOf` (never built from
+            descriptors); ``None`` while no graph has been built yet.
     """
 
     def __init__(self, *, backend: Backend, qualname: str, params: tuple[Param, ...],
                  ranges: Mapping[str, DimRange], runners: Mapping[tuple, Any], weights: Weights,
-                 target: Callable[..., Any] | None = None, output_descriptors: Any = None) -> None:
+                 target: Callable[..., Any] | None = None, output_descriptors: Any = None,
+                 method: bool = False, variadic: bool = False) -> None:
         self.backend, self.qualname, self.output_descriptors = backend, qualname, output_descriptors
         self._params, self._ranges, self._weights = params, dict(ranges), weights
-        self._check = Checker(qualname, params, ranges, specialize=backend == "export")
+        self._check = Checker(qualname, params, ranges, specialize=backend == "export",
+                              method=method, variadic=variadic)
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
         self._target = target  # what export traces for a new case (None: loaded, or jit)
+        self._unbuilt: str | None = None  # why script() built no graph, for save()
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
@@ -93,7 +99,7 @@ class Program:
             case = ", ".join(f"{show_key(k)}={v}" for k, v in fixed.items()) or "general sizes"
             if facts:
                 case += f"; inputs {', '.join(map(str, facts))}"
-            raise RuntimeError(
+            raise MissingGraph(
                 f"{self.qualname} program was loaded from a file that has no graph for this call "
                 f"({case}): each export graph covers the sizes and values it was traced for "
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
@@ -106,6 +112,48 @@ class Program:
         if self.output_descriptors is None:
             self.output_descriptors = runner.output_descriptors(self._ranges)
         return runner
+
+    def _build_at_script(self, module: torch.nn.Module | None,
+                         dtypes: Sequence[torch.dtype]) -> None:
+        """Build the cases the descriptors leave only a dtype, device or layout
+        open for: each of ``dtypes``, and the default dtype's. Conflicts
+        surface now; a program saved before any call holds these graphs.
+
+        A failure for a listed dtype, or with every dtype described, raises;
+        for the default dtype of an open one it is kept for :meth:`_saveable`
+        (the inputs may well be ``int64`` ids)."""
+        fixed = {name: self._ranges[name][0] for name in self._pinned}
+        default = torch.get_default_dtype()
+        for dtype in dict.fromkeys([*dtypes, default]):
+            facts = _default_facts(self._params, module, dtype)
+            if facts is None:
+                if dtypes:
+                    raise TypeError(
+                        f"script(..., dtypes={list(dtypes)}): the descriptors of {self.qualname} "
+                        f"also leave {_blocking(self._params)} open, so no case can be "
+                        "built before a call; describe them, or call the program once per case")
+                return
+            if (facts, _frozen(fixed)) in self._variants:
+                continue
+            try:
+                self._add(facts, fixed)
+            except Exception as e:
+                if dtype in dtypes or "dtype" not in _open(self._params):
+                    raise
+                self._unbuilt = f"building it for the default dtype {dtype} failed: {e}"
+
+    def _saveable(self) -> None:
+        """Raise :class:`MissingGraph` for an export program that holds no graph:
+        a file of it could run nothing, as a loaded program cannot trace."""
+        if self.backend != "export" or self._variants:
+            return
+        why = self._unbuilt or (
+            f"its descriptors leave {_blocking(self._params)} open")
+        raise MissingGraph(
+            f"save(): the {self.qualname} program holds no graph yet ({why}), so the file could "
+            "run no call. Call the program once with each kind of input you will run (each call "
+            "builds its case) before save(), or script it with the dtypes to build: "
+            "script(..., dtypes=[torch.float32, ...]), or describe what is open")
 
     @property
     def input_descriptors(self) -> dict[str, Node]:
@@ -157,7 +205,7 @@ def _frozen(fixed: dict) -> tuple:
 
 
 def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors: Mapping[str, Any],
-           *, backend: Backend = "export") -> Program:
+           *, backend: Backend = "export", dtypes: Sequence[torch.dtype] = ()) -> Program:
     """Specialize a module or function to descriptions of its inputs.
 
     Args:
@@ -168,10 +216,17 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
             specialization: ``flag=True``), a type (``int``, ``List[int]``,
             ``Optional[MetaTensorType]``), or a tuple / list / dict of these
             shaped like the argument. Undescribed parameters are fixed to
-            their defaults.
+            their defaults on ``"export"``; on ``"jit"`` they stay generic
+            (any value of their type), and unannotated described ones are
+            compiled with the types their descriptors give.
         backend: ``"export"`` (``torch.export``, the default) or ``"jit"``
             (TorchScript, which PyTorch is deprecating: ``torch.jit`` warns of
             it from 2.15 on; the model must be scriptable).
+        dtypes: ``"export"``, descriptors that leave a tensor's dtype open:
+            the dtypes to build graphs for at ``script()`` time (every open
+            dtype takes each in turn), besides the default dtype's, which is
+            tried too. A graph is otherwise built by the first call of its
+            case, and only built graphs go into :func:`~torchdefer.save`.
 
     Returns:
         A :class:`Program` that checks each call, then runs the specialized graph.
@@ -194,6 +249,8 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     """
     if backend not in ("export", "jit"):
         raise ValueError(f"backend must be 'export' or 'jit', got {backend!r}")
+    if isinstance(dtypes, torch.dtype) or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):
@@ -204,16 +261,21 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
     weights = Weights(module=module, tensors=None if module is not None else {})
     runners, outputs = {}, None
     if backend == "jit":
-        runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
+        runner = runners[((), ())] = jit_backend.build(model_or_fn, params, qualname)
+        params = runner.params  # undescribed parameters made generic
         # Export names output lengths after the inputs'; the jit graph cannot.
+        # It is given the generic descriptors, so no length holds for a default only.
         with contextlib.suppress(Exception):
-            outputs = script(model_or_fn, input_descriptors).output_descriptors
+            outputs = script(model_or_fn, {p.name: p.node for p in params if p.node is not None
+                                           }).output_descriptors
     program = Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                       runners=runners, weights=weights, output_descriptors=outputs,
-                      target=model_or_fn if backend == "export" else None)
-    facts = _default_facts(params, module) if backend == "export" else None
-    if facts is not None:  # build now, so conflicts surface at script() time
-        program._add(facts, {name: ranges[name][0] for name in program._pinned})
+                      target=model_or_fn if backend == "export" else None,
+                      method=inspect.ismethod(fn), variadic=any(
+                          p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                          for p in inspect.signature(fn).parameters.values()))
+    if backend == "export":
+        program._build_at_script(module, dtypes)
     return program
 
 
@@ -221,19 +283,21 @@ class _Unknown(Exception):
     """A fact the descriptors leave open and no call has told yet."""
 
 
-def _default_facts(params: tuple[Param, ...], module: torch.nn.Module | None) -> tuple | None:
-    """The facts of the case built at script time -- unknown devices are the
-    module's (its first weight's, else CPU), layouts strided -- or ``None`` if
-    the descriptors leave a dtype, rank, length or value open (then the first
-    call builds its case)."""
+def _default_facts(params: tuple[Param, ...], module: torch.nn.Module | None,
+                   dtype: torch.dtype) -> tuple | None:
+    """The facts of the case built at script time -- unknown dtypes ``dtype``,
+    devices the module's (its first weight's, else CPU), layouts strided --
+    or ``None`` if the descriptors leave a rank, length or value open (then
+    the first call builds its case)."""
     weights = [*module.parameters(), *module.buffers()] if module is not None else []
-    device = weights[0].device if weights else torch.device("cpu")
+    known = {"dtype": dtype, "layout": torch.strided,
+             "device": weights[0].device if weights else torch.device("cpu")}
     facts: list[Any] = []
 
     def fact(kind: str) -> Any:
-        if kind not in ("device", "layout"):
+        if kind not in known:
             raise _Unknown(kind)
-        facts.append(device if kind == "device" else torch.strided)
+        facts.append(known[kind])
         return facts[-1]
 
     try:
@@ -244,3 +308,29 @@ def _default_facts(params: tuple[Param, ...], module: torch.nn.Module | None) ->
         return None
     return tuple(facts)
 
+
+_OPEN = {"dtype": "a dtype", "device": "a device", "layout": "a layout", "rank": "a rank",
+         "len": "a list's length", "none": "whether an Optional is None",
+         "value": "a bool, float or str value (described by its type)"}
+# Stand-ins that let concretize walk on past each open property.
+_STAND_IN = {"dtype": torch.float32, "device": torch.device("cpu"), "layout": torch.strided,
+             "rank": 0, "len": 0, "none": True, "value": None}
+
+
+def _open(params: tuple[Param, ...]) -> list[str]:
+    """The kinds of property the descriptors leave open (``_OPEN``'s keys), each once."""
+    kinds: dict[str, None] = {}
+
+    def fact(kind: str) -> Any:
+        kinds[kind] = None
+        return _STAND_IN[kind]
+
+    for p in params:
+        if p.node is not None:
+            concretize(p.node, p.name, fact, {})
+    return list(kinds)
+
+
+def _blocking(params: tuple[Param, ...]) -> str:
+    """In words, what the descriptors leave open that script() cannot default."""
+    return ", ".join(_OPEN[k] for k in _open(params) if k not in ("dtype", "device", "layout"))

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 
 from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
+from torchdefer.descriptors.object_of import ObjectOf
 
 __all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
            "parameters", "tensors", "to_json"]
@@ -213,9 +214,14 @@ def to_json(x: Any) -> Any:
         return {type(x).__name__: {f.name: to_json(getattr(x, f.name)) for f in fields(x)}}
     if type(x) in (list, tuple):
         return {type(x).__name__: [to_json(v) for v in x]}
-    leaves, spec = pytree.tree_flatten(x)
-    text = None if spec.is_leaf() else pytree.treespec_dumps(spec)
+    if isinstance(x, ObjectOf):
+        raise TypeError(
+            f"{x!r} cannot be saved in a program file: it describes a {x.type.__qualname__} "
+            "without building one, which a file cannot name; save a program whose inputs are "
+            "tensors, plain values and containers registered with torch.utils._pytree")
+    leaves, spec = pytree.tree_flatten(x, is_leaf=lambda v: isinstance(v, ObjectOf))
     try:
+        text = None if spec.is_leaf() else pytree.treespec_dumps(spec)
         if text is None or treespec(text) != spec:
             raise ValueError
     except Exception:  # what loading would refuse or read back otherwise
@@ -239,8 +245,10 @@ def from_json(data: Any) -> Any:
     ((kind, payload),) = data.items()
     if kind in ("list", "tuple"):
         return {"list": list, "tuple": tuple}[kind](from_json(v) for v in payload)
-    if kind in _TORCH and isinstance(getattr(torch, payload, None), _TORCH[kind]):
-        return getattr(torch, payload)
+    # vars(), not getattr: a name the file chose must not reach torch's lazy submodule imports.
+    if kind in _TORCH and isinstance(payload, str) and isinstance(
+            vars(torch).get(payload), _TORCH[kind]):
+        return vars(torch)[payload]
     if kind in ("device", "type", "empty"):
         return (torch.device(payload) if kind == "device" else _TYPES[payload] if kind == "type"
                 else inspect.Parameter.empty)

@@ -1,15 +1,18 @@
-"""Checkpoints into sharded deferred modules, and ``torch.distributed.checkpoint`` (DCP).
+"""Checkpoints into modules sharded with FSDP2 ``fully_shard`` or DTensor parameters.
 
-:func:`torchdefer.load_state_dict` hands two cases here (the core never imports
-``torch.distributed``):
+:func:`torchdefer.load_state_dict` hands sharded modules here (the checkpoint
+package never imports ``torchdefer.distributed``). The checkpoint is validated
+as for any module (:mod:`torchdefer.checkpoint.plan`: keys, shapes, entries,
+devices), then every shard is prepared, then all are installed, so a failed
+load changes nothing:
 
-* a DCP directory (``dcp.save(model.state_dict(), checkpoint_id=path)``), for
-  any module: real tensors are allocated for the keys the checkpoint has (for
-  a sharded parameter, only this rank's shard), ``dcp.load`` fills them in
-  place (resharding as needed), and they are put where the deferred ones were;
-* a module sharded with FSDP2 ``fully_shard`` or DTensor parameters, for any
-  source: from a full state dict or safetensors file, each rank copies its
-  slice of each tensor into a shard of its own and frees the full tensor.
+* from a DCP directory (``dcp.save(model.state_dict(), checkpoint_id=path)``),
+  real tensors are allocated for the keys the checkpoint has (for a sharded
+  parameter, only this rank's shard) and ``dcp.load`` fills them through
+  :mod:`torchdefer.checkpoint.dcp`'s safe reader (resharding as needed);
+* from a full state dict, ``torch.save`` or safetensors file, each rank
+  copies its slice of each tensor into a shard of its own and frees the
+  full tensor.
 
 FSDP2 keeps a padded flat shard and the parameter's local tensor as a view of
 it; both are rebuilt with the layout the deferred ones recorded, so FSDP2 sees
@@ -27,24 +30,27 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from torchdefer.checkpoint.assign import install as install_plain
+from torchdefer.checkpoint.assign import pick_tied, prepare
+from torchdefer.checkpoint.errors import CheckpointUsageError
+from torchdefer.checkpoint.load import loaded_nbytes, open_source
+from torchdefer.checkpoint.plan import (
+    LoadResult,
+    check_devices,
+    check_entries,
+    plan_keys,
+    work_list,
+)
+from torchdefer.checkpoint.source import CheckpointSource
+from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
 from torchdefer.distributed.module import _fsdp2_params
 from torchdefer.distributed.module import materialize_module as materialize_sharded
-from torchdefer.materialize import materialize_module as materialize_plain
-from torchdefer.materialize.checkpoint import (
-    LoadResult,
-    TensorGroup,
-    _pick,
-    assign_loaded,
-    is_dcp_checkpoint,
-    loaded_nbytes,
-    open_checkpoint,
-    plan_keys,
-    tensor_groups,
-)
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["load_state_dict"]
+
+Work = list[tuple[TensorGroup, list[str]]]
 
 
 def load_state_dict(
@@ -57,7 +63,7 @@ def load_state_dict(
     materialize_missing: bool = True,
     progress: ProgressSpec = None,
 ) -> LoadResult:
-    """:func:`torchdefer.load_state_dict` for DCP checkpoints and sharded modules.
+    """:func:`torchdefer.load_state_dict` for FSDP2/DTensor-sharded modules.
 
     Called by :func:`torchdefer.load_state_dict`; the arguments are its own.
 
@@ -76,81 +82,86 @@ def load_state_dict(
         torchdefer.load_state_dict(model, "checkpoints/step-1000")  # dcp.save'd
     """
     groups = tensor_groups(module)
-    sharded = any(_is_sharded(g.tensor) for g in groups)
-    if sharded and (dtype is not None or device is not None):
-        raise TypeError(
+    if dtype is not None or device is not None:
+        raise CheckpointUsageError(
             "The module is sharded (FSDP2 or DTensor parameters): its shards are created on "
             "their mesh's device in their recorded dtype. Call load_state_dict without "
             "device= and dtype= (convert before sharding, or use FSDP2's MixedPrecisionPolicy)."
         )
-    if is_dcp_checkpoint(source):
-        result = _load_dcp(module, groups, Path(source), strict, device, dtype, progress)
-    else:
-        checkpoint = open_checkpoint(source)
-        result = plan_keys(groups, checkpoint.keys, strict, checkpoint.where)
-        present = set(checkpoint.keys)
-        work = [(g, [n for n in g.names if n in present]) for g in groups]
-        work = [(g, names) for g, names in work if names]
-        fsdp = _fsdp_params_by_tensor(module)
-        with Progress("load", len(work), _bytes(work, dtype), progress) as bar:
-            for group, names in work:
-                full = _pick(group, names, checkpoint)
-                if _is_sharded(group.tensor):
-                    local, install = _empty_shard(group.tensor, fsdp)
-                    with torch.no_grad():
-                        local.copy_(_slice(full, group.tensor, local.device))
-                    install()
-                else:
-                    local = assign_loaded(group, full, device, dtype)
-                del full
-                bar.advance(names[0], local.nbytes)
-    if materialize_missing:
-        if sharded:
-            materialize_sharded(module)
+    checkpoint = open_source(source)
+    result = plan_keys(groups, checkpoint, strict)
+    work = work_list(groups, checkpoint)
+    check_entries(work, checkpoint)
+    plain = [g for g in groups if not _is_sharded(g.tensor)]
+    check_devices(plain, {id(g.tensor) for g, _ in work}, None, materialize_missing)
+    fsdp = _fsdp_params_by_tensor(module)
+    with Progress("load", len(work), _bytes(work), progress) as bar:
+        if checkpoint.kind == "DCP":
+            ready = _prepare_dcp(work, checkpoint, fsdp, bar)
         else:
-            materialize_plain(module, device, dtype=dtype, progress=progress)
+            ready = _prepare_full(work, checkpoint, fsdp, bar)
+    for finish in ready:  # all prepared: only now is the module changed
+        finish()
+    if materialize_missing:
+        materialize_sharded(module)
     return result
 
 
-def _load_dcp(module, groups, path: Path, strict, device, dtype, progress) -> LoadResult:
-    import torch.distributed.checkpoint as dcp
+def _prepare_full(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
+    ready: list = []
+    taken: set = set()
+    for group, names in work:
+        full = pick_tied(group, names, {n: checkpoint.read(n) for n in names}, checkpoint.where)
+        if _is_sharded(group.tensor):
+            local, finish = _empty_shard(group.tensor, fsdp)
+            with torch.no_grad():
+                local.copy_(_slice(full, group.tensor, local.device))
+            ready.append(finish)
+        else:
+            local = prepare(group, full, None, None, taken)
+            ready.append(_installer(group, local))
+        del full
+        bar.advance(names[0], local.nbytes)
+    return ready
 
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    keys = list(metadata.state_dict_metadata)
-    result = plan_keys(groups, keys, strict, str(path))
-    present = set(keys)
-    fsdp = _fsdp_params_by_tensor(module)
+
+def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
+    """One ``dcp.load`` into fresh shards and tensors; tied names are all read and compared."""
+    from torchdefer.checkpoint.dcp import load_into
+
     targets: dict[str, torch.Tensor] = {}
-    finish = []
-    for group in groups:
-        names = [n for n in group.names if n in present]
-        if not names:
-            continue
+    sharded = []
+    for group, names in work:
         tensor = group.tensor
         if _is_sharded(tensor):
-            local, install = _empty_shard(tensor, fsdp)
+            local, finish = _empty_shard(tensor, fsdp)
             targets[names[0]] = DTensor.from_local(
                 local, tensor.device_mesh, tensor.placements, run_check=False,
                 shape=tensor.shape, stride=tensor.stride(),
             )
-            finish.append((names[0], install, local))
-        elif isinstance(tensor, DeferredTensor):
-            place = device or tensor.fake_device
-            empty = torch.empty(tensor.shape, dtype=tensor.dtype, device=place)
-            targets[names[0]] = empty
-            finish.append((names[0], _assigner(group, empty, device, dtype), empty))
+            sharded.append((names[0], finish, local))
         else:
-            targets[names[0]] = tensor.detach()  # real already: DCP loads in place
-    dcp.load(targets, checkpoint_id=str(path))
-    with Progress("load", len(finish), sum(t.nbytes for _, _, t in finish), progress) as bar:
-        for name, install, local in finish:
-            install()
-            bar.advance(name, local.nbytes)
-    return result
+            for name in names:
+                entry = checkpoint.entries[name]
+                targets[name] = torch.empty(entry.shape, dtype=entry.dtype)
+    load_into(targets, Path(checkpoint.where), checkpoint.handle, no_dist=False)
+    ready: list = []
+    taken: set = set()
+    for group, names in work:
+        if _is_sharded(group.tensor):
+            continue
+        loaded = pick_tied(group, names, targets, checkpoint.where)
+        real = prepare(group, loaded, None, None, taken)
+        ready.append(_installer(group, real))
+        bar.advance(names[0], real.nbytes)
+    for name, finish, local in sharded:
+        ready.append(finish)
+        bar.advance(name, local.nbytes)
+    return ready
 
 
-def _assigner(group: TensorGroup, real: torch.Tensor, device, dtype):
-    return lambda: assign_loaded(group, real, device, dtype)
+def _installer(group: TensorGroup, real: torch.Tensor):
+    return lambda: install_plain(group, real)
 
 
 def _is_sharded(tensor: torch.Tensor) -> bool:
@@ -197,12 +208,12 @@ def _slice(full: torch.Tensor, dtensor: DTensor, device: torch.device) -> torch.
     return sharded.to_local()
 
 
-def _bytes(work: list[tuple[TensorGroup, list[str]]], dtype: torch.dtype | None) -> int:
+def _bytes(work: Work) -> int:
     total = 0
     for group, _ in work:
         t = group.tensor
         if isinstance(t, DTensor):
             total += t._local_tensor.numel() * t._local_tensor.element_size()
         else:
-            total += loaded_nbytes(t, dtype)
+            total += loaded_nbytes(t, None)
     return total

@@ -1,7 +1,9 @@
-"""Materialization: slice the graph for a tensor, replay it on a device, swap into modules."""
+"""Materialization: slice the graph for a tensor, replay it on a device, swap into modules.
+
+Loading checkpoints lives in :mod:`torchdefer.checkpoint`.
+"""
 
 from torchdefer.materialize.api import materialize_module, materialize_tensor
-from torchdefer.materialize.checkpoint import LoadResult, load_state_dict
 from torchdefer.materialize.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
@@ -13,11 +15,9 @@ from torchdefer.materialize.replay import Replay
 __all__ = [
     "DeviceUnavailableError",
     "ExternalTensorModifiedError",
-    "LoadResult",
     "Replay",
     "ReplayError",
     "SwapError",
-    "load_state_dict",
     "materialize_module",
     "materialize_tensor",
 ]

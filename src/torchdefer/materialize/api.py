@@ -21,6 +21,7 @@ from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+from torchdefer.recorder.ties import warn_broken_ties
 
 __all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
 
@@ -156,6 +157,7 @@ def materialize_module(
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.
         for name, fake in found.items():
+            warn_broken_ties(fake, name, module)
             real = _materialize(fake, device, name)
             with suspended():  # as in materialize_tensor
                 real = cast(real, dtype)

@@ -13,7 +13,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torchdefer import _compat
 from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
 
-__all__ = ["ReplayCache", "cache_for", "rebuild"]
+__all__ = ["ReplayCache", "cache_for", "keep_loaded", "rebuild"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +151,26 @@ def cache_for(graph: Graph) -> ReplayCache:
     if graph.replay_cache is None:
         graph.replay_cache = ReplayCache()
     return graph.replay_cache
+
+
+def keep_loaded(value: Value, real: torch.Tensor) -> None:
+    """Keep ``real`` (a loaded checkpoint tensor now standing for ``value``) as its
+    storage, so deferred views of it (``row = m.weight[0]`` held outside the
+    module) are rebuilt over the loaded values, as eager views see what
+    ``Module.load_state_dict`` copied in. Only where ``real`` is all of the
+    recorded storage, laid out as recorded: other views could not be placed.
+    """
+    meta, graph = value.meta, value.node.graph
+    if (graph is None or real.dtype != meta.dtype or real.stride() != meta.stride
+            or meta.offset != 0 or real.storage_offset() != 0
+            or real.untyped_storage().nbytes() != value.storage.nbytes):
+        return
+    # Under the keys of a later materialize_tensor(view): without device= (if
+    # loaded where it was recorded), with the device named either way.
+    keys = {str(real.device)}
+    if real.device.index in (None, 0):
+        keys.add(real.device.type)
+    if real.device == meta.device:
+        keys.add("recorded")
+    for key in keys:
+        cache_for(graph).store(value, value.storage.version, key, real)

@@ -26,7 +26,7 @@ __all__ = ["PRIVATE_ATTRIBUTES", "deepcopy_deferred", "shallow_copy_deferred", "
 
 # What torchdefer keeps in a deferred tensor's __dict__; everything else the
 # user (or a library) set, and it travels with copies and to the real tensor.
-PRIVATE_ATTRIBUTES = frozenset({"_graph", "_value", "fake_device", "_materialized"})
+PRIVATE_ATTRIBUTES = frozenset({"_graph", "_value", "fake_device", "_materialized", "_homes"})
 
 
 def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
 from torchdefer.recorder.subclasses import subclassing
+from torchdefer.recorder.ties import watching_registrations
 
 __all__ = ["deferred"]
 
@@ -79,7 +80,8 @@ def deferred() -> Iterator[Graph]:
         graph = Graph()
         # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
         # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
-        with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing():
+        with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing(), \
+                watching_registrations():
             yield graph
     finally:
         # The block may change defaults and fail before restoring them; a

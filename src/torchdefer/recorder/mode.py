@@ -9,7 +9,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
-from torchdefer.fake.tensor import reported_device
+from torchdefer.fake.tensor import FakeTensor, reported_device
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
@@ -36,8 +36,29 @@ class RecordingMode(FakeSlotMode):
         from torchdefer.recorder.record import record_call
 
         refuse_collective(func)
-
+        if not any(issubclass(t, FakeTensor) for t in types) and _real_meta_only(args, kwargs):
+            # Real meta tensors (``torch.tensor(0)`` under a meta device context,
+            # as in accelerate's init_empty_weights(include_buffers=True)) have
+            # no values to defer: run the op as eager code would.
+            with suspended():
+                return func(*args, **(kwargs or {}))
         return record_call(self.graph, func, args, kwargs or {})
+
+
+def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
+    """Whether the call has tensor arguments and all of them are real meta tensors.
+
+    ATen arguments nest one level at most (a tensor list), so no pytree walk:
+    this runs for every factory call.
+    """
+    seen = False
+    for x in (*args, *(kwargs or {}).values()):
+        for t in x if isinstance(x, (list, tuple)) else (x,):
+            if isinstance(t, torch.Tensor):
+                if not t.is_meta:
+                    return False
+                seen = True
+    return seen
 
 
 @contextlib.contextmanager

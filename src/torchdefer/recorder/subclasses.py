@@ -44,6 +44,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from torchdefer import _compat
 from torchdefer.fake.mode import import_dynamo_outside_modes
+from torchdefer.recorder._copy import PRIVATE_ATTRIBUTES
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.tensor import DeferredTensor
 
@@ -99,6 +100,11 @@ def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
     Real ``data`` gives a real ``C``; deferred ``data`` gives a deferred ``C``.
     """
     user = cls._torchdefer_user_class  # type: ignore[attr-defined]
+    # Code that rebuilds a parameter as ``type(p)(data, **p.__dict__)``
+    # (accelerate's init_empty_weights, bitsandbytes) passes torchdefer's own
+    # fields back as constructor arguments; they describe the old object, not
+    # arguments of the user's class.
+    kwargs = {k: v for k, v in kwargs.items() if k not in PRIVATE_ATTRIBUTES}
     with subclassing(), _recording_for(args, kwargs):
         obj = user.__new__(user, *args, **kwargs)
     if isinstance(obj, DeferredTensor) and not isinstance(obj, cls):

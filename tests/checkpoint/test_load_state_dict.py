@@ -168,8 +168,9 @@ def test_materialize_missing_false_leaves_the_missing_tensors_deferred():
 def test_strict_refuses_missing_and_unexpected_keys_before_loading_anything():
     state = {"0.weight": torch.zeros(8, 6), "extra": torch.zeros(1)}
     model = _deferred(_mlp)
-    with pytest.raises(KeyError, match="missing keys '0.bias'.*unexpected keys 'extra'"):
+    with pytest.raises(KeyError, match="missing keys '0.bias'.*unexpected keys 'extra'") as e:
         torchdefer.load_state_dict(model, state, strict=True)
+    assert isinstance(e.value, torchdefer.checkpoint.CheckpointKeyError)
     assert torchdefer.is_deferred(model[0].weight)
 
 
@@ -183,31 +184,36 @@ def test_unexpected_keys_are_reported_with_a_warning():
 
 def test_a_shape_mismatch_names_the_key_and_both_shapes():
     model = _deferred(_mlp)
-    with pytest.raises(ValueError, match=r"'0.weight' has shape \(8, 6\) in the module but \(6, 8\)"):
+    with pytest.raises(ValueError, match=r"'0.weight' has shape \(8, 6\) in the module but "
+                                         r"\(6, 8\) in the state dict") as e:
         torchdefer.load_state_dict(model, {"0.weight": torch.zeros(6, 8)})
+    assert isinstance(e.value, torchdefer.checkpoint.CheckpointMismatchError)
 
 
 def test_tied_names_with_different_values_are_refused():
     model = _deferred(_llama)
     state = {"model.embed_tokens.weight": torch.zeros(100, 32),
              "lm_head.weight": torch.ones(100, 32)}
-    with pytest.raises(ValueError, match="same \\(tied\\) tensor"):
+    with pytest.raises(ValueError, match="same \\(tied\\) tensor") as e:
         torchdefer.load_state_dict(model, state)
+    assert isinstance(e.value, torchdefer.TorchdeferError)
 
 
 def test_a_device_this_host_lacks_asks_for_device():
     missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU, or cuda:0 on CPU
     model = torchdefer.deferred_init(nn.Linear, 2, 2, device=missing)
     state = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
-    with pytest.raises(RuntimeError, match="device="):
+    with pytest.raises(RuntimeError, match="device=") as e:
         torchdefer.load_state_dict(model, state)
+    assert isinstance(e.value, torchdefer.checkpoint.CheckpointDeviceError)
     torchdefer.load_state_dict(model, state, device="cpu")
     assert torch.equal(model.weight, state["weight"])
 
 
 def test_a_directory_without_a_checkpoint_says_what_it_expects(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither \\*.safetensors"):
+    with pytest.raises(FileNotFoundError, match="neither \\*.safetensors") as e:
         torchdefer.load_state_dict(_deferred(_mlp), tmp_path)
+    assert isinstance(e.value, torchdefer.TorchdeferError)
 
 
 def test_deferred_init_of_from_pretrained_matches_from_pretrained(tmp_path):

@@ -1,0 +1,39 @@
+"""Load weights into deferred, real and sharded modules: validate first, then assign.
+
+Sources: a state dict, ``torch.save`` files (read ``weights_only``), a
+safetensors file or directory (index honoured), a
+``torch.distributed.checkpoint`` directory (metadata read through an
+allowlist). Nothing in a file is ever run, a damaged or mismatched file is
+refused with an error naming the file and key, and a refused load changes
+nothing. One module per noun: ``source`` (what a checkpoint declares),
+``safetensors_files`` / ``torch_save`` / ``dcp`` (the readers), ``targets``
+(the module's tensors), ``plan`` (validation), ``assign`` (preparing and
+installing tensors), ``load`` (the entry point).
+"""
+
+from torchdefer.checkpoint.errors import (
+    CheckpointDeviceError,
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointKeyError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CheckpointUsageError,
+    UnsafeCheckpointError,
+)
+from torchdefer.checkpoint.load import load_state_dict, set_distributed_loader
+from torchdefer.checkpoint.plan import LoadResult
+
+__all__ = [
+    "CheckpointDeviceError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointKeyError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "CheckpointUsageError",
+    "LoadResult",
+    "UnsafeCheckpointError",
+    "load_state_dict",
+    "set_distributed_loader",
+]

@@ -1,0 +1,210 @@
+"""``torchdefer.load_state_dict``: validate the whole checkpoint, then assign it, then
+materialize only what it lacks.
+
+The everyday path for a deferred model::
+
+    model = torchdefer.deferred_init(LlamaForCausalLM, config)   # nothing allocated
+    torchdefer.load_state_dict(model, "checkpoint/")              # safetensors, DCP, dict
+
+Three steps, so that a bad checkpoint never half-loads a model:
+
+1. *validate*: open the source and read what it declares (keys, shapes,
+   dtypes; no tensor data), match it to the module's names, check every
+   shape, every entry's readability and every device;
+2. *prepare*: read each tensor, check tied names agree, convert it as
+   ``Module.load_state_dict`` would copy it (and to ``dtype=``), with eager's
+   layout and a storage of its own;
+3. *assign*: swap the prepared tensors in (``torch.utils.swap_tensors``
+   style: the deferred object itself becomes the loaded tensor, so ties and
+   earlier references hold) or copy them into tensors already real.
+
+A failure in steps 1 and 2 raises a :class:`~torchdefer.checkpoint.errors.CheckpointError`
+and leaves every tensor as it was. Afterwards only what the checkpoint lacks
+(a new head, non-persistent buffers such as rotary ``inv_freq``) is
+materialized from the recording. Peak memory: the checkpoint's tensors, plus
+the missing ones, plus one tensor being converted.
+
+What this module deliberately does not do: run a file's code (pickles are read
+``weights_only``, DCP metadata with an allowlist), run ``load_state_dict``
+pre-hooks or ``_load_from_state_dict`` overrides, or load non-persistent buffers.
+Modules sharded with FSDP2 or DTensor are handed to
+``torchdefer.distributed.checkpoint`` (wired in by the top-level package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torchdefer.checkpoint.assign import install, pick_tied, prepare
+from torchdefer.checkpoint.errors import CheckpointUsageError
+from torchdefer.checkpoint.plan import (
+    LoadResult,
+    check_devices,
+    check_entries,
+    plan_keys,
+    work_list,
+)
+from torchdefer.checkpoint.source import CheckpointSource, Source, open_checkpoint
+from torchdefer.checkpoint.targets import tensor_groups
+from torchdefer.materialize.api import materialize_module, materialized_nbytes
+from torchdefer.materialize.convert import check_dtype
+from torchdefer.materialize.progress import Progress, ProgressSpec
+from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+
+__all__ = ["is_dcp_checkpoint", "load_state_dict", "loaded_nbytes", "open_source",
+           "set_distributed_loader"]
+
+# How to load into sharded modules (torchdefer.distributed); the checkpoint
+# package never imports torchdefer.distributed, the top-level package injects it.
+_distributed_loader: list[Callable[..., LoadResult]] = []
+
+
+def set_distributed_loader(fn: Callable[..., LoadResult]) -> None:
+    """Install the loader for FSDP2/DTensor-sharded modules."""
+    _distributed_loader[:] = [fn]
+
+
+def load_state_dict(
+    module: nn.Module,
+    source: Source,
+    *,
+    strict: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    materialize_missing: bool = True,
+    progress: ProgressSpec = None,
+) -> LoadResult:
+    """Load a checkpoint into a deferred module; materialize only what it lacks.
+
+    Each tensor in ``source`` replaces the module's deferred tensor of that
+    name (converted to the module tensor's dtype, as ``Module.load_state_dict``
+    would copy it; no copy when it already matches), without replaying its
+    recorded init. Tied parameters stay tied: a checkpoint holding one name of
+    a tied pair fills both. Then, unless ``materialize_missing=False``, the
+    tensors the checkpoint did not provide are materialized from the recording,
+    bit for bit as eager construction made them. Already real tensors are
+    copied into. The whole checkpoint is checked before anything is assigned:
+    a load that raises leaves the module as it was.
+
+    Args:
+        module: a module built by :func:`torchdefer.deferred_init` (or partly real).
+        source: a state dict; a ``.safetensors`` file or a directory of them
+            (Hugging Face layout, sharded or not); a ``torch.save`` file; or a
+            ``torch.distributed.checkpoint`` directory. Modules sharded with
+            FSDP2 ``fully_shard`` or DTensor take any of these: each rank
+            keeps only its shard. Files are never run: ``torch.save`` files
+            are read ``weights_only``, DCP metadata through an allowlist.
+        strict: raise if a key is missing from the checkpoint or unexpected,
+            before anything is loaded.
+        device: where to put the tensors; ``None``: each tensor's recorded device.
+        dtype: convert floating point tensors to this dtype (loaded and
+            missing ones), as ``module.to(dtype)`` would afterwards.
+        materialize_missing: materialize the tensors the checkpoint lacks.
+        progress: as for :func:`torchdefer.materialize_module`.
+
+    Returns:
+        A :class:`LoadResult` with the loaded, missing (materialized from the
+        recording) and unexpected (ignored, with a warning) keys.
+
+    Raises:
+        torchdefer.checkpoint.CheckpointError: the file is missing, damaged,
+            unsafe, or does not fit the module (subclasses keep the built-in
+            types ``FileNotFoundError``, ``ValueError``, ``KeyError``, ...).
+
+    >>> import torch, torchdefer
+    >>> def build():
+    ...     return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    >>> _ = torch.manual_seed(0); eager = build()
+    >>> _ = torch.manual_seed(0); model = torchdefer.deferred_init(build)
+    >>> checkpoint = {"0.weight": torch.ones(4, 4), "0.bias": torch.zeros(4)}
+    >>> torchdefer.load_state_dict(model, checkpoint).missing_keys
+    ('1.weight', '1.bias')
+    >>> model[0].weight.data_ptr() == checkpoint["0.weight"].data_ptr()   # assigned, not copied
+    True
+    >>> torch.equal(model[1].weight, eager[1].weight)   # the new head, as built eagerly
+    True
+    """
+    device = _check_arguments(device, dtype)
+    if _is_sharded(module):
+        if not _distributed_loader:
+            raise CheckpointUsageError(
+                "Loading into a sharded module needs torchdefer.distributed; import "
+                "torchdefer (not only its subpackages)."
+            )
+        return _distributed_loader[0](module, source, strict=strict, device=device,
+                                      dtype=dtype, materialize_missing=materialize_missing,
+                                      progress=progress)
+    checkpoint = open_source(source)
+    groups = tensor_groups(module)
+    result = plan_keys(groups, checkpoint, strict)
+    work = work_list(groups, checkpoint)
+    check_entries(work, checkpoint)
+    check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
+    ready = _prepare_all(work, checkpoint, device, dtype, progress)
+    for group, real in ready:
+        install(group, real)
+    del ready
+    if materialize_missing:
+        materialize_module(module, device, dtype=dtype, progress=progress)
+    return result
+
+
+def _check_arguments(device: torch.device | str | None,
+                     dtype: torch.dtype | None) -> torch.device | None:
+    try:
+        check_dtype(dtype)
+        return None if device is None else torch.device(device)
+    except (TypeError, RuntimeError) as e:  # a bad dtype; torch.device("gpu")
+        raise CheckpointUsageError(f"load_state_dict: {e}") from None
+
+
+def _prepare_all(work, checkpoint: CheckpointSource, device, dtype, progress):
+    """Read, check ties, convert and lay out every tensor; nothing is installed yet."""
+    ready = []
+    taken: set = set()
+    values = checkpoint.read_many([n for _, names in work for n in names]) \
+        if checkpoint.read_all is not None else None
+    total = sum(loaded_nbytes(g.tensor, dtype) for g, _ in work)
+    with Progress("load", len(work), total, progress) as bar:
+        for group, names in work:
+            got = values if values is not None else {n: checkpoint.read(n) for n in names}
+            loaded = pick_tied(group, names, got, checkpoint.where)
+            real = prepare(group, loaded, device, dtype, taken)
+            del loaded, got
+            ready.append((group, real))
+            bar.advance(names[0], real.nbytes)
+    return ready
+
+
+def open_source(source: Source) -> CheckpointSource:
+    """The source for ``source``: a DCP directory, or what :func:`open_checkpoint` opens."""
+    if is_dcp_checkpoint(source):
+        from torchdefer.checkpoint.dcp import open_dcp
+
+        return open_dcp(Path(source))  # type: ignore[arg-type]
+    return open_checkpoint(source)
+
+
+def is_dcp_checkpoint(source: object) -> bool:
+    """Whether ``source`` is a ``torch.distributed.checkpoint`` directory (has ``.metadata``)."""
+    if isinstance(source, (str, Path)) or hasattr(source, "__fspath__"):
+        path = Path(source)  # type: ignore[arg-type]
+        return path.is_dir() and path.joinpath(".metadata").exists()
+    return False
+
+
+def loaded_nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """The bytes :func:`prepare` leaves for ``tensor``: a deferred one takes
+    ``dtype``, a real one is copied into as it is."""
+    if isinstance(tensor, DeferredTensor):
+        return materialized_nbytes(tensor, dtype)
+    return tensor.numel() * tensor.element_size()
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    tensors = (*module.parameters(), *module.buffers())
+    return any(not isinstance(t, DeferredTensor) and holds_deferred(t) for t in tensors)

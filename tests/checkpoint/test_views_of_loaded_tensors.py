@@ -46,3 +46,32 @@ def test_views_of_a_loaded_parameter_show_the_loaded_values_as_in_eager(how, tmp
         param = m_lazy.bias if name == "bias_view" else m_lazy.weight
         shares = got.untyped_storage().data_ptr() == param.untyped_storage().data_ptr()
         assert shares == (name != "double"), name
+
+
+def test_a_view_of_a_parameter_loaded_in_another_dtype_is_refused_not_replayed():
+    # Eager: load_state_dict, then .to(dtype): the view keeps the old storage with
+    # the loaded values. The loaded tensor torchdefer keeps is the converted one,
+    # so the view cannot be placed over it: refused, not replayed from the init.
+    torch.manual_seed(0)
+    m, lazy = torchdefer.deferred_init(_build)
+    torchdefer.load_state_dict(m, _state(), dtype=torch.bfloat16)
+    with pytest.raises(torchdefer.TorchdeferError, match="checkpoint load replaced"):
+        torchdefer.materialize_tensor(lazy["row"])
+    torch.manual_seed(0)
+    m_eager, eager = _build()
+    assert_same_tensor(torchdefer.materialize_tensor(lazy["double"]), eager["double"], "double")
+
+
+def test_a_view_of_a_storage_a_loaded_parameter_is_only_part_of_is_refused():
+    def build():
+        flat = torch.randn(24)
+        m = nn.Linear(3, 4, bias=False)
+        m.weight = nn.Parameter(flat[:12].view(4, 3))
+        return m, flat[12:]
+
+    torch.manual_seed(0)
+    m, rest = torchdefer.deferred_init(build)
+    torchdefer.load_state_dict(m, {"weight": torch.ones(4, 3)})
+    assert torch.equal(m.weight, torch.ones(4, 3))
+    with pytest.raises(torchdefer.TorchdeferError, match="checkpoint load replaced"):
+        torchdefer.materialize_tensor(rest)

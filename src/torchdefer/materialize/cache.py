@@ -11,6 +11,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
+from torchdefer.materialize.errors import ReplayError
 from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
 
 __all__ = ["ReplayCache", "cache_for", "keep_loaded", "rebuild"]
@@ -59,6 +60,9 @@ class ReplayCache:
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (storage, device key) -> storage record: a replayed layout differed
         self._diverged: dict[tuple[int, str], Storage] = {}
+        # id(storage) -> record: its tensor was replaced by a loaded one that
+        # is not all of it as recorded (keep_loaded), so its views cannot be placed
+        self._replaced: dict[int, Storage] = {}
         self._call = 0  # materialization calls begun
         self._depth = 0  # calls running now, nested ones included
 
@@ -84,6 +88,15 @@ class ReplayCache:
         ``alias``: the tensor is wanted as what a target is (eager's view of
         the user's tensor, changes included), not as contents a recorded op read.
         """
+        if alias and id(value.storage) in self._replaced:
+            raise ReplayError(
+                f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
+                "shares its storage with a tensor a checkpoint load replaced by one of "
+                "another dtype or layout (torchdefer.load_state_dict with dtype=, or a "
+                "parameter that is part of a bigger storage), so it cannot be rebuilt over "
+                "the loaded values as eager's view would show them. Take the view from the "
+                "loaded module again, or materialize it before loading."
+            )
         key = (id(value.storage), device_key)
         entry = self._storages.get(key)
         # Only the storage's current contents: an older version still alive (a
@@ -158,12 +171,16 @@ def keep_loaded(value: Value, real: torch.Tensor) -> None:
     storage, so deferred views of it (``row = m.weight[0]`` held outside the
     module) are rebuilt over the loaded values, as eager views see what
     ``Module.load_state_dict`` copied in. Only where ``real`` is all of the
-    recorded storage, laid out as recorded: other views could not be placed.
+    recorded storage, laid out as recorded; otherwise such views are refused
+    (``lookup``) rather than replayed from construction.
     """
     meta, graph = value.meta, value.node.graph
-    if (graph is None or real.dtype != meta.dtype or real.stride() != meta.stride
+    if graph is None:
+        return
+    if (real.dtype != meta.dtype or real.stride() != meta.stride
             or meta.offset != 0 or real.storage_offset() != 0
             or real.untyped_storage().nbytes() != value.storage.nbytes):
+        cache_for(graph)._replaced[id(value.storage)] = value.storage
         return
     # Under the keys of a later materialize_tensor(view): without device= (if
     # loaded where it was recorded), with the device named either way.

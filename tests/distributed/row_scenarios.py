@@ -51,7 +51,14 @@ class Mixed(nn.Module):
         self.plain = nn.Linear(12, 30)
         self.ortho = nn.Linear(12, 30)
         nn.init.orthogonal_(self.ortho.weight)
-        self.trunc = nn.Parameter(nn.init.trunc_normal_(torch.empty(30, 8), std=0.02))
+        # a quarter sigma: the uniform loop (default and 3-sigma bounds come from rows)
+        self.trunc = nn.Parameter(
+            nn.init.trunc_normal_(torch.empty(30, 8), std=0.02, a=-0.005, b=0.005)
+        )
+        self.titan = nn.Parameter(nn.init.trunc_normal_(torch.empty(30, 8), std=0.02))
+        self.three_sigma = nn.Parameter(
+            nn.init.trunc_normal_(torch.empty(30, 8), std=0.02, a=-0.06, b=0.06)
+        )
 
 
 def _fsdp2_rows(build, rank: int, world: int) -> list:
@@ -79,6 +86,9 @@ def fsdp2_shards_come_from_their_own_rows(rank: int, world: int) -> None:
 def fsdp2_mixing_init_falls_back_and_stays_bit_for_bit(rank: int, world: int) -> None:
     seen = {s.name: s for s in _fsdp2_rows(Mixed, rank, world)}
     assert seen["plain.weight"].rows and seen["plain.bias"].rows
+    assert seen["titan"].rows, "trunc_normal_ with bounds normal_ cannot reach is its normal_"
+    if trunc_normal_reads_data():
+        assert seen["three_sigma"].rows, "a normal_ rejection loop comes from its own rows"
     # Before torch 2.12 trunc_normal_ is erfinv of a uniform: elementwise, so rows.
     for name in ("ortho.weight", "trunc") if trunc_normal_reads_data() else ("ortho.weight",):
         assert not seen[name].rows, f"{name} cannot come from its rows"

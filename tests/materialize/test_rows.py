@@ -179,7 +179,8 @@ def test_explicit_generators_and_large_tensors_slice_from_their_own_stream():
 
 FALLBACKS = {
     "orthogonal": lambda w: nn.init.orthogonal_(w),
-    "trunc_normal": lambda w: nn.init.trunc_normal_(w, std=0.02),
+    # a quarter sigma: the uniform loop, whose acceptance mixes log_ roundings
+    "trunc_normal": lambda w: nn.init.trunc_normal_(w, std=0.02, a=-0.005, b=0.005),
     "matmul": lambda w: w.copy_(torch.randn(w.shape[0], 3) @ torch.randn(3, w.shape[1])),
     "bernoulli_tensor": lambda w: w.bernoulli_(torch.full(w.shape, 0.3)),
     "strided_normal": lambda w: w.t().normal_(),
@@ -205,6 +206,54 @@ def test_ops_that_mix_elements_fall_back_and_stay_bit_for_bit(name):
         return
     assert not rows.answered(local._value)
     assert rows.why_not(local._value), "a fallback says which op stopped it"
+
+
+def test_trunc_normal_with_unreachable_bounds_comes_from_its_own_rows():
+    def build():
+        w = torch.empty(29, 6)
+        nn.init.trunc_normal_(w, std=0.02)  # torchtitan's default bounds: 100 sigma
+        return w
+
+    eager, full = _build_both(build)
+    local = _slice(full, 10, 20, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[10:20])
+    assert rows.answered(local._value), rows.why_not(local._value)
+    assert rows.drawn <= 10 * 6 + 2 * 16  # its rows and at most two partial blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_rejection_loop_shard_pays_its_own_rounds_from_its_own_rows(dtype):
+    def build():
+        w = torch.empty(61, 6, dtype=dtype)
+        nn.init.trunc_normal_(w, std=0.02, a=-0.04, b=0.04)  # two sigma: redrawn
+        return w, torch.randn(3)
+
+    eager, (full, _) = _build_both(build)
+    local = _slice(full, 10, 20, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[0][10:20])
+    if not trunc_normal_reads_data():
+        return
+    assert rows.answered(local._value), rows.why_not(local._value)
+    # every round draws at most the range still waiting, plus two partial blocks
+    assert rows.drawn < 61 * 6
+
+
+@pytest.mark.parametrize("rows_taken", [(0, 10), (3, 8), (8, 30), (40, 50), (0, 50)])
+def test_a_rejection_loop_on_a_part_of_a_storage_slices_by_rows(rows_taken):
+    def build():
+        w = torch.zeros(50, 6)
+        nn.init.trunc_normal_(w[5:45], std=1.0, a=-1.5, b=1.5)  # elements 30 to 270
+        return w
+
+    eager, full = _build_both(build)
+    a, b = rows_taken
+    local = _slice(full, a, b, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[a:b])
+    if trunc_normal_reads_data():
+        assert rows.answered(local._value), rows.why_not(local._value)
 
 
 def test_column_slices_fall_back_and_stay_bit_for_bit():

@@ -31,6 +31,7 @@ __all__ = [
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
     "DynamicOutputShapeException",
+    "OpOverload",
     "TensorBase",
     "default_device_context",
     "disable_current_modes",
@@ -48,6 +49,7 @@ __all__ = [
     "set_dispatch_mode",
     "set_meta_in_tls_dispatch_include",
     "set_only_lift_cpu_tensors",
+    "skip_dynamo_disable_when_not_compiling",
     "storage_id",
     "swap_tensor_impl",
     "unset_dispatch_mode",
@@ -70,10 +72,60 @@ meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
+OpOverload = torch._ops.OpOverload
+"""The class of ``torch.ops.<namespace>.<op>.<overload>`` objects (what dispatch hands us)."""
 parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
 swap_tensor_impl = torch._C._swap_tensor_impl
 neg_view = torch._neg_view
+
+
+_eval_frame_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
+
+
+def skip_dynamo_disable_when_not_compiling(mode_class: type) -> None:
+    """Call ``mode_class.__torch_dispatch__`` directly while no compiled function runs.
+
+    ``TorchDispatchMode`` wraps each subclass's ``__torch_dispatch__`` in
+    ``torch._disable_dynamo`` (``torch/_compile.py``), whose ``inner`` calls the
+    ``torch._dynamo.disable`` version it caches as ``fn.__dynamo_disable``.
+    That version saves, clears and restores dynamo's frame callback on every
+    call (~3 µs, on every recorded op); with no callback installed (no compiled
+    function running) it does nothing else. The cached function is replaced by
+    one that asks first. Dynamo still sees ``inner``, as before. Needs
+    ``torch._dynamo`` imported; does nothing on a torch laid out otherwise.
+    """
+    wrapper = mode_class.__dict__.get("__torch_dispatch__")
+    raw = getattr(wrapper, "__wrapped__", None)
+    code = getattr(wrapper, "__code__", None)
+    if raw is None or code is None or "__dynamo_disable" not in code.co_names:
+        return
+    if _eval_frame_callback is None or getattr(raw, "_torchdefer_fast", False):
+        return
+    import torch._dynamo
+    import torch._dynamo.eval_frame
+
+    skip_code = getattr(torch._dynamo.eval_frame, "skip_code", None)
+    if skip_code is None:
+        return
+    disabled = torch._dynamo.disable(raw, recursive=True, wrapping=False)
+    callback = _eval_frame_callback
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if callback() is None:
+            return raw(*args, **kwargs)
+        return disabled(*args, **kwargs)
+
+    # Its own frames run while a compiled function does: dynamo must not compile
+    # them (disable's function lives in dynamo's files, which it skips).
+    skip_code(dispatch.__code__)
+    # What dynamo's tracer reads on disable's function (it does not inline it).
+    for name in ("_torchdynamo_disable", "_torchdynamo_disable_recursive"):
+        setattr(dispatch, name, getattr(disabled, name, True))
+    dispatch._torchdynamo_disable_msg = getattr(disabled, "_torchdynamo_disable_msg", None)
+    dispatch._torchdynamo_orig_callable = raw
+    raw.__dynamo_disable = dispatch
+    raw._torchdefer_fast = True
 
 
 BCOMPLEX32 = getattr(torch, "bcomplex32", None)

@@ -41,6 +41,7 @@ from torch import nn
 
 from torchdefer.checkpoint.assign import install, pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
+from torchdefer.checkpoint.module_rules import kept_keys
 from torchdefer.checkpoint.plan import (
     LoadResult,
     check_devices,
@@ -140,7 +141,7 @@ def load_state_dict(
                                       progress=progress)
     checkpoint = open_source(source)
     groups = tensor_groups(module)
-    result = plan_keys(groups, checkpoint, strict)
+    result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)

@@ -34,11 +34,14 @@ class LoadResult:
     unexpected_keys: tuple[str, ...]  # in the checkpoint, not in the module: ignored
 
 
-def plan_keys(groups: list[TensorGroup], source: CheckpointSource, strict: bool) -> LoadResult:
+def plan_keys(groups: list[TensorGroup], source: CheckpointSource, strict: bool,
+              kept: frozenset[str] = frozenset()) -> LoadResult:
     """Sort the keys into loaded, missing and unexpected; raise or warn as asked.
 
     A checkpoint none of whose keys the module has is refused even when not
     strict: loading it would silently leave the whole model at its init.
+    ``kept``: keys the modules' own load logic supplies when absent
+    (``checkpoint.module_rules``): never missing for ``strict``, as in eager.
     """
     keys = list(source.entries)
     present = set(keys)
@@ -48,9 +51,10 @@ def plan_keys(groups: list[TensorGroup], source: CheckpointSource, strict: bool)
     # A tied group is filled by any one of its names (HF checkpoints store one).
     missing = tuple(n for g in persistent if not present.intersection(g.names) for n in g.names)
     unexpected = tuple(k for k in keys if k not in known)
-    if strict and (missing or unexpected):
+    if strict and (set(missing) - kept or unexpected):
         raise CheckpointKeyError(
-            f"Loading {source.where} with strict=True: missing keys {few(missing)}, unexpected "
+            f"Loading {source.where} with strict=True: missing keys "
+            f"{few(tuple(n for n in missing if n not in kept))}, unexpected "
             f"keys {few(unexpected)}. Pass strict=False to materialize missing tensors "
             "from the recording and ignore unexpected ones."
         )

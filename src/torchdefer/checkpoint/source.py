@@ -57,6 +57,10 @@ class CheckpointSource:
     kind: str = "checkpoint"
     notes: list[str] = field(default_factory=list)
     handle: Any = None  # the reader's own object (DCP: its checked metadata)
+    # A state dict's ``_metadata`` (module prefix -> {"version": ...}), which
+    # modules' own load logic reads; None where the checkpoint keeps none
+    # (safetensors, DCP, a plain dict): as for eager, every version is None.
+    versions: Mapping[str, Any] | None = None
 
     def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
         if self.read_all is not None:
@@ -79,7 +83,9 @@ def from_mapping(state: Mapping, where: str, header: bool = False) -> Checkpoint
         else:
             kind = "dict" if isinstance(value, Mapping) else type(value).__name__
             entries[key] = Entry((), None, where, f"holds a {kind}, not a tensor")
-    return CheckpointSource(where, entries, lambda key: state[key], kind="state dict")
+    versions = getattr(state, "_metadata", None)
+    return CheckpointSource(where, entries, lambda key: state[key], kind="state dict",
+                            versions=versions if isinstance(versions, Mapping) else None)
 
 
 def _no_data(value: torch.Tensor) -> str | None:

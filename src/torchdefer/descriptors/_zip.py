@@ -5,8 +5,8 @@ A zip member says in its header how large it is; a compressed one can say
 the loader inflate whatever the file asks for. Before any member is read,
 :func:`checked_members` checks every header against the archive itself:
 names are unique, no member is encrypted, each member's stored bytes lie
-inside the archive and the members together fit in it (no two headers share
-the same bytes), a stored member is as large as it says, and compressed
+inside the archive and their stored sizes together fit in it (headers cannot
+point at the same bytes to multiply them), a stored member is as large as it says, and compressed
 members (``torchdefer.save`` writes none; ``torch.jit.save`` compresses its
 code) inflate to at most ``INFLATED_LIMIT`` together. What is then read is
 at most the archive's own size plus that limit, and zipfile stops at each

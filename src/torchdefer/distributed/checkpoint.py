@@ -34,6 +34,7 @@ from torchdefer.checkpoint.assign import install as install_plain
 from torchdefer.checkpoint.assign import pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
 from torchdefer.checkpoint.load import loaded_nbytes, open_source
+from torchdefer.checkpoint.module_rules import kept_keys
 from torchdefer.checkpoint.plan import (
     LoadResult,
     check_devices,
@@ -89,7 +90,7 @@ def load_state_dict(
             "device= and dtype= (convert before sharding, or use FSDP2's MixedPrecisionPolicy)."
         )
     checkpoint = open_source(source)
-    result = plan_keys(groups, checkpoint, strict)
+    result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
     plain = [g for g in groups if not _is_sharded(g.tensor)]

@@ -37,11 +37,24 @@ def is_library_code(code: CodeType) -> bool:
         "__create_fn__.")
 
 
+# id(code) -> (code, is_library_code(code)). user_frame runs for every recorded
+# op and walks ~10 frames; the code object is kept so that its id stays its own.
+_known_codes: dict[int, tuple[CodeType, bool]] = {}
+_CODES_KEPT = 1 << 16  # code made at run time (exec, dataclasses) could grow it
+
+
 def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
     """``(file, line, function)`` of the innermost frame outside torch and torchdefer."""
     frame = sys._getframe(skip)
+    known = _known_codes
     while frame is not None:
-        if not is_library_code(frame.f_code):
-            return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        code = frame.f_code
+        entry = known.get(id(code))
+        if entry is None or entry[0] is not code:
+            if len(known) >= _CODES_KEPT:
+                known.clear()
+            entry = known[id(code)] = (code, is_library_code(code))
+        if not entry[1]:
+            return (code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
     return None

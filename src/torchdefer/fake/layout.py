@@ -48,8 +48,20 @@ _SUGGESTED_FORMAT = frozenset(
 )  # fmt: skip
 
 
+# id(op) -> (op, whether its packet is in one of the sets above): asked for
+# every op, and OpOverload/OpOverloadPacket hash in Python.
+_restrided: dict[int, tuple[Any, bool]] = {}
+
+
 def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     """``out`` (meta tensors), restrided as eager would lay it out."""
+    known = _restrided.get(id(func))
+    if known is None:
+        packet = getattr(func, "overloadpacket", None)
+        special = packet in _SUGGESTED_FORMAT or packet in _COLUMN_MAJOR or packet in _PRESERVING
+        known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
+    if not known[1]:
+        return out
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)

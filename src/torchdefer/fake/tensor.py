@@ -21,7 +21,13 @@ from torchdefer import _compat
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
-from torchdefer.fake.device import device_available, device_of, first_conflict
+from torchdefer.fake.device import (
+    device_available,
+    device_of,
+    first_conflict,
+    normalize,
+    output_device,
+)
 from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
@@ -31,6 +37,7 @@ class FakeTensorError(TorchdeferError, RuntimeError):
     """A fake tensor was asked for something it does not have (its data)."""
 
 
+_MAKE_SUBCLASS = _compat.TensorBase._make_subclass
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
@@ -60,7 +67,9 @@ class FakeTensor(torch.Tensor):
     def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
         if elem.device.type != "meta":
             raise TypeError(f"FakeTensor needs a meta tensor, got one on {elem.device}")
-        out = torch.Tensor._make_subclass(
+        # The C binding itself: inside deferred_init torch.Tensor._make_subclass
+        # is recorder.subclasses' wrapper, which passes a meta tensor through.
+        out = _MAKE_SUBCLASS(
             cls,
             elem,
             elem.requires_grad,
@@ -137,27 +146,29 @@ def reported_device(t: FakeTensor) -> torch.device:
     return t.fake_device
 
 
-def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device]:
+def run_on_meta(
+    func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor] | None = None
+) -> tuple[Any, torch.device]:
     """Run ``func`` on the meta backend; returns (outputs, device of outputs).
 
     ``args`` may hold fake tensors (their impl is meta) and meta tensors; a
-    ``device`` argument is redirected to meta and reported back.
+    ``device`` argument is redirected to meta and reported back. ``tensors``:
+    the tensor arguments in order (``flat_tensors``), if the caller has them.
     """
-    from torchdefer.fake.device import normalize, output_device
-
-    answer = ANSWERS.get(func)
+    answer = _ANSWERS_BY_ID.get(id(func))  # OpOverload.__hash__ is Python: by id
     if answer is not None:
         return answer(*args, **kwargs), _CPU
-    tensors = list(flat_tensors(args, kwargs))
+    if tensors is None:
+        tensors = list(flat_tensors(args, kwargs))
     if len(tensors) > 1 and first_conflict(tensors, device_of) is not None:
         from torchdefer.fake._devices import check_devices
 
         check_devices(func, args, kwargs, device_of)
     device = output_device(kwargs, tensors)
     if "device" in kwargs:
-        kwargs = {**kwargs, "device": torch.device("meta")}
+        kwargs = {**kwargs, "device": _META}
     device = normalize(device)
-    if func in _FULL and kwargs.get("dtype") is None:
+    if id(func) in _FULL_IDS and kwargs.get("dtype") is None:
         fill = args[1] if len(args) > 1 else kwargs["fill_value"]
         kwargs = {**kwargs, "dtype": _full_dtype(fill)}
     previous = _compat.meta_in_tls_dispatch_include()
@@ -183,6 +194,9 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> tuple[Any, torch.device
 # full.names exists only in some torch versions
 _FULL = frozenset(getattr(torch.ops.aten.full, name) for name in torch.ops.aten.full.overloads()
                   if name in ("default", "names"))
+# By id, for the lookups made on every op (these ops live as long as torch).
+_FULL_IDS = frozenset(id(f) for f in _FULL)
+_ANSWERS_BY_ID = {id(f): answer for f, answer in ANSWERS.items()}
 
 
 def _full_dtype(fill: Any) -> torch.dtype:

@@ -15,13 +15,13 @@ from torchdefer.materialize.plan import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.stream import Position, call_effect
+from torchdefer.recorder.stream import Position, call_effect, meta_call
 from torchdefer.rng import draws, ranges
 
 if TYPE_CHECKING:
     from torchdefer.materialize.rows import RowReplay, Span, Step
 
-__all__ = ["NotSliceable", "contiguous_range", "creator_step", "random_step"]
+__all__ = ["NotSliceable", "composite_step", "contiguous_range", "creator_step", "random_step"]
 
 _aten = torch.ops.aten
 
@@ -108,7 +108,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     packet = getattr(node.op, "overloadpacket", None)
     if (packet not in _PER_ELEMENT and packet not in _BLOCKS) or node.rng is None:
         raise NotSliceable(node, "a random op whose elements do not take words of their own")
-    stream, e_index, i = node.rng
+    stream = node.rng[0]
     device = rows.replay.map_device(stream.device)
     if device.type != "cpu":
         # Philox streams: per-thread offsets, not per element
@@ -122,14 +122,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     )
     if model is None or (model.blocks and n < ranges.BLOCK):
         raise NotSliceable(node, "this class of call did not slice on this torch")
-    states = node.graph.rng.states  # type: ignore[union-attr]
-    epoch = stream.epochs[e_index]
-    start = states.layout(stream, epoch, "cpu").starts[i]
-
-    def state_at(words: int) -> torch.Tensor:
-        return states.state_at(
-            stream, epoch, "cpu", Position(start.anchor, start.words + words, start.cache)
-        )
+    state_at = _state_at(node)
 
     def run(out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         rows.drawn += out.numel()
@@ -140,6 +133,48 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
         ranges.draw_range(model, n, effect.words, s, e, buf[at : at + e - s], state_at, run)
 
     return step
+
+
+def composite_rows(node: Node) -> Any:
+    """What a composite node says about drawing its elements on their own, or None."""
+    hook = getattr(node.op, "rows", None)
+    if hook is None or node.rng is None:
+        return None
+    args, kwargs, _ = meta_call(node)
+    return hook(*args, **kwargs)
+
+
+def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int) -> Step:
+    """Elements ``[s, e)`` of a composite that writes ``n`` elements in order (a
+    rejection loop whose elements keep their own draws: ``rng.rejection``)."""
+    loop = composite_rows(node)
+    if loop is None or loop.n != n:
+        raise NotSliceable(node, "its elements depend on each other's draws")
+    stream = node.rng[0]  # type: ignore[index]
+    if rows.replay.map_device(stream.device).type != "cpu":
+        raise NotSliceable(node, "draws from a CUDA generator")
+    state_at = _state_at(node)
+
+    def step(buf: torch.Tensor) -> None:
+        rows.use(node)
+        rows.drawn += loop.rows(s, e, buf[at : at + e - s], state_at)
+
+    return step
+
+
+def _state_at(node: Node):
+    """``state_at(words)``: the CPU state ``words`` past ``node``'s first word."""
+    stream, e_index, i = node.rng  # type: ignore[misc]
+    states = node.graph.rng.states  # type: ignore[union-attr]
+    epoch = stream.epochs[e_index]
+    start = states.layout(stream, epoch, "cpu").starts[i]
+
+    def state_at(words: int) -> torch.Tensor:
+        return states.state_at(
+            stream, epoch, "cpu", Position(start.anchor, start.words + words, start.cache)
+        )
+
+    return state_at
 
 
 class _LocalCall:

@@ -24,7 +24,7 @@ from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
 from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream
+from torchdefer.recorder.stream import Stream, meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 
 if TYPE_CHECKING:
@@ -169,6 +169,14 @@ def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
     from torchdefer.materialize.replay import Replay
 
     stream = node.rng[0]  # type: ignore[index]
+    steps = getattr(node.op, "steps", None)
+    if steps is not None and model == "cpu":
+        # A composite that knows its draws in bounded memory (a rejection loop).
+        args, kwargs, _ = meta_call(node)
+        with suspended(), torch.no_grad():
+            after = steps(state, *args, **kwargs)
+        if after is not None:
+            return after
     device = torch.device("cpu") if model == "cpu" else stream.device
     replay = Replay(node.graph, device)  # type: ignore[arg-type]
     try:

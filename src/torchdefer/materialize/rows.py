@@ -47,6 +47,8 @@ import torch
 from torchdefer.fake.layout import non_overlapping_and_dense
 from torchdefer.materialize._row_calls import (
     NotSliceable,
+    composite_rows,
+    composite_step,
     contiguous_range,
     creator_step,
     random_step,
@@ -224,7 +226,10 @@ class RowReplay:
     def _overwrites(self, writer: Any, span: Span) -> bool:
         """Whether ``writer`` sets every element of ``span`` regardless of their values."""
         if writer.kind == NodeKind.RANDOM:
-            overwrites = writes_first_argument(writer.op)
+            # a rejection loop sets every element too (rng.rejection)
+            overwrites = writes_first_argument(writer.op) or (
+                not hasattr(writer.op, "_schema") and composite_rows(writer) is not None
+            )
         else:
             overwrites = writer.op in FILLS or writer.op is COPY
         if not overwrites:
@@ -241,6 +246,8 @@ class RowReplay:
         if a >= b:
             return None  # writes none of the span's elements
         if writer.kind == NodeKind.RANDOM:
+            if ordered and not hasattr(writer.op, "_schema"):  # a composite
+                return composite_step(self, writer, end - o, a - o, b - o, a - span.lo)
             if not ordered or not writes_first_argument(writer.op):
                 raise NotSliceable(writer, "draws into a strided view")
             return random_step(self, writer, o, end - o, a - o, b - o, a - span.lo)

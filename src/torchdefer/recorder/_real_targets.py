@@ -26,7 +26,7 @@ from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.source import user_frame
 
-__all__ = ["refuse_collective", "write_real", "writes_real"]
+__all__ = ["refuse_collective", "write_real", "writes_in_place", "writes_real"]
 
 _FAKE_SLOT = _compat.FAKE_MODE_KEY
 # Namespaces of the collective ops (c10d: process-group ops; the functional
@@ -40,15 +40,24 @@ _NOT_VALUE_WRITES = frozenset({"requires_grad_", "set_", "share_memory_", "retai
 
 def refuse_collective(func: Any) -> None:
     """Raise if ``func`` is a collective (a ``torch.distributed`` call or a c10d op)."""
-    known = _collectives.get(func)
-    if known is None:
-        known = _collectives[func] = _collective_name(func)
+    if type(func) is _OP_OVERLOAD:  # by id: OpOverload.__hash__ is Python code
+        entry = _ops.get(id(func))
+        if entry is None:
+            entry = _ops[id(func)] = (func, _collective_name(func))
+        known = entry[1]
+    else:
+        known = _collectives.get(func)
+        if known is None:
+            known = _collectives[func] = _collective_name(func)
     if known:
         raise _collective_error(known)
 
 
 # func -> its name if it is a collective, else "" (this runs on every op).
 _collectives: dict[Any, str] = {}
+# The same for aten-level ops, by id; the op is kept, so its id stays its own.
+_ops: dict[int, tuple[Any, str]] = {}
+_OP_OVERLOAD = _compat.OpOverload
 
 
 def _collective_name(func: Any) -> str:
@@ -76,12 +85,17 @@ def _collective_error(name: str) -> RecordingError:
     )
 
 
-def writes_real(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether ``func`` writes values into a real tensor, with no recording active."""
+def writes_in_place(func: Any) -> bool:
+    """Whether ``func`` writes values into its first argument (``add_``, ``+=``)."""
     in_place = _in_place.get(func)
     if in_place is None:
         in_place = _in_place[func] = _writes_first_argument(func)
-    target = in_place and bool(args) and _is_real(args[0])
+    return in_place
+
+
+def writes_real(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` writes values into a real tensor, with no recording active."""
+    target = writes_in_place(func) and bool(args) and _is_real(args[0])
     if not target and "out" in kwargs:
         out = kwargs["out"]
         outs = out if isinstance(out, (tuple, list)) else (out,)

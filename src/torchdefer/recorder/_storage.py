@@ -16,6 +16,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake.storage import storage_owner
+from torchdefer.recorder._alias import AliasPlan
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage
 from torchdefer.recorder.tensor import DeferredTensor
@@ -50,16 +51,13 @@ def owner_of(storage: Any, graph: Graph, func: Any, where: str) -> torch.Tensor:
     return owner
 
 
-_SET = torch.ops.aten.set_
-
-
-def resizable_by(func: Any, flat: list[Any], written: list[DeferredTensor]) -> list[DeferredTensor]:
-    """The tensors whose storage ``func`` may grow: those it writes (``resize_``,
-    an ``out=`` argument resized), and for ``set_`` also its source, which the
-    schema does not mark as written (``x.set_(y, 0, (n,))`` grows ``y``'s storage)."""
-    if func.overloadpacket is _SET:
-        return [x for x in flat if isinstance(x, DeferredTensor)]
-    return written
+def resizable_by(plan: AliasPlan, tensors: list[DeferredTensor],
+                 written: list[DeferredTensor]) -> list[DeferredTensor]:
+    """The tensors whose storage an op that writes ``written`` may grow: those
+    (``resize_``, an ``out=`` argument resized), and for an op given a storage
+    (``set_``) every tensor argument and storage owner, which the schema does
+    not mark as written (``x.set_(y, 0, (n,))`` grows ``y``'s storage)."""
+    return tensors if plan.takes_storage else written
 
 
 def record_growth(node: Node, tensors: list[DeferredTensor], before: dict[int, int]):

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer.recorder._args import flatten_call
+from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
@@ -39,12 +40,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Composite:
     """What replay needs to know about a function recorded as one node."""
 
-    __slots__ = ("fn", "random", "writes")
+    __slots__ = ("fn", "random", "rows", "steps", "writes")
 
     def __init__(self, fn: Callable[..., Any], writes: tuple[int, ...], random: bool) -> None:
         self.fn = fn
         self.writes = writes  # positional indices of the tensors it changes in place
         self.random = random
+        # steps(cpu_state, *args, **kwargs) -> the CPU state after the call, learnt
+        # without running it whole (tensors given as rng.draws.TensorInfo), or None.
+        self.steps: Callable[..., torch.Tensor | None] | None = None
+        # rows(*args, **kwargs) -> an object whose .rows(s, e, out, state_at) gives
+        # elements [s, e) of the written tensor from their own draws, or None.
+        self.rows: Callable[..., Any] | None = None
 
     @property
     def __name__(self) -> str:  # what graph views print
@@ -137,9 +144,36 @@ def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
 # Library functions that may read the data they draw, by (module, attribute).
 # `trunc_normal_` calls `_no_grad_trunc_normal_` through the module's globals,
 # so marking the latter also covers `from torch.nn.init import trunc_normal_`.
+# The probe runs the function once on a real tensor, its device and dtype
+# named: a device context or default dtype in force must not decide it.
+def _probe_trunc_normal(f: Callable[..., Any]) -> None:
+    f(torch.empty(64, dtype=torch.float32, device="cpu"), 0.0, 1.0, -2.0, 2.0)
+
+
 _LIBRARY: tuple[tuple[Any, str, Callable[[Callable[..., Any]], None]], ...] = (
-    (torch.nn.init, "_no_grad_trunc_normal_", lambda f: f(torch.empty(64), 0.0, 1.0, -2.0, 2.0)),
+    (torch.nn.init, "_no_grad_trunc_normal_", _probe_trunc_normal),
 )
+
+
+def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The recording stand-in of a data-reading library function."""
+    marked = composite(original, writes=(0,), random=True)
+    if name != "_no_grad_trunc_normal_":
+        return marked
+    marked.__torchdefer_composite__.steps = rejection_end
+    marked.__torchdefer_composite__.rows = rejection_loop
+
+    @functools.wraps(original)
+    def trunc_normal(tensor, mean, std, a, b, generator=None):
+        # Bounds no value can reach: the loop is its first normal_ (recorder._trunc_normal).
+        if isinstance(tensor, DeferredTensor) and one_normal(original, tensor, mean, std, a, b):
+            with torch.no_grad():
+                tensor.normal_(mean, std, generator=generator)
+            return tensor
+        return marked(tensor, mean, std, a, b, generator=generator)
+
+    trunc_normal.__torchdefer_composite__ = marked.__torchdefer_composite__  # type: ignore[attr-defined]
+    return trunc_normal
 
 
 class _DataReads(TorchFunctionMode):
@@ -184,7 +218,7 @@ def library_composites() -> Iterator[None]:
                 reads = _reads_data(module, name)
             if reads:
                 saved.append((module, name, original))
-                setattr(module, name, composite(original, writes=(0,), random=True))
+                setattr(module, name, _library_wrapper(name, original))
         yield
     finally:
         for module, name, original in reversed(saved):

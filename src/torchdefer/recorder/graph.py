@@ -50,10 +50,17 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor, device: torch.device) -> TensorMeta:
-        return TensorMeta(
-            tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, device,
-            t.is_conj(), t.is_neg(),
-        )
+        # Filled through the slots: the frozen __init__'s seven
+        # object.__setattr__ calls cost as much again, once per recorded output.
+        meta = _new_meta(TensorMeta)
+        _set_size(meta, tuple(t.shape))
+        _set_stride(meta, t.stride())
+        _set_offset(meta, t.storage_offset())
+        _set_dtype(meta, t.dtype)
+        _set_device(meta, device)
+        _set_conj(meta, t.is_conj())
+        _set_neg(meta, t.is_neg())
+        return meta
 
 
 @dataclass(slots=True, eq=False)
@@ -181,3 +188,13 @@ class Graph:
 
     def new_storage(self, creator: Node, nbytes: int) -> Storage:
         return Storage(next(self._storage_ids), creator, nbytes)
+
+
+# TensorMeta.of's direct slot setters.
+_META_FIELDS = ("size", "stride", "offset", "dtype", "device", "conj", "neg")
+if tuple(TensorMeta.__dataclass_fields__) != _META_FIELDS:  # TensorMeta.of fills these
+    raise ImportError("internal: TensorMeta.of does not fill every field of TensorMeta")
+_new_meta = object.__new__
+_set_size, _set_stride, _set_offset, _set_dtype, _set_device, _set_conj, _set_neg = (
+    getattr(TensorMeta, name).__set__ for name in _META_FIELDS
+)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -30,19 +30,31 @@ class RecordingMode(FakeSlotMode):
         super().__init__()
         self.graph = graph
 
+    def __enter__(self) -> RecordingMode:
+        out = super().__enter__()  # imports torch._dynamo first (FakeSlotMode)
+        _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
+        return out  # type: ignore[return-value]
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
         from torchdefer.recorder.record import record_call
 
         refuse_collective(func)
-        if not any(issubclass(t, FakeTensor) for t in types) and _real_meta_only(args, kwargs):
+        if not _any_fake(types) and _real_meta_only(args, kwargs):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
             with suspended():
                 return func(*args, **(kwargs or {}))
         return record_call(self.graph, func, args, kwargs or {})
+
+
+def _any_fake(types: Any) -> bool:
+    for t in types:  # a loop, not any(genexpr): this runs for every op
+        if issubclass(t, FakeTensor):
+            return True
+    return False
 
 
 def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
@@ -61,14 +73,11 @@ def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
     return seen
 
 
-@contextlib.contextmanager
-def recording(graph: Graph) -> Iterator[None]:
+def recording(graph: Graph) -> contextlib.AbstractContextManager[Any]:
     """Record into ``graph`` unless a recording is already active."""
     if isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
-        yield
-        return
-    with RecordingMode(graph):
-        yield
+        return contextlib.nullcontext()
+    return RecordingMode(graph)
 
 
 def suspended() -> contextlib.AbstractContextManager[None]:

@@ -7,12 +7,12 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake._questions import is_question
 from torchdefer.fake.device import output_device
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
-from torchdefer.recorder._alias import alias_plan, schema_values, writes_of
+from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
+from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._storage import (
     StorageArgs,
@@ -29,7 +29,6 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
-from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
@@ -53,28 +52,37 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
             return func(*args, **kwargs)
         return data_read(torch.Tensor.item, args, kwargs)
+    facts = facts_of(func)
+    plan = facts.plan
     flat, spec = flatten_call(args, kwargs)
     leaves = list(flat)
     inputs: list[Value] = []
     reads: list[int] = []
-    plan = alias_plan(func)
     owners: list[DeferredTensor] = []  # of storage arguments
+    tensors: list[DeferredTensor] = []  # the tensor arguments, as flat_tensors gives them
+    replaced = False  # an argument stands in for another object (external, storage)
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
-            x = flat[i] = _as_deferred(graph, x, func)
+            if not isinstance(x, DeferredTensor) or x._graph is not graph:
+                x = flat[i] = _as_deferred(graph, x, func)
+                replaced = True
+            tensors.append(x)
         elif plan.takes_storage and is_storage(x):
             x = _as_deferred(graph, owner_of(x, graph, func, _where(2)), func)
             owners.append(x)
         else:
             continue
-        inputs.append(x._value)
-        reads.append(x._value.storage.version)
-        leaves[i] = x._value
-    args, kwargs = unflatten_call(flat, spec)
-    _check_arguments(func, kwargs)
-    if _needs_data(func, flat):
+        value = x._value
+        inputs.append(value)
+        reads.append(value.storage.version)
+        leaves[i] = value
+    if replaced:
+        args, kwargs = unflatten_call(flat, spec)
+    if kwargs or func is _PIN_MEMORY:
+        _check_arguments(func, kwargs)
+    if facts.needs_data and _needs_data(facts, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
-    if is_question(func):  # a bool/int about metadata: nothing to replay
+    if facts.question:  # a bool/int about metadata: nothing to replay
         return run_on_meta(func, args, kwargs)[0]
     writes: tuple[int, ...] = ()
     written: list[Any] = []
@@ -82,11 +90,13 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
     before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
-    resizable = resizable_by(func, flat + owners, list(_written_tensors(written, writes)))
+    resizable: list[DeferredTensor] = []
+    if writes:  # only a write (an out= argument, resize_, set_) can grow a storage
+        resizable = resizable_by(plan, tensors + owners, list(_written_tensors(written, writes)))
     sizes = {id(t): _storage_id(t) for t in resizable}
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
-            func, args, _without_generator(kwargs)
+            func, args, _without_generator(kwargs), tensors
         )
     except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
@@ -96,11 +106,10 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
         raise
-    if kwargs.get("dtype") is None and isinstance(out, torch.Tensor) and _takes_dtype(func):
+    if facts.takes_dtype and kwargs.get("dtype") is None and isinstance(out, torch.Tensor):
         # No dtype means "the default dtype now": replay must not depend on the
         # default at replay time (HF sets it while building, then restores it).
-        args_v, kwargs_v = unflatten_call(leaves, spec)
-        leaves, spec = flatten_call(args_v, {**kwargs_v, "dtype": out.dtype})
+        leaves, spec = _with_dtype(leaves, spec, out.dtype)
     op = StorageArgs(func) if owners else func
     node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
     node.source = user_frame(2)
@@ -110,10 +119,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes = _record_writes(node, written, writes)
     if resizable:
         node.writes += record_growth(node, resizable, sizes)
-    out, aliased = _wrap_outputs(graph, node, out, device, flat + owners, before)
-    node.kind = _kind(func, node, aliased, device)
-    generator = _generator_of(kwargs, flat)
-    if (generator is not None or may_draw_untagged(func)) and device.type != "meta":
+    out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
+                                 before)
+    node.kind = _kind(facts, node, aliased, device)
+    generator = _generator_in(facts, args, kwargs) if facts.generators else None
+    if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:
         # placing it in that stream (its end reached by running it) keeps the
@@ -122,6 +132,31 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)
     return out
+
+
+def _with_dtype(leaves: list[Any], spec: Any, dtype: torch.dtype) -> tuple[list[Any], Any]:
+    """The flattened call with ``dtype=dtype`` (what re-flattening the call with that
+    keyword set gives: a present keyword keeps its place, a new one goes last)."""
+    n_args, keys, shape = spec
+    if "dtype" not in keys:
+        return [*leaves, dtype], (n_args, (*keys, "dtype"), (*shape, None))
+    at = n_args + keys.index("dtype")
+    leaves = list(leaves)
+    leaves[sum(1 if s is None else s[1] for s in shape[:at])] = dtype
+    return leaves, spec
+
+
+def _generator_in(facts: OpFacts, args: tuple, kwargs: dict) -> torch.Generator | None:
+    """The generator a call draws from explicitly: one passed in a Generator argument."""
+    n_args = len(args)
+    for i, name in facts.generators:
+        value = args[i] if i < n_args else kwargs.get(name)
+        if value is None:
+            continue
+        for x in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(x, torch.Generator):
+                return x
+    return None
 
 
 def _without_generator(kwargs: dict) -> dict:
@@ -158,32 +193,12 @@ def _fill_in_place(func: Any, args: tuple, values: list[Any]) -> tuple[Any, torc
     return (self, self.fake_device) if ok else None
 
 
-# Ops whose output shape or value depends on the data (no meta kernel can say
-# what they return). Replay is deterministic, so computing them once from the
-# materialized inputs gives exactly what replay would; the result is kept as a
-# constant and the read is recorded.
-_DATA_DEPENDENT = frozenset(
-    getattr(torch.ops.aten, name)
-    for name in (
-        "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-        "unique_consecutive", "bincount", "equal", "allclose", "is_nonzero",
-    )
-)
-_INDEX = torch.ops.aten.index.Tensor
-_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave
-
-
-def _needs_data(func: Any, flat: list[Any]) -> bool:
-    packet = func.overloadpacket
-    if packet in _DATA_DEPENDENT:
-        return True
-    if packet is _REPEAT_INTERLEAVE:
-        return func is not torch.ops.aten.repeat_interleave.self_int
-    if func is _INDEX:  # boolean-mask indexing is nonzero in disguise
+def _needs_data(facts: OpFacts, flat: list[Any]) -> bool:
+    if facts.needs_data == BOOL_INDEX:  # boolean-mask indexing is nonzero in disguise
         return any(
             isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8) for x in flat[1:]
         )
-    return False
+    return True
 
 
 def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: dict, inputs):
@@ -207,21 +222,8 @@ def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: 
     return type(out)(outs)
 
 
-_dtype_keyword: dict[Any, bool] = {}
-
-
-def _takes_dtype(func: Any) -> bool:
-    """Whether ``func`` has a keyword-only ``dtype`` argument (cached per op)."""
-    known = _dtype_keyword.get(func)
-    if known is None:
-        known = _dtype_keyword[func] = any(
-            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments
-        )
-    return known
-
-
-def _kind(func: Any, node: Node, aliased: bool, device: torch.device) -> str:
-    if known_random_op(func) and device.type != "meta":
+def _kind(facts: OpFacts, node: Node, aliased: bool, device: torch.device) -> str:
+    if facts.random and device.type != "meta":
         return NodeKind.RANDOM
     if node.writes:
         return NodeKind.INPLACE
@@ -303,24 +305,27 @@ def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
     return tuple(write(node, t._value.storage) for t in _written_tensors(values, written))
 
 
-def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
+def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int]):
     """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
 
     An output aliases an input exactly when it shares that input's (meta)
     storage: meta kernels alias as the real ones do, whatever the schema says
     (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
     carry no annotation, ``set_`` moves its target onto another storage).
+    ``inputs``: the deferred tensors among the arguments (storage owners too);
     ``before`` maps each tensor the op writes to its storage before the call.
     """
     outs = flatten_out(out)
-    out_ids = {id(o) for o in outs}
     # storage id -> record, for the inputs not returned in place (their storage
     # may have changed under them) and for new storages as they are made.
     storages: dict[int, Storage] = {}
-    for x in flat_in:
-        if isinstance(x, DeferredTensor) and id(x) not in out_ids:
-            storages[_storage_id(x)] = x._value.storage
-    in_ids = {id(x) for x in flat_in if isinstance(x, torch.Tensor)}
+    in_ids: set[int] | frozenset[int] = _NO_IDS
+    if inputs:
+        out_ids = {id(o) for o in outs}
+        for x in inputs:
+            if id(x) not in out_ids:
+                storages[_storage_id(x)] = x._value.storage
+        in_ids = {id(x) for x in inputs}
     aliased = False
     for k, o in enumerate(outs):
         if not isinstance(o, torch.Tensor):
@@ -349,14 +354,16 @@ def _wrap_outputs(graph, node, out, device, flat_in, before: dict[int, int]):
     return type(out)(outs), aliased
 
 
+_NO_IDS: frozenset[int] = frozenset()
+
+
 def _nbytes(t: torch.Tensor) -> int:
     with _compat.DisableTorchFunctionSubclass():
         return t.untyped_storage().nbytes()
 
 
-def _storage_id(t: torch.Tensor) -> int:
-    # The storage's address; a fake tensor's storage is its meta storage.
-    return _compat.storage_id(t)
+# The storage's address; a fake tensor's storage is its meta storage.
+_storage_id = _compat.storage_id
 
 
 def _check_arguments(func: Any, kwargs: dict) -> None:

@@ -24,6 +24,8 @@ seed and is replayed on the CPU.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -39,9 +41,35 @@ from torchdefer.rng.gf2 import tensor_bytes
 
 __all__ = ["RngRecorder", "default_generator"]
 
+_KEY_AT = mt19937.ARRAY.start  # byte offset of the array's first word
+_KEY_BYTES = 16  # two int64 words
+_COUNT = struct.Struct("=q")  # the first word, as array_of's int64 view holds it
+
+
 def _marker_key(state: torch.Tensor) -> bytes:
     """What tells markers apart: the first two words of the array (a count, a random word)."""
+    if _plain_state(state):  # read in place: this runs for every random op
+        return ctypes.string_at(state.data_ptr() + _KEY_AT, _KEY_BYTES)
     return tensor_bytes(mt19937.array_of(state)[:2])
+
+
+def _plain_state(state: torch.Tensor) -> bool:
+    """A contiguous CPU byte tensor long enough to hold the marker's words."""
+    return (state.dtype == torch.uint8 and state.device.type == "cpu" and state.is_contiguous()
+            and state.numel() >= _KEY_AT + _KEY_BYTES)
+
+
+def _set_count(marker: torch.Tensor, count: int) -> None:
+    """Write ``count`` as the array's first word (int64, as ``array_of`` reads it)."""
+    if _plain_state(marker):
+        ctypes.c_int64.from_address(marker.data_ptr() + _KEY_AT).value = count
+    else:
+        mt19937.array_of(marker)[0] = count
+
+
+def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
+    """Whether the generator's state ``current`` is still the one the recorder left."""
+    return left is not None and left.shape == current.shape and torch.equal(current, left)
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -70,6 +98,9 @@ class RngRecorder:
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
+        # id(marker tensor) -> (it, its second array word): the markers this
+        # recorder made (a stream's `left` is one of them or an exact state).
+        self._own: dict[int, tuple[torch.Tensor, bytes]] = {}
 
     # ----------------------------------------------------------- placing
 
@@ -80,7 +111,9 @@ class RngRecorder:
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()
-            epoch = self._epoch(stream, current)
+            # Whether the generator still holds what the recorder left in it.
+            same = current is not None and _same(stream.left, current)
+            epoch = self._epoch(stream, current, same)
             if stream.model is not None:
                 self.states.layout(stream, epoch, stream.model)
             node.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
@@ -90,7 +123,7 @@ class RngRecorder:
             if real is None:
                 return
             if self._lazy() and stream.model == "cpu":
-                self._leave_marker(stream, epoch, real, current)
+                self._leave_marker(stream, epoch, real, current, same)
             else:
                 self._sync(stream, epoch, real)
 
@@ -120,42 +153,53 @@ class RngRecorder:
             return stream.generator
         return default_generator(stream.device)
 
-    def _epoch(self, stream: Stream, current: torch.Tensor | None) -> Epoch:
-        """The epoch the next op belongs to; a new one if user code moved the generator."""
+    def _epoch(self, stream: Stream, current: torch.Tensor | None, same: bool) -> Epoch:
+        """The epoch the next op belongs to; a new one if user code moved the generator.
+
+        ``same``: ``current`` equals the state the recorder left (``stream.left``).
+        """
         if current is None:  # a default CUDA generator on a host without CUDA
             seed = torch.initial_seed()
             if not stream.epochs or stream.seed_seen != seed:
                 stream.epochs.append(Epoch(("seed", seed)))
                 stream.seed_seen = seed
             return stream.epochs[-1]
-        left = stream.left
-        if stream.epochs and left is not None and left.shape == current.shape:
-            if torch.equal(current, left):
-                return stream.epochs[-1]
+        if stream.epochs and same:
+            return stream.epochs[-1]
         restored = self._markers.get(_marker_key(current))
         stream.epochs.append(Epoch(restored if restored is not None else current))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
 
-    def _leave_marker(self, stream: Stream, epoch: Epoch, real, current: torch.Tensor) -> None:
-        """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump)."""
+    def _leave_marker(
+        self, stream: Stream, epoch: Epoch, real, current: torch.Tensor, same: bool
+    ) -> None:
+        """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump).
+
+        ``same``: the generator holds the marker left last (its fields are current).
+        """
         marker = stream.left
-        if marker is None or _marker_key(marker) not in self._markers:
+        own = self._own.get(id(marker)) if marker is not None else None
+        if own is None or own[0] is not marker:  # the generator holds no marker of ours
             # A new marker tensor for this stream: the real state's seed and
             # fields, random words for the array.
             marker = current.clone()
             source = torch.Generator()
             source.seed()
-            words = torch.randint(0, 1 << 32, (624,), dtype=torch.int64, generator=source)
+            words = torch.randint(
+                0, 1 << 32, (624,), dtype=torch.int64, device="cpu", generator=source
+            )
             mt19937.array_of(marker).copy_(words)
-        else:  # the seed, position fields and cached samples of the real state
+            own = self._own[id(marker)] = (marker, _marker_key(marker)[_COUNT.size:])
+        elif not same:  # the seed, position fields and cached samples of the real state
             marker[mt19937.ENGINE] = current[mt19937.ENGINE]
             marker[mt19937.CACHES] = current[mt19937.CACHES]
         self._marker_count += 1
-        mt19937.array_of(marker)[0] = self._marker_count  # unique per position
+        _set_count(marker, self._marker_count)  # unique per position
         layout = epoch.layouts[stream.model]  # type: ignore[index]
-        self._markers[_marker_key(marker)] = (stream, epoch, layout.end)
+        # _marker_key(marker), from what was just written
+        self._markers[_COUNT.pack(self._marker_count) + own[1]] = (stream, epoch, layout.end)
         real.set_state(marker)
         stream.left = marker
 

@@ -59,7 +59,7 @@ def _one_normal(state: torch.Tensor) -> torch.Tensor:
     """``state`` after one ``at::normal_distribution<double>`` sample (as torch draws it)."""
     generator = torch.Generator()
     generator.set_state(state)
-    torch.empty(1, dtype=torch.float64).normal_(generator=generator)
+    torch.empty(1, dtype=torch.float64, device="cpu").normal_(generator=generator)
     return generator.get_state()
 
 

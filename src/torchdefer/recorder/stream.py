@@ -17,6 +17,7 @@ computed from the recorded calls when first needed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,12 +130,58 @@ def call_effect(node: Any, model: str) -> draws.Effect | int | None:
     func = node.op
     if not hasattr(func, "_schema"):  # a composite node (a Python function)
         return None
+    if model == "cpu":
+        return _cpu_effect(node, func)
     args, kwargs, drawn = meta_call(node)
     if drawn is None:
         return None
-    if model == "cpu":
-        return draws.effect(func, args, kwargs, drawn)
     return _philox_effect(node, func, args, kwargs, drawn)
+
+
+# CPU effects by call signature. A model's thousands of random ops repeat a
+# few signatures (its layers share shapes), and the draw model's answer is a
+# function of the op, the metadata of its tensors and its other arguments,
+# and TORCHDEFER_RNG_JUMPS; asking it costs ~20 µs a call, a lookup ~2.
+_effects: dict[tuple, Any] = {}
+_EFFECTS_KEPT = 4096
+# Argument types whose value (with its type) is the whole of what the model reads.
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
+_MISSING = object()
+
+
+def _cpu_effect(node: Any, func: Any) -> draws.Effect | None:
+    key = _signature(node, func)
+    known = _effects.get(key, _MISSING) if key is not None else _MISSING
+    if known is not _MISSING:
+        return known
+    args, kwargs, drawn = meta_call(node)
+    effect = None if drawn is None else draws.effect(func, args, kwargs, drawn)
+    if key is not None:
+        if len(_effects) >= _EFFECTS_KEPT:
+            _effects.clear()
+        _effects[key] = effect
+    return effect
+
+
+def _signature(node: Any, func: Any) -> tuple | None:
+    """What the draw model reads of ``node``'s call, hashable; None if unsure."""
+    parts: list[Any] = [os.environ.get("TORCHDEFER_RNG_JUMPS"), func, node.spec]
+    for leaf in node.leaves:
+        kind = type(leaf)
+        if kind is Value:
+            m = leaf.meta
+            parts.append((m.size, m.stride, m.dtype))
+        elif kind in _PLAIN:
+            parts.append((kind, leaf))
+        elif kind is torch.Generator:  # which one does not change the draws
+            parts.append(kind)
+        else:
+            return None
+    if node.outputs:
+        m = node.outputs[0].meta
+        parts.append((m.size, m.stride, m.dtype))
+    return tuple(parts)
 
 
 def _philox_effect(node, func, args, kwargs, drawn) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -11,12 +12,20 @@ from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.storage import data_ptr as fake_data_ptr
 from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
-from torchdefer.recorder._real_targets import refuse_collective, write_real, writes_real
+from torchdefer.recorder._real_targets import (
+    refuse_collective,
+    write_real,
+    writes_in_place,
+    writes_real,
+)
 from torchdefer.recorder.graph import Graph, NodeKind, Value
+from torchdefer.recorder.mode import RecordingMode
 from torchdefer.recorder.reach import reached_tensors
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
 
+_FAKE = _compat.FAKE_MODE_KEY
+_NO_CONTEXT = contextlib.nullcontext()
 _DATA_GET = torch.Tensor.data.__get__
 _DATA_SET = torch.Tensor.data.__set__
 _DETACH = torch.Tensor.detach
@@ -47,30 +56,25 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder.mode import recording
-        from torchdefer.recorder.record import data_read, record_data_set
-
         kwargs = kwargs or {}
-        if func is torch.Tensor.__reduce_ex__:
-            raise not_picklable(args[0])
-        if func is torch.Tensor.data_ptr:
-            return fake_data_ptr(args[0])
-        if func in DATA_READS:
-            return data_read(func, args, kwargs)
-        if func == _DATA_SET:
-            return record_data_set(args[0], args[1])
-        if func is torch.Tensor.__deepcopy__:
-            from torchdefer.recorder._copy import deepcopy_deferred
+        try:
+            ordinary = func in _ordinary and "out" not in kwargs
+        except TypeError:  # an unhashable callable
+            ordinary = False
+        if not ordinary:
+            if func is _DETACH and type(args[0]) is not DeferredTensor:
+                from torchdefer.recorder.subclasses import detach_for_parameter
 
-            return deepcopy_deferred(args[0], args[1])
-        refuse_collective(func)
-        if func is _DETACH and type(args[0]) is not DeferredTensor:
-            from torchdefer.recorder.subclasses import detach_for_parameter
-
-            return detach_for_parameter(args[0])
-        if writes_real(func, args, kwargs):
-            return write_real(func, args, kwargs)
-        with recording(graph_of(args, kwargs)), _compat.DisableTorchFunctionSubclass():
+                return detach_for_parameter(args[0])  # reads its caller's frame: called here
+            answer = _special_call(func, args, kwargs)
+            if answer is not _NOT_SPECIAL:
+                return answer
+        # Inside deferred_init a recording is active; after it, record into our graph.
+        active = isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)
+        with (
+            _NO_CONTEXT if active else RecordingMode(graph_of(args, kwargs)),
+            _compat.DisableTorchFunctionSubclass(),
+        ):
             out = call_grad_safe(func, args, kwargs)
         if func == _DATA_GET and isinstance(out, DeferredTensor):
             out._value.node.kind = NodeKind.DATA_GET
@@ -114,6 +118,42 @@ class DeferredTensor(FakeTensor):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise not_picklable(self)
+
+
+# Functions that need none of _special_call's cases whatever their arguments
+# (all but in-place writes, detach, data reads and a few more): the ~3000
+# calls of a large model's construction skip its checks after the first.
+_ordinary: set[Any] = set()
+_NOT_SPECIAL = object()
+
+
+def _special_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A call on deferred tensors that is not simply recorded, answered; else _NOT_SPECIAL."""
+    if func is torch.Tensor.__reduce_ex__:
+        raise not_picklable(args[0])
+    if func is torch.Tensor.data_ptr:
+        return fake_data_ptr(args[0])
+    if func in DATA_READS:
+        from torchdefer.recorder.record import data_read
+
+        return data_read(func, args, kwargs)
+    if func == _DATA_SET:
+        from torchdefer.recorder.record import record_data_set
+
+        return record_data_set(args[0], args[1])
+    if func is torch.Tensor.__deepcopy__:
+        from torchdefer.recorder._copy import deepcopy_deferred
+
+        return deepcopy_deferred(args[0], args[1])
+    refuse_collective(func)
+    if func is _DETACH:  # of a subclass: answered by __torch_function__
+        pass
+    elif writes_real(func, args, kwargs):
+        return write_real(func, args, kwargs)
+    elif not writes_in_place(func):
+        with contextlib.suppress(TypeError):
+            _ordinary.add(func)
+    return _NOT_SPECIAL
 
 
 def graph_of(args: Any, kwargs: Any) -> Graph:

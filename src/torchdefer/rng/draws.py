@@ -268,7 +268,7 @@ def _run_sample(key: _Key, n: int, with_cached_normal: bool = False):
     probe = torch.Generator()
     probe.manual_seed(0x5EED + n)
     if with_cached_normal:
-        torch.empty(1, dtype=torch.float64).normal_(generator=probe)
+        torch.empty(1, dtype=torch.float64, device="cpu").normal_(generator=probe)
     before = probe.get_state()
     after = _call_with_state(key, n, before)
     words = words_between(before, after)
@@ -323,8 +323,8 @@ def _call_with_state(key: _Key, n: int, state: torch.Tensor) -> torch.Tensor:
 def _sample_tensor(n: int, dtype: torch.dtype, contiguous: bool) -> torch.Tensor:
     """``n`` elements of value 0.5 (a valid probability, mean and std alike)."""
     if contiguous:
-        return torch.empty(n, dtype=dtype).fill_(0.5)
-    return torch.empty(n, 2, dtype=dtype)[:, 0].fill_(0.5)
+        return torch.empty(n, dtype=dtype, device="cpu").fill_(0.5)
+    return torch.empty(n, 2, dtype=dtype, device="cpu")[:, 0].fill_(0.5)
 
 
 def words_between(before: torch.Tensor, after: torch.Tensor, limit: int = 64) -> int:

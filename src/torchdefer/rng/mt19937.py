@@ -38,6 +38,7 @@ __all__ = [
     "cache_valid",
     "layout_known",
     "one_thread",
+    "with_engine",
     "words_left_in_block",
 ]
 
@@ -55,7 +56,7 @@ _WINDOWS_PER_CHUNK = 512  # windows XORed at a time in a jump (1.3 MB)
 
 
 def _field(state: torch.Tensor, offset: int, dtype: torch.dtype) -> int:
-    size = torch.empty(0, dtype=dtype).element_size()
+    size = dtype.itemsize
     return int(state[offset : offset + size].view(dtype).item())
 
 
@@ -74,7 +75,8 @@ def words_left_in_block(state: torch.Tensor) -> int:
     return _field(state, _LEFT, torch.int32) - 1
 
 
-def _with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torch.Tensor:
+def with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torch.Tensor:
+    """``state`` with the engine's ``array`` of words, ``consumed`` of them drawn already."""
     out = state.clone()
     out[_ARRAY : _ARRAY + 8 * N].view(torch.int64).copy_(array)
     out[_LEFT : _LEFT + 4].view(torch.int32).fill_(N + 1 - consumed)
@@ -93,7 +95,7 @@ def advance(state: torch.Tensor, words: int) -> torch.Tensor:
     blocks = (target - 1) // N
     with one_thread():
         array = _refills_ahead(array_of(state), blocks)
-    return _with_engine(state, array, target - N * blocks)
+    return with_engine(state, array, target - N * blocks)
 
 
 @contextlib.contextmanager
@@ -119,7 +121,7 @@ def _draw(state: torch.Tensor, words: int) -> torch.Tensor:
     """Move ahead by drawing: ``random_`` on int32 takes one 32-bit word an element."""
     generator = torch.Generator()
     generator.set_state(state)
-    buffer = torch.empty(min(words, _CHUNK), dtype=torch.int32)
+    buffer = torch.empty(min(words, _CHUNK), dtype=torch.int32, device="cpu")
     while words > 0:
         part = buffer[: min(words, _CHUNK)]
         part.random_(generator=generator)
@@ -140,7 +142,7 @@ def _sequence(array: torch.Tensor, refills: int) -> torch.Tensor:
     state[_NEXT : _NEXT + 8].view(torch.int64).fill_(N)
     generator.set_state(state)
     blocks = [array]
-    scratch = torch.empty(N, dtype=torch.int32)
+    scratch = torch.empty(N, dtype=torch.int32, device="cpu")
     for _ in range(refills):
         scratch.random_(generator=generator)
         blocks.append(array_of(generator.get_state()).clone())
@@ -162,7 +164,7 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
     selected = _set_bits(coefficients)
     # In chunks: all ~10,000 selected windows at once would be 25 MB of
     # temporaries, which page-fault on every jump under a low mmap threshold.
-    total = torch.zeros(N, dtype=torch.int32)
+    total = torch.zeros(N, dtype=torch.int32, device="cpu")
     for chunk in selected.split(_WINDOWS_PER_CHUNK):
         total ^= _xor_rows(windows.index_select(0, chunk))
     return total.to(torch.int64) & 0xFFFFFFFF
@@ -172,7 +174,7 @@ def _set_bits(c: int) -> torch.Tensor:
     raw = torch.frombuffer(
         bytearray(c.to_bytes((c.bit_length() + 7) // 8, "little")), dtype=torch.uint8
     )
-    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device="cpu")) & 1
     return bits.reshape(-1).nonzero().reshape(-1)
 
 
@@ -212,7 +214,7 @@ def layout_known() -> bool:
         consumed = N - words_left_in_block(state)
         target = consumed + words
         blocks = (target - 1) // N
-        built = _with_engine(state, _sequence(array, blocks)[N * blocks :], target - N * blocks)
+        built = with_engine(state, _sequence(array, blocks)[N * blocks :], target - N * blocks)
         if not torch.equal(built, drawn):
             return False
     return True

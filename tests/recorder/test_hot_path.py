@@ -1,0 +1,120 @@
+"""The caches of the per-op recording path give what the uncached path gave.
+
+Recording remembers, per op or per call signature, what cannot change between
+calls (recorder/_facts.py, the draw effects of stream.call_effect, the library
+test of user_frame, the functions that need no special case, dynamo's
+disable wrapper). Each test makes the remembered answer meet a call where a
+wrong reuse would show: against eager PyTorch, as everywhere.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torchdefer
+from parity import assert_same_tensor, build_both
+from parity import check_program as check
+
+
+def test_a_generator_argument_is_drawn_from_after_the_ops_facts_are_cached():
+    def build():
+        g = torch.Generator().manual_seed(3)
+        out = []
+        for _ in range(3):  # the op's facts are cached after the first call
+            out.append(torch.randn(4, 4, generator=g))
+            out.append(torch.empty(5).normal_(0, 1, generator=g))
+            out.append(torch.empty(6).uniform_(-1, 1, generator=g))
+        out.append(torch.randn(4, 4))  # and the default generator is untouched by them
+        return out, g
+
+    check(lambda defer: defer(build))
+
+
+def test_repeated_random_calls_of_one_signature_draw_as_eager_with_jumps_off_midway(monkeypatch):
+    # The draw effect of a signature is remembered; turning the draw model off
+    # must still take effect for signatures seen before.
+    def build():
+        a = [torch.empty(64, 64).normal_() for _ in range(3)]
+        monkeypatch.setenv("TORCHDEFER_RNG_JUMPS", "0")
+        b = [torch.empty(64, 64).normal_() for _ in range(3)]
+        monkeypatch.delenv("TORCHDEFER_RNG_JUMPS")
+        return a + b + [torch.randn(3)]
+
+    check(lambda defer: defer(build))
+
+
+def test_same_shape_different_strides_are_different_draw_signatures():
+    def build():
+        x = torch.empty(32, 32).normal_()
+        y = torch.empty(32, 32).t().normal_()  # strided: the serial path
+        z = torch.empty(32, 32).normal_()
+        return x, y, z
+
+    check(lambda defer: defer(build))
+
+
+def test_nn_parameter_of_a_deferred_parameter_after_many_plain_detaches():
+    # detach is never remembered as an ordinary function: a deferred
+    # Parameter's detach inside nn.Parameter keeps its class.
+    def build():
+        layers = [nn.Linear(4, 4) for _ in range(3)]
+        plain = [layer.weight.detach() for layer in layers]
+        return layers, plain
+
+    eager, deferred = build_both(build)
+    again = nn.Parameter(deferred[0][0].weight)
+    assert isinstance(again, nn.Parameter) and again is not deferred[0][0].weight
+    for real, ref in zip(deferred[1], eager[1], strict=True):
+        assert_same_tensor(torchdefer.materialize_tensor(real), ref)
+    assert_same_tensor(torchdefer.materialize_tensor(again), eager[0][0].weight)
+
+
+def test_in_place_write_into_a_real_tensor_still_refused_after_many_recorded_ones():
+    def build():
+        x = torch.zeros(3)
+        for _ in range(3):
+            x.add_(1)
+        return x
+
+    deferred = torchdefer.deferred_init(build)
+    real = torch.zeros(3)
+    real.add_(deferred)  # eager code writes now: the deferred value is computed
+    assert torch.equal(real, torch.full((3,), 3.0))
+
+
+def test_errors_name_the_users_line_after_the_frame_cache_is_warm():
+    def build():
+        for _ in range(3):
+            torch.empty(2, 3).add_(1)
+        torch.empty(2, pin_memory=True)  # the bad line
+
+    line = build.__code__.co_firstlineno + 3
+    with pytest.raises(torchdefer.TorchdeferError, match=f"{__file__}:{line} in build"):
+        torchdefer.deferred_init(build)
+    node = torchdefer.deferred_init(lambda: torch.empty(2) + 1)._value.node
+    assert node.source is not None and node.source[0] == __file__
+
+
+def test_a_compiled_function_inside_deferred_init_computes_eagers_values_without_warnings():
+    def f(x):
+        return (x * 2).sin() + 1
+
+    compiled = torch.compile(f, backend="eager")
+
+    def build():
+        return compiled(torch.ones(4)), nn.Linear(4, 4)
+
+    eager = build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.manual_seed(0)
+        ref = nn.Linear(4, 4)
+        torch.manual_seed(0)
+        out, layer = torchdefer.deferred_init(build)
+    assert_same_tensor(torchdefer.materialize_tensor(out), eager[0])
+    torchdefer.materialize_module(layer)
+    assert_same_tensor(layer.weight, ref.weight)

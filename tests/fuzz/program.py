@@ -46,7 +46,10 @@ FOCUS: dict[str, dict] = {
     "external": {"families": {**_BASE, "external": 4}, "mutate_external": True},
     "consecutive_deferred_init": {"families": {**_BASE, "random": 5, "random_on": 2},
                                   "segments": (2, 3)},
-    "everything": {"families": {name: 2 for name in FAMILIES} | {"factory": 4},
+    # Not `grow`: mixed with the other families, its resize_/set_ lines make eager
+    # PyTorch abort the process (a c10 assert in Dispatcher.cpp at teardown:
+    # tests/fuzz/long_run_results.md); storage_growth has it alone.
+    "everything": {"families": {name: 2 for name in FAMILIES if name != "grow"} | {"factory": 4},
                    "segments": (1, 3), "mutate_external": True},
 }
 

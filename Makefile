@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean test-torch
+.PHONY: demo test lint install clean test-torch test-gpu
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples
 	$(PY) -m pytest -q
+
+# On a machine with a GPU (CONTRIBUTING.md): the CUDA tests, then the differential
+# probe of the CUDA offset model (tests/gpu/gpu_probe.py: one table and a verdict;
+# the report goes to bench/results/gpu-probe.md). Without CUDA both skip cleanly.
+CUDA_TESTS = tests/gpu tests/rng tests/materialize/test_errors.py \
+	tests/materialize/test_rows.py tests/distributed/test_api.py
+GPU_REPORT ?= bench/results/gpu-probe.md
+
+test-gpu: $(STAMP)
+	PYTHONPATH=$(CURDIR)/src $(PY) -m pytest -q -p no:cacheprovider -rs $(CUDA_TESTS)
+	PYTHONPATH=$(CURDIR)/src $(PY) tests/gpu/gpu_probe.py --out $(GPU_REPORT)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples

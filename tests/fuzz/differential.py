@@ -17,6 +17,7 @@ or any other exception in the deferred world), ``ok``.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import traceback
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 import torchdefer
+from ambient_families import reset_ambient, settings, stop_worker
 from program import Program, fresh_namespace, make_externals, make_generators
 
 __all__ = ["ORDERS", "Outcome", "check", "shrink", "suspected_classes"]
@@ -70,8 +72,11 @@ def _world(program: Program, defer: bool) -> tuple[list[dict], tuple, tuple]:
                 namespaces.append(_run_segment(code, namespace))
             # deferred_init leaves the default dtype as it found it; so does the eager world.
             torch.set_default_dtype(torch.float32)
+            reset_ambient()  # settings a line turned on (deterministic mode, default device)
     finally:
         torch.set_default_dtype(torch.float32)
+        reset_ambient()
+        stop_worker()
     if program.mutation:
         exec(program.mutation, {"ext": ext, "arr": arr})
     return namespaces, generators, _draws(generators)
@@ -121,19 +126,20 @@ def _check_order(program, order, eager, eager_after, eager_after_materialize) ->
     sequence: list[str] = []
     try:
         lazy_ns, gens, after = _world(program, defer=True)
-        if order == "forward":  # modules as users do it: swapped in place, in recording order
-            for k, ns in enumerate(lazy_ns):
-                for name, obj in ns.items():
-                    if re.fullmatch(r"m\d+", name) and isinstance(obj, nn.Module):
-                        sequence.append(f"module {k}:{name}")
-                        torchdefer.materialize_module(obj)
-        lazy = _entries(lazy_ns)
-        tensors = [k for k, v in eager.items() if isinstance(v, torch.Tensor)]
-        sequence += _order(tensors, order, program.seed)
-        reals = {}
-        for key in sequence:
-            if key in lazy:
-                reals[key] = torchdefer.materialize_tensor(lazy[key])
+        with _under(program):
+            if order == "forward":  # modules as users do it: swapped in place, in recording order
+                for k, ns in enumerate(lazy_ns):
+                    for name, obj in ns.items():
+                        if re.fullmatch(r"m\d+", name) and isinstance(obj, nn.Module):
+                            sequence.append(f"module {k}:{name}")
+                            torchdefer.materialize_module(obj)
+            lazy = _entries(lazy_ns)
+            tensors = [k for k, v in eager.items() if isinstance(v, torch.Tensor)]
+            sequence += _order(tensors, order, program.seed)
+            reals = {}
+            for key in sequence:
+                if key in lazy:
+                    reals[key] = torchdefer.materialize_tensor(lazy[key])
         after_materialize = _draws(gens)
         # Tensors first: a wrong value says more than a generator left elsewhere.
         mismatch = (_compare_tensors(reals, eager, list(reals))
@@ -147,6 +153,13 @@ def _check_order(program, order, eager, eager_after, eager_after_materialize) ->
         tb = traceback.format_exception(type(e), e, e.__traceback__)[-3:]
         return Outcome("failed", f"crash: {type(e).__name__}: {e}\n{''.join(tb)}", order, sequence)
     return Outcome("failed", mismatch, order, sequence) if mismatch else Outcome("ok")
+
+
+def _under(program: Program):
+    """The setting materialization runs in (``Program.materialize_under``)."""
+    if not program.materialize_under:
+        return contextlib.nullcontext()
+    return eval(program.materialize_under, {"torch": torch, "settings": settings})
 
 
 def _order(keys: list[str], order: str, seed: int) -> list[str]:
@@ -185,6 +198,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _differs(real: torch.Tensor, ref: torch.Tensor) -> str | None:
     if torchdefer.is_fake(real):
         return "still fake"
+    if real.is_inference() != ref.is_inference():
+        return f"is_inference() {real.is_inference()} != eager {ref.is_inference()}"
     for what in ("dtype", "shape", "device", "requires_grad"):
         if getattr(real, what) != getattr(ref, what):
             return f"{what} {getattr(real, what)} != eager {getattr(ref, what)}"
@@ -192,6 +207,8 @@ def _differs(real: torch.Tensor, ref: torch.Tensor) -> str | None:
         return f"Parameter-ness {isinstance(real, nn.Parameter)} != eager"
     if real.stride() != ref.stride() or real.storage_offset() != ref.storage_offset():
         return f"strides {real.stride()}+{real.storage_offset()} != eager {ref.stride()}+{ref.storage_offset()}"
+    if ref.is_meta:  # no values to compare
+        return None
     if not torch.equal(_bits(real), _bits(ref)):
         return f"values differ:\n  deferred {real}\n  eager    {ref}"
     return None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ambient_families import ambient, refused, thread
 from context import FLOATS, Ctx, with_no_grad
 from random_families import custom_random, random_on, random_op, rng_state
 from storage_families import grow
@@ -390,5 +391,8 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "module": _module,
     "exotic": _exotic,
     "custom_random": custom_random,
+    "ambient": ambient,
+    "thread": thread,
+    "refused": refused,
     "grow": grow,
 }

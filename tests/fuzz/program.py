@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ambient_families import MATERIALIZE_UNDER, reset_ambient, stop_worker
 from context import Ctx
 from custom_ops import noise_tagged, noise_untagged
 from families import FAMILIES
@@ -46,6 +47,11 @@ FOCUS: dict[str, dict] = {
     "external": {"families": {**_BASE, "external": 4}, "mutate_external": True},
     "consecutive_deferred_init": {"families": {**_BASE, "random": 5, "random_on": 2},
                                   "segments": (2, 3)},
+    "ambient": {"families": {**_BASE, "ambient": 5, "random": 2, "module": 1},
+                "materialize_under": True},
+    "eager_refusals": {"families": {**_BASE, "refused": 4, "int_factory": 1, "ambient": 1}},
+    "threads": {"families": {**_BASE, "thread": 3, "random": 3, "random_on": 2, "module": 1},
+                "segments": (1, 2)},
     # Not `grow`: mixed with the other families, its resize_/set_ lines make eager
     # PyTorch abort the process (a c10 assert in Dispatcher.cpp at teardown:
     # tests/fuzz/long_run_results.md); storage_growth has it alone.
@@ -64,6 +70,7 @@ class Program:
     segments: tuple[tuple[str, ...], ...]
     eager_draw_between: tuple[bool, ...] = ()  # before segment i + 1
     mutation: str | None = None  # one of EXTERNAL_MUTATIONS, run after the last segment
+    materialize_under: str = ""  # one of MATERIALIZE_UNDER: the setting materialization runs in
 
     @property
     def lines(self) -> list[str]:
@@ -119,10 +126,15 @@ def generate(seed: int, focus: str, max_lines: int = 24) -> Program:
                 if line is not None and _runs(line, env):
                     lines.append(line)
             segments.append(tuple(lines))
+            torch.set_default_dtype(dtype)  # as the harness does after each segment
+            reset_ambient()
     finally:
         torch.set_default_dtype(dtype)
+        reset_ambient()
+        stop_worker()
     mutation = rng.choice(EXTERNAL_MUTATIONS) if spec.get("mutate_external") else None
-    return Program(seed, tuple(segments), tuple(between), mutation)
+    under = rng.choice(MATERIALIZE_UNDER) if spec.get("materialize_under") else ""
+    return Program(seed, tuple(segments), tuple(between), mutation, under)
 
 
 def _runs(line: str, env: dict) -> bool:
@@ -137,10 +149,12 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
     """A standalone script that shows the failure with plain torchdefer calls."""
     out = [f"# fuzz failure, materialization order {order!r}:",
            *(f"#   {line}" for line in detail.splitlines()[:6]),
-           "import copy, functools", "import numpy as np, torch, torchdefer",
+           "import contextlib, copy, functools", "import numpy as np, torch, torchdefer",
            "import torch.nn.functional as F", "from torch import nn"]
     if "noise_" in "\n".join(program.lines):
         out.append("from custom_ops import noise_tagged, noise_untagged  # tests/fuzz on sys.path")
+    if program.materialize_under.startswith("settings"):
+        out.append("from ambient_families import settings  # tests/fuzz on sys.path")
     out.append("")
     for k, segment in enumerate(program.segments):
         out.append(f"def segment{k}(g0, g1, ext, arr):")
@@ -157,7 +171,10 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
         if k and program.eager_draw_between[k - 1]:
             out.append("    torch.randn(3)  # an eager draw between two segments")
         out += [f"    results.append(run(segment{k}, g0, g1, ext, arr))",
-                "    torch.set_default_dtype(torch.float32)  # as deferred_init leaves it"]
+                "    torch.set_default_dtype(torch.float32)  # as deferred_init leaves it",
+                "    torch.use_deterministic_algorithms(False); torch.set_default_device(None)"]
+    if "ambient_families" in "\n".join(program.lines):
+        out.append("    __import__('ambient_families').stop_worker()  # tests/fuzz on sys.path")
     if program.mutation:
         out.append(f"    {program.mutation}  # after recording, before materializing")
     out += ["    draws = (torch.randn(5), torch.randn(5, generator=g0), torch.randn(5, generator=g1))",
@@ -174,9 +191,11 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
             "",
             f"for key in {sequence!r}:  # the order that failed",
             "    if key.startswith('module '):",
-            "        torchdefer.materialize_module(lookup(lazy, key[7:]))",
+            f"        with {program.materialize_under or 'contextlib.nullcontext()'}:",
+            "            torchdefer.materialize_module(lookup(lazy, key[7:]))",
             "        continue",
-            "    got = torchdefer.materialize_tensor(lookup(lazy, key))",
+            f"    with {program.materialize_under or 'contextlib.nullcontext()'}:",
+            "        got = torchdefer.materialize_tensor(lookup(lazy, key))",
             "    want = lookup(eager, key)",
             "    same = (got.dtype == want.dtype and got.shape == want.shape",
             "            and got.stride() == want.stride() and torch.equal(got, want))",

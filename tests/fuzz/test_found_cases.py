@@ -198,6 +198,47 @@ CASES: dict[str, Program] = {
     "three_deferred_init_calls_in_a_row_draw_as_eager": Program(
         0, (("t1 = torch.randn(3)",), ("t1 = torch.randn(3)",), ("t1 = torch.rand(20)",)),
         eager_draw_between=(False, True)),
+    # ambient settings and threads (issue 24, classes 1, 2 and 4)
+    "draws_after_an_inference_block_inside_one_recording": Program(24226, ((
+        "t2 = torch.arange(16, dtype=torch.float32).reshape((4, 4)) * 0.5",
+        "with torch.enable_grad(): t3 = t2[:, 1::2]",
+        "with torch.inference_mode(): t13 = torch.empty((37,)).log_normal_()",
+        "with torch.device('meta'): nn.init.trunc_normal_(t3, std=0.02)",
+    ),)),
+    "a_parameter_of_a_parameter_under_a_default_device": Program(24622, ((
+        "torch.set_default_device('cpu')",
+        "with torch.enable_grad(): t3 = torch.arange(33, dtype=torch.float32).reshape((3, 11)) * -1.25",
+        "t6 = nn.Parameter(t3.clone(), requires_grad=False)",
+        "t7 = nn.Parameter(t6)",
+    ),), materialize_under="settings(dtype=torch.float64)"),
+    "an_expanded_tensor_copied_into_itself_is_accepted": Program(24304, ((
+        "t3 = torch.arange(5, dtype=torch.float32).reshape((1, 5)) * 0.1",
+        "t6 = t3.expand(2, *t3.shape)",
+        "with torch.no_grad(): t6.copy_(t6)",
+    ),)),
+    "an_expanded_meta_tensor_written_in_place_is_accepted": Program(24385, ((
+        "torch.set_default_device('meta')",
+        "t3 = torch.eye(3)",
+        "t6 = t3.expand(2, *t3.shape)",
+        "t6.clamp_(-0.5, 0.5)",
+    ),)),
+    "a_view_of_a_parameter_under_inference_mode_requires_grad": Program(7164, ((
+        "t2 = torch.ones((1, 5), dtype=torch.float16)",
+        "t3 = nn.Parameter(t2)",
+        "with torch.inference_mode(): t6 = t3.mT",
+    ),)),
+    "a_write_to_an_inference_tensor_outside_inference_mode": Program(7069, ((
+        "with torch.inference_mode(): t6 = torch.ones((1, 5), dtype=torch.float64)",
+        "__import__('ambient_families').attempt(lambda: t6.log_normal_())",
+        "t7 = t6 * 1",
+    ),)),
+    "a_worker_thread_draws_between_recorded_draws": Program(3, ((
+        "t1 = __import__('ambient_families').worker().run(lambda: torch.rand(5)).clone()",
+    ), (
+        "t2 = torch.randn(17)",
+        "t3 = __import__('ambient_families').worker().run(lambda: torch.rand(5)).clone()",
+        "t4 = torch.randn(4, 4)",
+    )), eager_draw_between=(False,)),
 }
 
 

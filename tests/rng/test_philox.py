@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchdefer.rng import philox
+from torchdefer.rng import cuda_increments, philox
 
 H100 = philox.DeviceShape(multi_processor_count=132, max_threads_per_multi_processor=2048)
 
@@ -25,23 +25,23 @@ def test_small_tensors_take_one_round_on_any_device():
         assert philox.counter_increment(0, 4, shape) == 0
 
 
-def test_unroll_follows_the_drawn_dtype_and_integer_range():
-    normal = torch.ops.aten.normal_.default
-    assert philox.unroll_factor(normal, torch.empty(4, device="meta"), None) == 4
-    assert philox.unroll_factor(normal, torch.empty(4, dtype=torch.float64, device="meta"), None) == 2
-    random_ = torch.ops.aten.random_.default
-    int64 = torch.empty(4, dtype=torch.int64, device="meta")
-    assert philox.unroll_factor(random_, int64, None) == 2
-    assert philox.unroll_factor(random_, int64, 100) == 4
-    assert philox.unroll_factor(random_, int64, 1 << 30) == 2
-    assert philox.unroll_factor(torch.ops.aten.randperm.default, int64, None) is None
-
-
 def test_state_offset_round_trips():
     state = torch.zeros(16, dtype=torch.uint8)
     state[:8].view(torch.int64).fill_(1234)
     moved = philox.with_offset(state, 4096)
     assert philox.offset_of(moved) == (1234, 4096)
+
+
+@pytest.mark.parametrize("seed", [0, 1234, (1 << 63) + 5, (1 << 64) - 1])
+def test_a_built_state_reads_back_its_seed_and_offset(seed):
+    assert philox.offset_of(philox.state(seed, 64)) == (seed, 64)
+    assert philox.state(seed).shape == (philox.STATE_BYTES,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_built_state_is_what_manual_seed_leaves_in_a_cuda_generator():
+    g = torch.Generator(device="cuda").manual_seed(2**40 + 3)
+    assert torch.equal(g.get_state(), philox.state(2**40 + 3))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -55,5 +55,5 @@ def test_predicted_offsets_match_the_cuda_generator(numel, dtype):
         before = philox.offset_of(g.get_state())[1]
         op(t, generator=g)
         after = philox.offset_of(g.get_state())[1]
-        unroll = philox.unroll_factor(torch.ops.aten.normal_.default, t, None)
-        assert after - before == philox.counter_increment(numel, unroll, shape)
+        func = torch.ops.aten.normal_.default
+        assert after - before == cuda_increments.increment(func, (t,), {}, t, shape)

@@ -17,6 +17,7 @@ every module. The exceptions are the two documented extension points
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
     "DynamicOutputShapeException",
+    "NormBase",
     "OpOverload",
     "TensorBase",
     "default_device_context",
@@ -45,6 +47,7 @@ __all__ = [
     "neg_view",
     "only_lift_cpu_tensors",
     "parse_to",
+    "philox_table_applies",
     "restore_default_device",
     "set_dispatch_mode",
     "set_meta_in_tls_dispatch_include",
@@ -73,6 +76,9 @@ set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
 OpOverload = torch._ops.OpOverload
+# Batch and instance norms' base, whose _load_from_state_dict supplies an absent
+# num_batches_tracked for old checkpoints (checkpoint/module_rules.py).
+NormBase = torch.nn.modules.batchnorm._NormBase
 """The class of ``torch.ops.<namespace>.<op>.<overload>`` objects (what dispatch hands us)."""
 parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
@@ -184,10 +190,41 @@ def _xor_fold(t: torch.Tensor) -> torch.Tensor:
     wide = torch.float64 if t.is_floating_point() else torch.int64
     flat = t.reshape(-1).to(wide).view(torch.int64)
     if flat.numel() == 0:
-        return torch.zeros((), dtype=torch.int64)
+        return torch.zeros((), dtype=torch.int64, device=t.device)
     while flat.numel() > 1:  # halve: log2(n) vector xors instead of a Python loop
         if flat.numel() % 2:
             flat = torch.cat([flat, flat.new_zeros(1)])
         half = flat.numel() // 2
         flat = flat[:half] ^ flat[half:]
     return flat[0]
+
+
+# ---- CUDA kernels' launch arithmetic (rng/cuda_increments.py) -------------------
+
+PHILOX_TABLE_TORCH = ((2, 8), (2, 15))
+"""The torch releases whose CUDA random kernels ``rng/cuda_increments.py`` was
+written for (``distribution_nullary_kernel`` with ``calc_execution_policy(numel,
+unroll_factor)``, the same in 2.8 through 2.15). Keyed by version, not by a
+feature probe: the arithmetic lives in CUDA kernels Python cannot inspect, and
+checking it needs a GPU (``make test-gpu``). Extend the range when the probe
+passes on a newer release."""
+
+
+def philox_table_applies(version: str | None = None) -> bool:
+    """Whether the CUDA increment table holds for ``version`` (default: the installed torch).
+
+    Outside the range every CUDA random op is run to reach the positions after
+    it (exact, slower): a table written for other kernels is never trusted.
+    """
+    return _philox_table_applies(version or torch.__version__)
+
+
+@functools.cache
+def _philox_table_applies(version: str) -> bool:
+    release = version.split("+")[0].split(".")
+    try:
+        major_minor = (int(release[0]), int(release[1]))
+    except (IndexError, ValueError):
+        return False
+    low, high = PHILOX_TABLE_TORCH
+    return low <= major_minor <= high

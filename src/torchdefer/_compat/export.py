@@ -69,7 +69,7 @@ def _takes_foreign_fakes() -> bool:
     from torch._guards import detect_fake_mode
 
     with fake_mode():
-        foreign = torch.empty(1)
+        foreign = torch.empty(1, device="cpu")
     with tracing(TracingContext(FakeTensorMode())):
         try:
             detect_fake_mode([foreign])

@@ -17,7 +17,7 @@ from torchdefer.checkpoint.errors import CheckpointMismatchError
 from torchdefer.checkpoint.targets import TensorGroup
 from torchdefer.materialize.cache import keep_loaded
 from torchdefer.materialize.convert import cast
-from torchdefer.materialize.swap import swap_in
+from torchdefer.materialize.swap import recorded_inference, swap_in
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["install", "pick_tied", "prepare", "same_values"]
@@ -73,12 +73,18 @@ def prepare(group: TensorGroup, loaded: torch.Tensor, device: torch.device | Non
         if not isinstance(target, DeferredTensor):
             return loaded.detach().to(device=target.device, dtype=target.dtype)
         place = device or target.fake_device
-        real = cast(loaded.detach().to(device=place, dtype=_via(loaded.dtype, target.dtype, dtype)),
-                    dtype)
-        if _own_and_exact(real, tuple(target.stride()), taken):
-            return real
-        out = torch.empty_strided(real.shape, target.stride(), dtype=real.dtype, device=place)
-        return out.copy_(real)
+        # The module's kind of tensor (an inference tensor only if recorded under
+        # inference mode), whatever mode the file is read in: eager copies into
+        # the parameter, which keeps its kind.
+        inference = recorded_inference(target._value)
+        with torch.inference_mode(inference):
+            real = cast(loaded.detach().to(device=place,
+                                           dtype=_via(loaded.dtype, target.dtype, dtype)), dtype)
+            if (_own_and_exact(real, tuple(target.stride()), taken)
+                    and real.is_inference() == inference):
+                return real
+            out = torch.empty_strided(real.shape, target.stride(), dtype=real.dtype, device=place)
+            return out.copy_(real)
 
 
 # Conversions that keep every value: going through them before ``dtype=`` gives

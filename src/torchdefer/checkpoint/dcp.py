@@ -55,7 +55,8 @@ def open_dcp(path: Path) -> CheckpointSource:
                metadata.state_dict_metadata.items()}
 
     def read_all(keys: list[str]) -> dict[str, torch.Tensor]:
-        targets = {k: torch.empty(entries[k].shape, dtype=entries[k].dtype) for k in keys}
+        targets = {k: torch.empty(entries[k].shape, dtype=entries[k].dtype, device="cpu")
+                   for k in keys}
         load_into(targets, path, metadata, no_dist=True)
         return targets
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
-from torch.nn.modules.batchnorm import _NormBase
+
+from torchdefer._compat import NormBase
 
 __all__ = ["kept_keys"]
 
@@ -29,7 +30,7 @@ def kept_keys(module: nn.Module, versions: Mapping[str, Any] | None) -> frozense
     """State-dict keys that keep the module's own value when absent from the checkpoint."""
     kept = set()
     for prefix, sub in module.named_modules():
-        if isinstance(sub, _NormBase) and sub.track_running_stats:
+        if isinstance(sub, NormBase) and sub.track_running_stats:
             metadata = (versions or {}).get(prefix, {})
             version = metadata.get("version") if isinstance(metadata, Mapping) else None
             if version is None or version < 2:  # as _NormBase._load_from_state_dict reads it

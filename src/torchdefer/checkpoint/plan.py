@@ -112,9 +112,14 @@ def check_devices(groups: list[TensorGroup], loaded: set[int], device: torch.dev
             continue
         place = device or t.fake_device
         if not device_available(place):
+            if device is None:
+                where = f"was recorded on '{place}'"
+            else:  # the device asked for is missing, not the recorded one
+                where = (f"was recorded on '{t.fake_device}' and is to be loaded onto "
+                         f"'{place}' (device=)")
             raise CheckpointDeviceError(
-                f"'{group.path}' was recorded on '{place}', which this process does not have. "
-                "Pass device= (e.g. torchdefer.load_state_dict(model, path, device='cpu')). "
+                f"'{group.path}' {where}, which this process does not have. Pass a device "
+                "it has (e.g. torchdefer.load_state_dict(model, path, device='cpu')). "
                 "Nothing was loaded."
             )
 

@@ -112,7 +112,7 @@ def _unpickle_meta(pickled: bytes, path: Path) -> tuple[Any, dict[str, int]]:
         _, storage_type, key, _location, numel = saved_id
         dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
         if key not in storages:
-            sizes[key] = numel * torch.empty((), dtype=dtype).element_size()
+            sizes[key] = numel * dtype.itemsize
             storages[key] = torch.TypedStorage(
                 wrap_storage=torch.UntypedStorage(sizes[key], device="meta"), dtype=dtype,
                 _internal=True)

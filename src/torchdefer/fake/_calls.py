@@ -56,6 +56,17 @@ GUARDED: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+# Under inference mode these properties of a tensor with Python dispatch lose
+# requires_grad (PyTorch's own FakeTensorMode too: `p.mT.requires_grad` is
+# False where eager says True); the methods they stand for keep it.
+_TRANSPOSE_GETTERS: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
+    torch.Tensor.mT.__get__: lambda t: t.transpose(-2, -1),
+    torch.Tensor.mH.__get__: lambda t: t.transpose(-2, -1).conj(),
+    torch.Tensor.T.__get__: lambda t: t.permute(*reversed(range(t.dim()))),
+    torch.Tensor.H.__get__: lambda t: t.permute(*reversed(range(t.dim()))).conj(),
+}
+
+
 def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Call ``func``; if autograd would touch a fake device this process lacks, don't.
 
@@ -66,6 +77,9 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     answer = leafness(func, args, kwargs)
     if answer is not NOT_HANDLED:
         return answer
+    transpose = _TRANSPOSE_GETTERS.get(func)
+    if transpose is not None and torch.is_inference_mode_enabled():
+        return transpose(args[0])
     # The Python bindings of copy_ and to() take a device guard before they
     # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
     # FakeTensorMode fails the same way); the ops themselves take none on the

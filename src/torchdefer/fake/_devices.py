@@ -143,7 +143,15 @@ def _no_check(name: str) -> bool:
 
 @functools.cache
 def _read_no_check() -> frozenset[str] | None:
-    """Names of the ops marked ``device_check: NoCheck``, read once."""
+    """Names of the ops eager does not check for one device, read once.
+
+    Those marked ``device_check: NoCheck``, and those whose only kernels are
+    ``Composite*`` ones: torchgen emits ``check_and_update_common_device``
+    only in the wrappers of device-guarded backends (CUDA, XPU), so a
+    composite kernel such as ``randint_like.Tensor`` (a CPU 0-dim ``high``
+    with a CUDA ``self``) runs on mixed devices and leaves the check to the
+    ops it calls.
+    """
     try:
         import torchgen
 
@@ -157,10 +165,22 @@ def _read_no_check() -> frozenset[str] | None:
         return None
     names = set()
     current = None
+    keys: dict[str, set[str]] = {}  # op -> its dispatch keys
+    in_dispatch = False
     for line in lines:
         if line.startswith("- func:"):
             current = line[len("- func:"):].strip().split("(", 1)[0]
+            in_dispatch = False
         elif current is not None and line.strip().startswith("device_check:"):
             if line.split(":", 1)[1].split("#", 1)[0].strip() == "NoCheck":
                 names.add(current)
+        elif current is not None and line.startswith("  dispatch:"):
+            in_dispatch = True
+        elif in_dispatch and line.startswith("    ") and ":" in line:
+            declared = line.split(":", 1)[0].strip()
+            if not declared.startswith("#"):
+                keys.setdefault(current, set()).update(k.strip() for k in declared.split(","))
+        elif not line.startswith("    "):
+            in_dispatch = False
+    names.update(op for op, ks in keys.items() if all(k.startswith("Composite") for k in ks))
     return frozenset(names)

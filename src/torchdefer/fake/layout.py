@@ -15,6 +15,20 @@ its meta ``empty_like`` ``(1, 1)``. A fake tensor that reported those would
 show user code other strides than eager, and replay would rebuild views of
 the real storage with the wrong ones.
 
+Random ops with tensor parameters (``normal`` with a tensor mean or std,
+``poisson``, ``_standard_gamma``, ``rrelu_with_noise``) allocate their output
+with ``at::empty(size)``, or ``empty_like(..., MemoryFormat::Contiguous)``:
+row-major whatever the inputs' layout, on the CPU and on CUDA. Their meta
+kernels keep a transposed std's strides, so the fake output reported other
+strides than eager's and the draw model, which reads the output's contiguity,
+counted the draws of the wrong code path (``draw model is wrong`` at replay).
+
+``native_dropout``'s mask is ``empty_like(input)`` (the input's strides, as
+above), where its meta kernel lays it out like the output. Its output is a new
+tensor unless the input is empty (then the input itself); the meta
+decomposition returned the input itself when not training or at ``p=0``, so a
+write to the output reached the input, unlike eager's.
+
 LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
 restriding below changes nothing).
@@ -40,6 +54,13 @@ _PRESERVING = frozenset(
 # op -> indices of its outputs that eager writes column-major per matrix
 _COLUMN_MAJOR = {_aten.linalg_eig: (1,)}
 
+# ops whose (first) output eager allocates row-major whatever the inputs' layout
+_ROW_MAJOR = frozenset(
+    {
+        _aten.normal, _aten.poisson, _aten._standard_gamma, _aten.rrelu_with_noise,
+    }
+)  # fmt: skip
+
 _SUGGESTED_FORMAT = frozenset(
     {
         _aten.native_batch_norm, _aten._native_batch_norm_legit,
@@ -48,31 +69,70 @@ _SUGGESTED_FORMAT = frozenset(
 )  # fmt: skip
 
 
-# id(op) -> (op, whether its packet is in one of the sets above): asked for
-# every op, and OpOverload/OpOverloadPacket hash in Python.
+# Every packet eager_layout restrides (a rule added above must be added here).
+_RESTRIDED = frozenset(
+    {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, _aten.native_dropout}
+)
+
+# id(op) -> (op, whether its packet is in _RESTRIDED): asked for every op, and
+# OpOverload/OpOverloadPacket hash in Python.
 _restrided: dict[int, tuple[Any, bool]] = {}
 
 
-def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
-    """``out`` (meta tensors), restrided as eager would lay it out."""
+def eager_layout(
+    func: Any, args: tuple, kwargs: dict, out: Any, device: torch.device | None = None
+) -> Any:
+    """``out`` (meta tensors), restrided as eager would lay it out on ``device`` (CPU if None)."""
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _SUGGESTED_FORMAT or packet in _COLUMN_MAJOR or packet in _PRESERVING
+        special = packet in _RESTRIDED
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
+    if packet in _ROW_MAJOR:
+        return _row_major(func, out)
     if packet in _COLUMN_MAJOR and isinstance(out, tuple):
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
+    if packet is _aten.native_dropout and isinstance(out, tuple) and len(out) == 2:
+        return _native_dropout(func, args, kwargs, out, device)
     if packet not in _PRESERVING:
         return out
     if kwargs.get("memory_format") not in (None, torch.preserve_format):
         return out
+    return _preserved(args[0] if args else None, out)
+
+
+def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: Any) -> tuple:
+    """``native_dropout``'s results, never the input itself where eager's is new.
+
+    CPU: the input itself and an empty mask of its dtype when it is empty, else
+    ``input.mul(mask)`` training and ``input.clone()`` not. CUDA: ``clone()``
+    not training, else ``empty_like(input)`` and a bool mask like it.
+    """
     source = args[0] if args else None
+    if not isinstance(source, torch.Tensor) or func._schema.returns[0].alias_info is not None:
+        return out
+    output, mask = out[0], _preserved(source, out[1])
+    cpu = device is None or device.type == "cpu"
+    if cpu and source.numel() == 0:
+        return source, _preserved(source, torch.empty_like(source))
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    if train is not None and not train:
+        return _preserved(source, torch.empty_like(source)), mask
+    if not cpu:
+        return _preserved(source, output), mask
+    if output is source:  # the meta decomposition's shortcut at p=0
+        output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
+    return output, mask
+
+
+def _preserved(source: Any, out: Any) -> Any:
+    """``out`` with ``source``'s strides where ``empty_like(source)`` keeps them."""
     if not isinstance(out, torch.Tensor) or not isinstance(source, torch.Tensor):
         return out
     try:
@@ -81,9 +141,22 @@ def eager_layout(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         return out
     if tuple(out.shape) != size or out.stride() == stride:
         return out
-    if not non_overlapping_and_dense(size, stride):
+    # an empty tensor is contiguous, so non-overlapping and dense, to torch
+    if 0 not in size and not non_overlapping_and_dense(size, stride):
         return out
     return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
+
+
+def _row_major(func: Any, out: Any) -> Any:
+    """A fresh output restrided row-major; an ``out=`` or in-place result is the user's own."""
+    if not isinstance(out, torch.Tensor) or _returns_an_argument(func):
+        return out
+    wanted = torch.empty(out.shape, dtype=out.dtype, device="meta")
+    return out if wanted.stride() == out.stride() else wanted
+
+
+def _returns_an_argument(func: Any) -> bool:
+    return any(r.alias_info is not None for r in func._schema.returns)
 
 
 def _column_major(t: Any) -> Any:

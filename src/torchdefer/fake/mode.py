@@ -23,6 +23,7 @@ from torchdefer.fake.tensor import (
 )
 
 _DATA_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
+_TO = torch.ops.aten.to
 
 __all__ = [
     "FakeMode",
@@ -78,6 +79,10 @@ class FakeMode(FakeSlotMode):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
+        if func.overloadpacket is _TO:
+            # Reaches dispatch undecomposed only for inference tensors (no
+            # autograd key), its device maybe positional: decomposed as eager does.
+            return func.decompose(*args, **kwargs)
         args, kwargs = tree_map(to_meta, (args, kwargs))
         if "device" in kwargs and kwargs["device"] is not None:
             check_device(torch.device(kwargs["device"]), self.fake_cuda, func)

@@ -181,7 +181,7 @@ def run_on_meta(
     _compat.meta_registrations.device_hint = _device_hint
     try:
         with _compat.DisableTorchDispatch():
-            out = eager_layout(func, args, kwargs, func(*args, **kwargs))
+            out = eager_layout(func, args, kwargs, func(*args, **kwargs), device)
             if _compat.BCOMPLEX32 is not None:
                 out = _eager_complex(out, args, kwargs)
     finally:

@@ -22,10 +22,13 @@ __all__ = ["call_watching_writes"]
 def call_watching_writes(node: Node, leaves: list[Any], call: Callable[[], Any]) -> Any:
     """Run ``call()`` (``node`` on ``leaves``); raise if it bumped an input it does not write."""
     written = {id(storage) for storage, _ in node.writes}
+    # Inference tensors (replayed from a recording under inference_mode) keep
+    # no version counter to watch.
     watched = [
         (i, real, real._version)
         for i, (leaf, real) in enumerate(zip(node.leaves, leaves))
         if isinstance(leaf, Value) and id(leaf.storage) not in written
+        and not real.is_inference()
     ]
     out = call()
     # A tensor that shares its storage with a written one after the call may

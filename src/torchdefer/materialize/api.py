@@ -11,12 +11,13 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from torchdefer import _compat
 from torchdefer.fake.device import device_available
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import real_tensor, swap_in
+from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
 from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
@@ -42,6 +43,10 @@ def materialize_tensor(
     Args:
         tensor: a deferred (or real) tensor.
         device: where to create it; ``None`` means the device it was recorded on.
+            On another kind of device, random ops draw from that device's
+            generator: the values the same code gives run with ``device=``
+            from the same seed (a model recorded on the CPU and materialized
+            with ``device="cuda"`` gets eager CUDA's values).
         dtype: convert a floating point (or complex) result to this dtype, as
             ``t.to(dtype)`` would; other tensors keep theirs.
 
@@ -94,8 +99,11 @@ def materialize_module(
     Args:
         module: a module built by :func:`torchdefer.deferred_init`.
         device: where to create the tensors; ``None`` means each tensor's
-            recorded device. Unlike torchdistX, whose second positional
-            argument was ``buffers_only``; pass that by keyword.
+            recorded device. Random ops then draw as the same code run with
+            ``device=`` from the same seed would (CPU-recorded on ``"cuda"``:
+            eager CUDA's values; see :func:`materialize_tensor`). Unlike
+            torchdistX, whose second positional argument was
+            ``buffers_only``; pass that by keyword.
         dtype: convert floating point tensors to this dtype, as
             ``module.to(dtype)`` would after materializing, but one tensor at
             a time: peak memory is the module in ``dtype`` plus one tensor in
@@ -260,10 +268,34 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
-    real = Replay(fake._graph, device).run([(value, value.storage.version)],
-                                           None if name is None else [name])[0]
+    with torch.inference_mode(recorded_inference(value)):
+        if (device or value.meta.device).type == "meta":
+            return _on_meta(value, device)
+        real = Replay(fake._graph, device).run([(value, value.storage.version)],
+                                               None if name is None else [name])[0]
     value.storage.materialized = True
     return real
+
+
+def _on_meta(value, device: torch.device | None) -> torch.Tensor:
+    """A meta tensor as eager gives it: what ``t.to("meta")`` makes of the real
+    tensor for ``device="meta"``; for a tensor recorded on meta (``with
+    torch.device("meta")``), the meta kernels' own layout, storage offset and
+    conjugate/negative bits, as recorded.
+
+    Nothing is replayed: a meta tensor has no values, and random ops on meta
+    draw nothing, so the generators are not involved.
+    """
+    meta = value.meta
+    with suspended():
+        if device is not None and meta.device.type != "meta":
+            twin = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype, device="meta")
+            return torch.empty_like(twin)  # to()'s layout rule (preserve_format), no bits
+        storage = torch.UntypedStorage(value.storage.nbytes, device="meta")
+        out = torch.empty(0, dtype=meta.dtype, device="meta")
+        out.set_(storage, meta.offset, meta.size, meta.stride)
+        out = out.conj() if meta.conj else out
+        return _compat.neg_view(out) if meta.neg else out
 
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:

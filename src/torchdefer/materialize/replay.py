@@ -188,13 +188,18 @@ class Replay:
         for node in nodes:
             for value in node.outputs:
                 device = self.map_device(value.meta.device)
-                if not device_available(device):
-                    raise DeviceUnavailableError(
-                        f"{_describe(targets, names)} was recorded on '{device}', which "
-                        f"this process does not have (first needed by {node.name} at "
-                        f"{node.where()}). Pass device= to materialize it elsewhere, e.g. "
-                        "materialize_module(model, device='cpu')."
-                    )
+                if device_available(device):
+                    continue
+                if self.device is None or device == value.meta.device:
+                    where = f"was recorded on '{device}'"
+                else:  # the device asked for is missing, not the recorded one
+                    where = (f"was recorded on '{value.meta.device}' and is to be "
+                             f"materialized on '{device}' (device=)")
+                raise DeviceUnavailableError(
+                    f"{_describe(targets, names)} {where}, which this process does not "
+                    f"have (first needed by {node.name} at {node.where()}). Pass a device "
+                    "this process has, e.g. materialize_module(model, device='cpu')."
+                )
 
 
 def _last_uses(nodes: list[Node], targets) -> dict[int, int]:

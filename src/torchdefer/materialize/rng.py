@@ -20,17 +20,23 @@ import torch
 
 from torchdefer.materialize.errors import UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import default_generator
 from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream, meta_call
+from torchdefer.recorder.stream import Stream, meta_call, model_of
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
 __all__ = ["RngReplay", "call_checking_draws"]
+
+# Random ops whose number of draws depends on the values of a tensor they
+# write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
+# scratch runs need those values, not uninitialized memory.
+_DRAWS_READ_WRITTEN = frozenset({torch.ops.aten.rrelu_with_noise_})
 
 
 class RngReplay:
@@ -46,7 +52,7 @@ class RngReplay:
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = device.type  # the generator model: "cpu" (mt19937) or "cuda" (Philox)
+        model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
         out, after = draw(node, stream, device, start, args, kwargs)
@@ -79,19 +85,37 @@ class RngReplay:
     def _scratch_args(self, node: Node, device: torch.device) -> tuple[tuple, dict]:
         """Arguments that draw the same numbers as ``node`` did, into scratch memory."""
         written = {id(storage) for storage, _ in node.writes}
+        op = node.op
+        # A user's composite may draw as many numbers as the values it finds
+        # in the tensors it writes; in-place rrelu does so for ``self``.
+        every_written = isinstance(op, Composite) and op.steps is None
+        first_written = getattr(op, "overloadpacket", None) in _DRAWS_READ_WRITTEN
         reads = iter(node.reads)
         leaves = []
         for leaf in node.leaves:
             if isinstance(leaf, Value):
                 version = next(reads)
                 if id(leaf.storage) in written:
-                    leaf = self._scratch_tensor(leaf.meta, device)
+                    if every_written or (first_written and not leaves):
+                        real = self.replay.nested([(leaf, version)])[0]
+                        leaf = _own_copy(leaf.meta, real, device)
+                    else:
+                        leaf = self._scratch_tensor(leaf.meta, device)
                 else:  # e.g. the probabilities of bernoulli_(p_tensor): needs real values
                     leaf = self.replay.nested([(leaf, version)])[0]
             else:
                 leaf = self.replay.map_leaf(leaf)
             leaves.append(leaf)
         return unflatten_call(leaves, node.spec)
+
+
+def _own_copy(meta: TensorMeta, real: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``real``'s values in memory of their own, laid out as ``meta`` (not the shared scratch)."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(meta.size, meta.stride) if n > 0)
+    nbytes = extent * meta.dtype.itemsize if all(meta.size) else 0
+    out = torch.empty(0, dtype=meta.dtype, device=device)
+    out.set_(torch.UntypedStorage(nbytes, device=device), 0, meta.size, meta.stride)
+    return out.copy_(real)
 
 
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
@@ -165,10 +189,9 @@ def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
+def _run_call(node: Node, state: torch.Tensor, model: Any) -> torch.Tensor:
     from torchdefer.materialize.replay import Replay
 
-    stream = node.rng[0]  # type: ignore[index]
     steps = getattr(node.op, "steps", None)
     if steps is not None and model == "cpu":
         # A composite that knows its draws in bounded memory (a rejection loop).
@@ -177,7 +200,7 @@ def _run_call(node: Node, state: torch.Tensor, model: str) -> torch.Tensor:
             after = steps(state, *args, **kwargs)
         if after is not None:
             return after
-    device = torch.device("cpu") if model == "cpu" else stream.device
+    device = torch.device("cpu") if model == "cpu" else model  # a model is its device
     replay = Replay(node.graph, device)  # type: ignore[arg-type]
     try:
         with suspended(), torch.no_grad():

@@ -28,6 +28,7 @@ again on the real one.
 from __future__ import annotations
 
 import copyreg
+from typing import Any
 
 import torch
 
@@ -37,7 +38,15 @@ from torchdefer.recorder._copy import user_attributes
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.subclasses import user_class
 
-__all__ = ["real_tensor", "swap_in"]
+__all__ = ["real_tensor", "recorded_inference", "swap_in"]
+
+
+def recorded_inference(value: Any) -> bool:
+    """Whether the deferred ``value`` stands for an inference tensor: its storage
+    was made under inference mode (a view has its base's kind, in eager too).
+    Materialized, it is one exactly then, whatever mode the caller is in."""
+    ambient = value.storage.creator.ambient
+    return bool(ambient is not None and ambient.inference)
 
 
 def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -52,7 +61,9 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     cls = user_class(fake)  # type: ignore[arg-type]
     # suspended(): materialize_module may run inside deferred_init, whose
     # recording mode would otherwise record these ops on the real tensor.
-    with suspended():
+    # An inference tensor (recorded under inference_mode) takes requires_grad
+    # only inside inference mode, as eager's nn.Parameter(...) there did.
+    with suspended(), torch.inference_mode(real.is_inference()):
         if cls is torch.Tensor:
             out = real.detach().requires_grad_(fake.requires_grad)
         else:

@@ -10,7 +10,10 @@ only on its arguments:
   kernels sum in another order, while ``torch.use_deterministic_algorithms(True)``
   is on;
 * ``torch.set_float32_matmul_precision``: below "highest", float32 matmuls may
-  run in TF32 or bfloat16.
+  run in TF32 or bfloat16;
+* inference mode: a tensor created under ``torch.inference_mode()`` is an
+  inference tensor (eager's parameters of a model built there are), and one
+  created outside is not, whatever mode ``materialize_module`` is called in.
 
 Not captured (no getter in torch): ``torch.set_flush_denormal``.
 
@@ -28,7 +31,7 @@ from types import TracebackType
 
 import torch
 
-__all__ = ["Ambient", "AmbientSwitch", "current_ambient"]
+__all__ = ["Ambient", "AmbientSwitch", "current_ambient", "in_inference_mode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class Ambient:
     warn_only: bool
     fill_uninitialized_memory: bool
     float32_matmul_precision: str
+    inference: bool
 
 
 _interned: dict[tuple, Ambient] = {}
@@ -51,11 +55,26 @@ def current_ambient() -> Ambient:
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.utils.deterministic.fill_uninitialized_memory,
         torch.get_float32_matmul_precision(),
+        torch.is_inference_mode_enabled(),
     )
     ambient = _interned.get(key)
     if ambient is None:
         ambient = _interned[key] = Ambient(*key)
     return ambient
+
+
+def in_inference_mode(ambient: Ambient) -> Ambient:
+    """``ambient`` with inference mode on (interned like :func:`current_ambient`'s).
+
+    For an op that writes an inference tensor outside inference mode: eager's
+    kernel writes (and draws), then autograd refuses the write; replayed in
+    inference mode, the write happens and nothing refuses it.
+    """
+    key = (*(getattr(ambient, f) for f in Ambient.__slots__[:-1]), True)
+    out = _interned.get(key)
+    if out is None:
+        out = _interned[key] = Ambient(*key)
+    return out
 
 
 def _apply(ambient: Ambient) -> None:
@@ -82,6 +101,9 @@ class AmbientSwitch:
     def __init__(self) -> None:
         self._saved = current_ambient()
         self._now = self._saved
+        # Inference mode is a guard, not a setting: at most one is held, entered
+        # from the caller's mode, and left before the next one is entered.
+        self._inference: torch.inference_mode | None = None
 
     def __enter__(self) -> AmbientSwitch:
         return self
@@ -89,7 +111,17 @@ class AmbientSwitch:
     def use(self, ambient: Ambient | None) -> None:
         if ambient is not None and ambient is not self._now:
             _apply(ambient)
+            if ambient.inference != self._now.inference:
+                self._leave_inference()
+                if ambient.inference != self._saved.inference:
+                    self._inference = torch.inference_mode(ambient.inference)
+                    self._inference.__enter__()
             self._now = ambient
+
+    def _leave_inference(self) -> None:
+        if self._inference is not None:
+            guard, self._inference = self._inference, None
+            guard.__exit__(None, None, None)
 
     def __exit__(
         self,
@@ -98,5 +130,6 @@ class AmbientSwitch:
         trace: TracebackType | None,
     ) -> None:
         if self._now is not self._saved:
+            self._leave_inference()
             _apply(self._saved)
             self._now = self._saved

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer.recorder._args import flatten_call
+from torchdefer.recorder._refusals import eager_refuses
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
@@ -119,6 +120,8 @@ def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
             f"and some deferred (called at {_where()}). Pass only deferred tensors, or "
             "materialize them first."
         )
+    if eager_refuses(marked.fn, args, kwargs, written, marked.random):
+        return marked.fn(*args, **kwargs)  # op by op: each op refused where eager refuses it
     graph = written[0]._graph
     flat, spec = flatten_call(args, kwargs)
     leaves, inputs, reads = list(flat), [], []

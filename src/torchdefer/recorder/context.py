@@ -10,7 +10,9 @@ Inside the block every tensor created is fake and every op recorded, exactly
 as inside ``deferred_init(Model, cfg)``, which is this block around one call.
 Blocks nest: an inner ``deferred()`` or ``deferred_init`` records into the
 outer block's graph, so tensors built at both levels can be combined, and
-restores the default dtype and device it found when it ends.
+restores the default dtype and device it found when it ends (the dtype only
+if the block's own thread changed it: it is process-wide, and another
+thread's ``set_default_dtype`` is not the block's to undo).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer._compat import default_device_context, restore_default_device
+from torchdefer.recorder._threads import dtype_log
 from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
@@ -70,6 +73,8 @@ def deferred() -> Iterator[Graph]:
             "FakeTensorMode). Leave that mode first, or build everything inside one of them."
         )
     dtype = torch.get_default_dtype()
+    dtypes_set = dtype_log()
+    mark = len(dtypes_set)
     # Not torch.get_default_device(): it builds a tensor, which fails under
     # `with torch.device("cuda")` on a host without CUDA.
     device_context = default_device_context()
@@ -86,7 +91,11 @@ def deferred() -> Iterator[Graph]:
     finally:
         # The block may change defaults and fail before restoring them; a
         # nested block restores what it found too, as deferred_init promises.
-        if torch.get_default_dtype() != dtype:
+        # The default dtype is process-wide: restored only if this thread set
+        # it in the block and no other thread set it since.
+        now = torch.get_default_dtype()
+        if now != dtype and len(dtypes_set) > mark and dtypes_set[-1] == now:
             torch.set_default_dtype(dtype)
+        del dtypes_set[mark:]
         if default_device_context() is not device_context:
             restore_default_device(device_context)

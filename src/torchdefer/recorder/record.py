@@ -14,6 +14,7 @@ from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
+from torchdefer.recorder._refusals import rare_dtypes, refuse_as_eager, writes_inference
 from torchdefer.recorder._storage import (
     StorageArgs,
     is_storage,
@@ -22,7 +23,7 @@ from torchdefer.recorder._storage import (
     resizable_by,
     write,
 )
-from torchdefer.recorder.ambient import current_ambient
+from torchdefer.recorder.ambient import current_ambient, in_inference_mode
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.external import ExternalRef
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
@@ -34,11 +35,16 @@ __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _ITEM = torch.ops.aten._local_scalar_dense.default
+_TO = torch.ops.aten.to
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
+    if func.overloadpacket is _TO:
+        # Reaches dispatch undecomposed only for inference tensors (no autograd
+        # key); its device argument may be positional: decomposed as eager does.
+        return func.decompose(*args, **kwargs)
     if func in _LIFT:
         if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
             return args[0]
@@ -89,11 +95,15 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
-    before = {id(t): _storage_id(t) for t in _written_tensors(written, writes)}
-    resizable: list[DeferredTensor] = []
-    if writes:  # only a write (an out= argument, resize_, set_) can grow a storage
-        resizable = resizable_by(plan, tensors + owners, list(_written_tensors(written, writes)))
+    targets = list(_written_tensors(written, writes)) if writes else []
+    before = {id(t): _storage_id(t) for t in targets}
+    # Only a write (an out= argument, resize_, set_) can grow a storage.
+    resizable = resizable_by(plan, tensors + owners, targets) if targets else []
     sizes = {id(t): _storage_id(t) for t in resizable}
+    generator = _generator_in(facts, args, kwargs) if facts.generators else None
+    random = facts.random or generator is not None
+    if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
+        refuse_as_eager(func, args, kwargs, targets, random, _where)
     try:
         out, device = _fill_in_place(func, args, written) or run_on_meta(
             func, args, _without_generator(kwargs), tensors
@@ -115,6 +125,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     node.source = user_frame(2)
     node.graph = graph
     node.ambient = current_ambient()
+    if targets and not node.ambient.inference and writes_inference(targets):
+        node.ambient = in_inference_mode(node.ambient)  # eager writes, then refuses
     if writes:
         node.writes = _record_writes(node, written, writes)
     if resizable:
@@ -122,7 +134,6 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before)
     node.kind = _kind(facts, node, aliased, device)
-    generator = _generator_in(facts, args, kwargs) if facts.generators else None
     if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:
@@ -276,6 +287,7 @@ def record_constant(
     node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
     node.source = user_frame(2)
     node.graph = graph
+    node.ambient = current_ambient()  # inference mode: an inference tensor, as in eager
     with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
         elem = meta_twin(real)

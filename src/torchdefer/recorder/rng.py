@@ -33,9 +33,11 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.recorder._threads import recording_thread
 from torchdefer.recorder.errors import RecordingError
+from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
-from torchdefer.recorder.stream import Epoch, Position, Stream
+from torchdefer.recorder.stream import Epoch, Position, Stream, model_of
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 
@@ -81,6 +83,13 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     return None
 
 
+def _cuda_states() -> dict[int, torch.Tensor]:
+    """The CUDA generators' states where CUDA is initialized (never initializes it)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {i: g.get_state() for i, g in enumerate(torch.cuda.default_generators)}
+
+
 class RngRecorder:
     """Assigns stream positions to random ops and keeps the real generators in step."""
 
@@ -88,15 +97,20 @@ class RngRecorder:
         from torchdefer.recorder.mode import suspended
 
         self.streams: dict[Any, Stream] = {}
-        with suspended():
+        # The states kept here are written in place later, maybe outside the
+        # inference mode a recording began in: never inference tensors.
+        with suspended(), torch.inference_mode(False):
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
             self.cpu_start = torch.default_generator.get_state()
-        self.states = RngStates(self.cpu_start)
+            cuda_start = _cuda_states()
+        self.states = RngStates(self.cpu_start, torch.initial_seed(), cuda_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
         # marker key -> (stream, epoch, position) it stands for
         self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
+        # exact state (bytes) a sync left in a generator -> the position it stands for
+        self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
         # id(marker tensor) -> (it, its second array word): the markers this
         # recorder made (a stream's `left` is one of them or an exact state).
@@ -105,9 +119,17 @@ class RngRecorder:
     # ----------------------------------------------------------- placing
 
     def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
-        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it."""
-        # The generator states and the tensors below are real: no mode may see them.
-        with _compat.DisableTorchDispatch():
+        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it.
+
+        On meta nothing is drawn (eager's kernels there touch no generator):
+        the node is an ordinary write, replayed as one.
+        """
+        if device.type == "meta":
+            node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
+            return
+        # The generator states and the tensors below are real: no mode may see
+        # them, and they are kept across inference-mode blocks (see __init__).
+        with _compat.DisableTorchDispatch(), torch.inference_mode(False):
             stream = self._stream(generator, device)
             real = self._real(stream)
             current = None if real is None else real.get_state()
@@ -138,7 +160,7 @@ class RngRecorder:
         stream = self.streams.get(key)
         if stream is None:
             real = generator if generator is not None else default_generator(device)
-            model = device.type if real is not None and device.type in ("cpu", "cuda") else None
+            model = model_of(device) if real is not None else None
             if real is not None and model is None:
                 raise RecordingError(
                     f"A random op draws from the {device.type} generator, which torchdefer "
@@ -167,7 +189,10 @@ class RngRecorder:
         if stream.epochs and same:
             return stream.epochs[-1]
         restored = self._markers.get(_marker_key(current))
-        stream.epochs.append(Epoch(restored if restored is not None else current))
+        if restored is not None:
+            stream.epochs.append(Epoch(restored))
+        else:  # a state eager code set; maybe one a sync handed out (fork_rng)
+            stream.epochs.append(Epoch(current, origin=self._exact.get(tensor_bytes(current))))
         return stream.epochs[-1]
 
     # ----------------------------------------------------------- syncing
@@ -207,6 +232,9 @@ class RngRecorder:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
         stream.left = real.get_state()
+        if stream.model != "cpu":  # a CUDA state user code may read and restore (fork_rng)
+            end = epoch.layouts[stream.model].end
+            self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
     def sync(self) -> None:
         """Put the exact logical state in every generator that holds a marker.
@@ -216,7 +244,7 @@ class RngRecorder:
         """
         from torchdefer.recorder.mode import suspended
 
-        with suspended():
+        with suspended(), torch.inference_mode(False):
             for stream in self.streams.values():
                 real = self._real(stream)
                 if real is None or stream.model != "cpu":
@@ -227,9 +255,23 @@ class RngRecorder:
                 origin, epoch, position = ref
                 real.set_state(self.states.state_at(origin, epoch, "cpu", position))
                 stream.left = real.get_state()
+                self._exact[tensor_bytes(stream.left)] = ref
 
     def _lazy(self) -> bool:
-        return self._deferring > 0 and threading.get_ident() == self._thread
+        """Whether a marker may stand in for the exact state after this op.
+
+        Only while the recording thread is the only Python thread: a marker is
+        a state of the process-wide generator, and another thread drawing from
+        it would get numbers no eager program gives (nor leave the generator
+        where eager would). With other threads alive, every op moves the
+        generator to its exact state at once; a thread the recording thread
+        starts finds the exact state too (``recorder._threads``).
+        """
+        return (
+            self._deferring > 0
+            and threading.get_ident() == self._thread
+            and threading.active_count() == 1
+        )
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[None]:
@@ -240,7 +282,7 @@ class RngRecorder:
         self._deferring += 1
         try:
             if outer:
-                with _exact_reads(self):
+                with recording_thread(self.sync):
                     yield
             else:
                 yield
@@ -249,29 +291,3 @@ class RngRecorder:
             if outer:
                 self._thread = None
                 self.sync()
-
-
-@contextlib.contextmanager
-def _exact_reads(recorder: RngRecorder) -> Iterator[None]:
-    """``torch.get_rng_state()`` answers the exact state while markers stand in.
-
-    ``fork_rng`` reads through it, and a state read there may be kept and
-    restored after ``deferred_init`` returns, when a marker would mean nothing.
-    """
-    import torch.random
-
-    original = torch.random.get_rng_state
-    thread = threading.get_ident()
-
-    def get_rng_state() -> torch.Tensor:
-        if threading.get_ident() == thread:
-            recorder.sync()
-        return original()
-
-    get_rng_state.__doc__ = original.__doc__
-    saved = (torch.get_rng_state, torch.random.get_rng_state)
-    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
-    try:
-        yield
-    finally:
-        torch.get_rng_state, torch.random.get_rng_state = saved

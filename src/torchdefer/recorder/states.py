@@ -12,20 +12,45 @@ injected by ``torchdefer.materialize``, which owns replay).
 
 Known states are kept per epoch (a bounded number), so a tensor materialized
 after its neighbour starts where the neighbour's draws ended.
+
+Replayed on the other kind of device than recorded (a CPU recording
+materialized with ``device="cuda"``, or the reverse), a stream gives the values
+the same code gives run on that device from the same seed: each epoch starts
+from the replay device's generator as eager code there would find it
+(:meth:`RngStates.cross_base`): the first epoch from that generator's state
+when recording began, an epoch begun by ``torch.manual_seed(s)`` from that
+generator seeded with ``s``, a restored state read in the recording (a marker,
+or ``torch.get_rng_state()`` as ``fork_rng`` reads it) from the same call
+boundary, as ``fork_rng``, which restores every device, gives (a
+:class:`CrossDeviceRestoreWarning` says so: a ``torch.set_rng_state`` of the
+CPU alone would not have moved CUDA's generator), and an epoch begun
+by any other state user code set (which eager code would have set on the
+recorded device only) where the epoch before it ended. A recording that draws
+on both kinds of device and is materialized on one gives each stream its own
+start (eager code on one device would have interleaved their draws).
 """
 
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torchdefer.recorder.stream import ANCHOR, Epoch, Layout, Position, advance, call_effect
+from torchdefer.recorder.stream import (
+    ANCHOR,
+    Epoch,
+    Layout,
+    Position,
+    advance,
+    call_effect,
+    kind_of,
+)
 from torchdefer.rng import mt19937, philox
 
-__all__ = ["RngStates", "set_call_runner"]
+__all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
 
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
 
@@ -66,8 +91,18 @@ def _one_normal(state: torch.Tensor) -> torch.Tensor:
 class RngStates:
     """Exact states of the positions of one recording's streams, with a cache."""
 
-    def __init__(self, cpu_start: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cpu_start: torch.Tensor,
+        start_seed: int | None = None,
+        cuda_start: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        # The generators when recording began: where a stream replayed on the
+        # other kind of device starts. CUDA states only where CUDA was
+        # initialized (else a CUDA generator is still at (its seed, 0)).
         self.cpu_start = cpu_start
+        self.start_seed = mt19937_seed(cpu_start) if start_seed is None else start_seed
+        self.cuda_start = dict(cuda_start or {})
         # (id(epoch), model, anchor) -> sorted [(words, cache key, position, state)]
         self._known: dict[tuple[int, str, int], list[tuple[int, int, Position, Any]]] = {}
         self._epochs: dict[int, Epoch] = {}  # keeps ids above valid
@@ -80,8 +115,11 @@ class RngStates:
         if layout is None:
             layout = epoch.layouts[model] = Layout()
             layout.anchor_cache = self._base_cache(stream, epoch, model)
-            for node in epoch.calls:
-                self.append(stream, epoch, model, node)
+        # Calls recorded after this layout was computed (a replay during the
+        # recording asked for it): only the recorded device's layout is
+        # extended as calls are placed.
+        for node in epoch.calls[len(layout.starts) :]:
+            self.append(stream, epoch, model, node)
         return layout
 
     def append(self, stream: Any, epoch: Epoch, model: str, node: Any) -> Position:
@@ -96,17 +134,31 @@ class RngStates:
         layout.end = after
         return start
 
-    def _base_cache(self, stream: Any, epoch: Epoch, model: str) -> bool | None:
+    def _base_cache(self, stream: Any, epoch: Epoch, model: Any) -> bool | None:
         if model != "cpu":
             return False
         base = epoch.base
-        if isinstance(base, torch.Tensor) and stream.model == "cpu":
+        if isinstance(base, tuple) and len(base) == 3:
+            return None  # a restored position: known once resolved
+        if stream.device.type == "cpu":
             return mt19937.cache_valid(base)
-        if isinstance(base, tuple) and base and base[0] == "seed":
-            return False
-        if stream.model != "cpu":
-            return mt19937.cache_valid(self.cpu_start)
-        return None  # a restored position: known once resolved
+        how = self.cross_base(stream, epoch)[0]
+        return {"start": mt19937.cache_valid(self.cpu_start), "seed": False}.get(how)
+
+    def cross_base(self, stream: Any, epoch: Epoch) -> tuple[str, int | None]:
+        """Where ``epoch`` starts on the other kind of generator than ``stream``'s.
+
+        ``("start", None)``: that generator as recording began; ``("seed", s)``:
+        seeded with ``s``; ``("continue", None)``: where the epoch before ended.
+        """
+        seed = _fresh_seed(epoch.base)
+        first = stream.epochs[0] is epoch
+        # A user's generator has no "state when recording began" on the other
+        # device: its seed is what the same code would give a generator there.
+        own = stream.generator is not None
+        if seed is not None and (own or not (first and seed == self.start_seed)):
+            return "seed", seed
+        return ("start", None) if first else ("continue", None)
 
     # ------------------------------------------------------------- states
 
@@ -193,21 +245,84 @@ class RngStates:
             return _run_call(node, self.state_at(stream, epoch, model, starts[anchor]), model)
         base = epoch.base
         if isinstance(base, tuple) and len(base) == 3:  # a restored (stream, epoch, position)
-            origin, restored, position = base
-            return self.state_at(origin, restored, model, position)
-        if isinstance(base, tuple) and base[0] == "seed":
-            generator = torch.Generator(device="cpu" if model == "cpu" else stream.device)
-            generator.manual_seed(base[1])
-            return generator.get_state()
-        if stream.model == model:
-            return base
-        # Replayed on another kind of device than recorded: start where that
-        # device's default generator stood when recording began.
-        if model == "cpu":
-            return self.cpu_start
-        generator = torch.Generator(device=stream.device)
-        generator.manual_seed(torch.initial_seed())
+            if kind_of(model) != stream.device.type:
+                _warn_cross_restore(stream, epoch, model)
+            return self._restored_state(base, model)
+        if isinstance(base, torch.Tensor) and stream.device.type == kind_of(model):
+            return base  # another device of the same kind: positions differ, the base not
+        if epoch.origin is not None:  # a state read in this recording, restored
+            _warn_cross_restore(stream, epoch, model)
+            return self._restored_state(epoch.origin, model)
+        how, seed = self.cross_base(stream, epoch)
+        if how == "seed":
+            return _seeded(model, seed)  # type: ignore[arg-type]
+        if how == "start":
+            if model == "cpu":
+                return self.cpu_start
+            return self.cuda_start.get(model.index, philox.state(self.start_seed))
+        previous = stream.epochs[stream.epochs.index(epoch) - 1]
+        return self.end_of(stream, previous, model)
+
+    def _restored_state(self, ref: tuple, model: Any) -> torch.Tensor:
+        """The state at a restored position, in ``model``'s layout of the same epoch.
+
+        Markers and synced states stand for a position of their stream's own
+        layout, at a boundary between calls; another model's layout has the
+        same boundary at the same call index.
+        """
+        origin, restored, position = ref
+        if model != origin.model:
+            own = self.layout(origin, restored, origin.model)
+            boundaries = [*own.starts, own.end]
+            if position not in boundaries:
+                raise RuntimeError("internal: a restored position is not a call boundary")
+            other = self.layout(origin, restored, model)
+            position = [*other.starts, other.end][boundaries.index(position)]
+        return self.state_at(origin, restored, model, position)
+
+
+class CrossDeviceRestoreWarning(UserWarning):
+    """A recording restored a generator state, and is materialized on another kind of device."""
+
+
+def _warn_cross_restore(stream: Any, epoch: Epoch, model: Any) -> None:
+    first = epoch.calls[0] if epoch.calls else None
+    where = f" (the first draw after it: {first.name} at {first.where()})" if first else ""
+    warnings.warn(
+        f"The code recorded on {stream.device.type} restored its generator's state{where}; "
+        f"materialized on {model}, the restore is applied to that device's generator "
+        "too, as torch.random.fork_rng (which restores every device) would. Code that "
+        f"restores only the {stream.device.type} generator (torch.set_rng_state, "
+        "torch.cuda.set_rng_state) would have left the other one running: materialize "
+        "on the recorded device for those values.",
+        CrossDeviceRestoreWarning,
+        stacklevel=2,
+    )
+
+
+def mt19937_seed(state: torch.Tensor) -> int:
+    """The seed a CPU generator state was seeded with (``the_initial_seed``)."""
+    return int(state[:8].view(torch.int64).item()) & ((1 << 64) - 1)
+
+
+def _fresh_seed(base: Any) -> int | None:
+    """The seed of a generator state as ``manual_seed`` leaves it; None for any other state."""
+    if isinstance(base, tuple):
+        return base[1] if base and base[0] == "seed" else None
+    if base.numel() == philox.STATE_BYTES:
+        seed, offset = philox.offset_of(base)
+        return seed if offset == 0 else None
+    if mt19937.fresh(base):
+        return mt19937_seed(base)
+    return None
+
+
+def _seeded(model: Any, seed: int) -> torch.Tensor:
+    if model == "cpu":
+        generator = torch.Generator()
+        generator.manual_seed(seed)
         return generator.get_state()
+    return philox.state(seed)
 
 
 def _cache_key(position: Position) -> int:

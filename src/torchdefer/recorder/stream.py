@@ -9,10 +9,12 @@ is the epoch's base, or the end of the last call whose draws the model cannot
 count (see ``torchdefer.rng.draws``); such a call must run before anything
 after it can be placed exactly.
 
-Positions are counted per *model* of generator: ``"cpu"`` (mt19937: 32-bit
-words plus the cached normal sample) or ``"cuda"`` (Philox offset). A stream
-recorded on one device and replayed on another gets the other model's layout,
-computed from the recorded calls when first needed.
+Positions are counted per *model* of generator (:func:`model_of`): ``"cpu"``
+(mt19937: 32-bit words plus the cached normal sample) or a CUDA device
+(Philox offset, whose increments depend on the launch grid of the device the
+op runs on: ``torch.device("cuda", i)``). A stream recorded on one device and
+replayed on another gets the other model's layout, computed from the recorded
+calls when first needed.
 """
 
 from __future__ import annotations
@@ -25,10 +27,21 @@ import torch
 
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Value
-from torchdefer.rng import draws, philox
+from torchdefer.rng import cuda_increments, draws, philox
 from torchdefer.rng.draws import Effect, TensorInfo
 
-__all__ = ["ANCHOR", "Epoch", "Layout", "Position", "Stream", "advance", "call_effect", "meta_call"]
+__all__ = [
+    "ANCHOR",
+    "Epoch",
+    "Layout",
+    "Position",
+    "Stream",
+    "advance",
+    "call_effect",
+    "kind_of",
+    "meta_call",
+    "model_of",
+]
 
 # The cached-normal state of a Position: None (none cached), ANCHOR (whatever
 # the anchor's state had), or an int w: the second normal of the pair drawn
@@ -91,6 +104,10 @@ class Epoch:
     base: Any
     calls: list[Any] = field(default_factory=list)  # the random Nodes
     layouts: dict[str, Layout] = field(default_factory=dict)
+    # (Stream, Epoch, Position in that stream's own layout) a state-tensor base
+    # stands for, where a sync of this recording left it (fork_rng reads and
+    # restores such states): the same position on another kind of device.
+    origin: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -99,7 +116,7 @@ class Stream:
 
     device: torch.device
     generator: torch.Generator | None  # None: the default generator of `device`
-    model: str | None  # "cpu" / "cuda" when a real generator exists here, else None
+    model: Any  # model_of(device) when a real generator exists here, else None
     epochs: list[Epoch] = field(default_factory=list)
     # The state this process's generator was left in by the recorder (a
     # synced state or a marker); anything else means user code changed it.
@@ -125,17 +142,42 @@ def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
     return args, kwargs, drawn
 
 
-def call_effect(node: Any, model: str) -> draws.Effect | int | None:
+def model_of(device: torch.device) -> Any:
+    """The generator model that counts positions for ops running on ``device``.
+
+    ``"cpu"`` for the CPU; the normalized device itself for CUDA, because a
+    Philox increment depends on that device's properties. Other devices: None.
+    """
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        index = device.index
+        if index is None:
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return torch.device("cuda", index)
+    return None
+
+
+def kind_of(model: Any) -> str | None:
+    """``"cpu"`` or ``"cuda"``: the kind of generator a model counts for."""
+    if model is None:
+        return None
+    return "cpu" if model == "cpu" else "cuda"
+
+
+def call_effect(node: Any, model: Any) -> draws.Effect | int | None:
     """What ``node`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
     func = node.op
     if not hasattr(func, "_schema"):  # a composite node (a Python function)
         return None
     if model == "cpu":
         return _cpu_effect(node, func)
+    if model is None:  # a device without a generator model: run the call
+        return None
     args, kwargs, drawn = meta_call(node)
     if drawn is None:
         return None
-    return _philox_effect(node, func, args, kwargs, drawn)
+    return cuda_increments.increment(func, args, kwargs, drawn, philox.DeviceShape.of(model))
 
 
 # CPU effects by call signature. A model's thousands of random ops repeat a
@@ -182,28 +224,3 @@ def _signature(node: Any, func: Any) -> tuple | None:
         m = node.outputs[0].meta
         parts.append((m.size, m.stride, m.dtype))
     return tuple(parts)
-
-
-def _philox_effect(node, func, args, kwargs, drawn) -> int | None:
-    stream = node.rng[0]
-    device = stream.device
-    if not torch.cuda.is_available():
-        return None
-    range_ = _int_range(func, args, kwargs, drawn)
-    unroll = philox.unroll_factor(func, drawn, range_)
-    if unroll is None:
-        return None
-    return philox.counter_increment(drawn.numel(), unroll, philox.DeviceShape.of(device))
-
-
-def _int_range(func, args, kwargs, drawn) -> int | None:
-    names = [a.name for a in func._schema.arguments]
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    if "high" in values:
-        return int(values["high"]) - int(values.get("low", 0) or 0)
-    if "to" in values and values.get("to") is not None:
-        return int(values["to"]) - int(values.get("from", 0) or 0)
-    if "from" in values:  # random_(from, None): up to the dtype's maximum
-        return 1 << 62 if values["from"] is not None else None
-    return None

@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
 from torchdefer import _compat
+from torchdefer.fake._source import is_library_code
 from torchdefer.fake.mode import import_dynamo_outside_modes
 from torchdefer.recorder._copy import PRIVATE_ATTRIBUTES
 from torchdefer.recorder.errors import RecordingError
@@ -157,10 +158,16 @@ def detach_for_parameter(tensor: DeferredTensor) -> torch.Tensor:
 
 
 def _parameter_class_being_built(frame: Any) -> type | None:
-    if frame is not None and frame.f_code is nn.Parameter.__new__.__code__:
-        cls = frame.f_locals.get("cls")
-        if isinstance(cls, type) and issubclass(cls, nn.Parameter):
-            return cls
+    # Torch function modes (`with torch.device(...)`, set_default_device) put
+    # their own frames between Parameter.__new__ and here: look past library
+    # frames, never past the user's.
+    while frame is not None:
+        if frame.f_code is nn.Parameter.__new__.__code__:
+            cls = frame.f_locals.get("cls")
+            return cls if isinstance(cls, type) and issubclass(cls, nn.Parameter) else None
+        if not is_library_code(frame.f_code):
+            return None
+        frame = frame.f_back
     return None
 
 

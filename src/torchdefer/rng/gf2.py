@@ -44,8 +44,8 @@ P = sum(1 << e for e in EXPONENTS)
 # 2 * DEGREE - 1 coefficients; 40960 = 2**13 * 5 transforms ~3x faster than
 # 65536 with pocketfft here.
 _FFT_SIZE = 40960
-_SHIFTS = torch.arange(8, dtype=torch.uint8)
-_WEIGHTS = (1 << torch.arange(8, dtype=torch.int64)).to(torch.uint8)
+_SHIFTS = torch.arange(8, dtype=torch.uint8, device="cpu")
+_WEIGHTS = (1 << torch.arange(8, dtype=torch.int64, device="cpu")).to(torch.uint8)
 
 
 def _bits(a: int, length: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ __all__ = [
     "advance",
     "array_of",
     "cache_valid",
+    "fresh",
     "layout_known",
     "one_thread",
     "with_engine",
@@ -49,6 +50,7 @@ ENGINE = slice(0, _ARRAY)  # seed and position fields
 ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
 CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
 NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
+_FLOAT_VALID = 5052  # next_float_normal_sample's flag
 # Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
 _DRAW_LIMIT = 1 << 22
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
@@ -68,6 +70,18 @@ def array_of(state: torch.Tensor) -> torch.Tensor:
 def cache_valid(state: torch.Tensor) -> bool:
     """Whether a CPU state holds a cached double normal sample."""
     return bool(state[NORMAL_VALID].item())
+
+
+def fresh(state: torch.Tensor) -> bool:
+    """Whether ``state`` is as ``manual_seed`` leaves it: nothing drawn, no cached sample.
+
+    Seeding sets ``left`` to 1 and ``next`` to 0; every state after a draw
+    has ``next`` > 0 (a used-up block leaves ``left`` 1 with ``next`` 624).
+    """
+    if state.numel() != STATE_BYTES:
+        return False
+    untouched = _field(state, _LEFT, torch.int32) == 1 and _field(state, _NEXT, torch.int64) == 0
+    return untouched and not cache_valid(state) and not bool(state[_FLOAT_VALID].item())
 
 
 def words_left_in_block(state: torch.Tensor) -> int:

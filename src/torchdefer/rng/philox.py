@@ -1,45 +1,45 @@
 """CUDA generators: Philox offsets, moved by arithmetic.
 
-A CUDA generator is a Philox counter: a seed and an offset. A distribution
-kernel launched on ``numel`` elements reserves ``counter_offset`` from the
-offset before it runs (``calc_execution_policy`` and ``philox_cuda_state`` in
-``aten/src/ATen/native/cuda/DistributionTemplates.h`` and
-``CUDAGeneratorImpl.cpp``)::
+A CUDA generator is a Philox counter: a seed and an offset (its
+``get_state()`` is 16 bytes: seed u64, offset i64; ``CUDAGeneratorImpl``). A
+distribution kernel launched on ``numel`` elements reserves ``counter_offset``
+from the offset before it runs (``calc_execution_policy`` in
+``aten/src/ATen/native/cuda/DistributionTemplates.h``;
+``CUDAGeneratorImpl::philox_cuda_state`` rounds it up to a multiple of 4)::
 
     grid    = min(multiProcessorCount * (maxThreadsPerMultiProcessor // 256),
                   ceil(numel / 256))
     counter = ((numel - 1) // (256 * grid * unroll) + 1) * 4
     offset += ceil(counter / 4) * 4
 
-``unroll`` is how many values one ``curand4``-style call yields: 4 for
-float/half/bfloat16 (and 32-bit integer draws), 2 for float64 and 64-bit
-integer draws. Reaching any position is an addition: no jump-ahead needed.
-
-Covered: the ops that launch ``distribution_nullary_kernel`` (``normal_``,
-``uniform_``, ``random_``, ``bernoulli_`` with a float ``p``,
-``exponential_``, ``geometric_``, ``cauchy_``, ``log_normal_`` and their
-factory forms). Others (``randperm``, fused dropout, ``bernoulli_`` with a
-tensor ``p``, tensors too large for 32-bit indexing, which launch several
-kernels) are unmodeled: their positions are reached by running them.
+``unroll`` is how many values one ``curand4``-style call yields (4 or 2).
+Reaching any position is an addition: no jump-ahead needed. Which ops launch
+how many such kernels, with which unroll, is the table in
+``torchdefer.rng.cuda_increments``; the two device properties are those of
+the device the op runs on (:class:`DeviceShape`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-__all__ = ["DeviceShape", "counter_increment", "offset_of", "unroll_factor", "with_offset"]
+__all__ = ["STATE_BYTES", "DeviceShape", "counter_increment", "offset_of", "state", "with_offset"]
 
 _BLOCK = 256
 _CALLS = 4  # max generator offsets one curand_* call consumes
-_aten = torch.ops.aten
+STATE_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceShape:
-    """The two device properties the launch grid depends on."""
+    """The two device properties the launch grid depends on.
+
+    ``of(device)`` reads them with ``torch.cuda.get_device_properties`` (a MIG
+    slice reports its own SM count); tests on a host without CUDA build one
+    by hand or patch that function.
+    """
 
     multi_processor_count: int
     max_threads_per_multi_processor: int
@@ -55,43 +55,13 @@ def counter_increment(numel: int, unroll: int, shape: DeviceShape) -> int:
     if numel == 0:
         return 0
     blocks_per_sm = shape.max_threads_per_multi_processor // _BLOCK
-    grid = min(shape.multi_processor_count * blocks_per_sm, (numel + _BLOCK - 1) // _BLOCK)
+    # dim3's x is 32 bits: ceil(numel / 256) wraps from 2**40 elements on.
+    blocks = ((numel + _BLOCK - 1) // _BLOCK) & 0xFFFFFFFF
+    grid = min(shape.multi_processor_count * blocks_per_sm, blocks)
+    if grid == 0:
+        raise ValueError(f"a CUDA launch over {numel} elements has an empty grid")
     counter = ((numel - 1) // (_BLOCK * grid * unroll) + 1) * _CALLS
     return (counter + 3) // 4 * 4
-
-
-_NULLARY = frozenset(
-    {
-        _aten.normal_, _aten.normal, _aten.randn, _aten.randn_like, _aten.uniform_,
-        _aten.uniform, _aten.rand, _aten.rand_like, _aten.random_, _aten.random,
-        _aten.randint, _aten.randint_like, _aten.exponential_, _aten.exponential,
-        _aten.geometric_, _aten.geometric, _aten.cauchy_, _aten.cauchy, _aten.log_normal_,
-        _aten.log_normal,
-    }
-)  # fmt: skip
-_BERNOULLI_SCALAR = frozenset({_aten.bernoulli_.float, _aten.bernoulli.p})
-_INT64_MIN = -(1 << 63)
-
-
-def unroll_factor(func: Any, drawn: torch.Tensor, range_: int | None) -> int | None:
-    """Values per curand call for ``func`` writing ``drawn``; None if not a nullary kernel.
-
-    ``range_`` is the integer range of ``random_``/``randint`` draws (None for
-    ``random_()`` without bounds).
-    """
-    packet = func.overloadpacket
-    if packet not in _NULLARY and func not in _BERNOULLI_SCALAR:
-        return None
-    if drawn.numel() * drawn.element_size() >= 1 << 31:
-        return None  # split into several launches for 32-bit indexing
-    double = drawn.dtype == torch.float64
-    if packet in (_aten.random_, _aten.random, _aten.randint, _aten.randint_like):
-        if range_ is None:  # random_(): 64-bit draws for double and int64
-            wide = double or drawn.dtype == torch.int64
-        else:  # from/to: 64-bit draws from 2**28 on (CUDA's own threshold)
-            wide = range_ >= 1 << 28
-        return 2 if wide else 4
-    return 2 if double else 4
 
 
 def offset_of(state: torch.Tensor) -> tuple[int, int]:
@@ -101,6 +71,17 @@ def offset_of(state: torch.Tensor) -> tuple[int, int]:
 
 
 def with_offset(state: torch.Tensor, offset: int) -> torch.Tensor:
+    """``state`` with its offset replaced."""
     out = state.clone()
     out[8:16].view(torch.int64).fill_(offset)
     return out
+
+
+def state(seed: int, offset: int = 0) -> torch.Tensor:
+    """The ``get_state()`` of a CUDA generator at ``(seed, offset)`` (built on the CPU).
+
+    ``state(s)`` is a generator just seeded with ``s`` (``manual_seed`` sets the
+    offset to 0); no CUDA device is needed to build it.
+    """
+    words = torch.tensor([seed - (1 << 64) if seed >= 1 << 63 else seed, offset], dtype=torch.int64)
+    return words.view(torch.uint8).clone()

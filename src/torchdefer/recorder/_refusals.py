@@ -1,0 +1,415 @@
+"""Refusing at the call what eager refuses there, though the meta kernels accept it.
+
+Some checks PyTorch makes only in its real kernels, not in the meta kernels
+recording runs: the dtypes a CPU kernel is compiled for (``uniform_`` on
+int64: ``"check_uniform_bounds" not implemented for 'Long'``), argument
+ranges checked inside the kernel (``uniform_(2, 1)``, ``random_(5, 2)``),
+and TensorIterator's refusal to write a tensor whose elements share memory
+(``zeros(1).expand(3).add_(1)``). Recorded anyway, such a call would fail
+only at replay, far from the user's line, and a random one would have moved
+the generator where eager leaves it unmoved.
+
+So the real kernel is asked: the call is run on small real CPU *twins* of
+its tensors (the same dtypes and zero strides, sizes cut to two elements a
+dimension when large, valid values everywhere: 0.5, 0, False) with a private
+generator and the default generator's state put back. Asked are the calls
+that can hit such a check: random ops whose tensors are all on the CPU (on
+another device the CPU's dtype support proves nothing, so only the device's
+own replay can tell), and any call writing a tensor with internal overlap
+(a zero stride over more than one element: the only overlap eager detects),
+for which only the overlap refusal counts. Verdicts are cached per call
+signature, so a model's thousand ``normal_(0, 0.02)`` calls ask once.
+
+Checks that depend on the data (``multinomial`` of negative probabilities)
+cannot be made without it; those still fail at replay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchdefer._compat import DisableTorchFunctionSubclass
+from torchdefer.recorder.ambient import current_ambient
+from torchdefer.recorder.errors import RecordingError
+
+__all__ = ["EagerRefusalError", "eager_refuses", "rare_dtypes", "refuse_as_eager",
+           "writes_inference"]
+
+_OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+_PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory"
+_SMALL = 1 << 16  # twins up to this many elements keep their sizes
+_CPU = torch.device("cpu")
+_UNKNOWN = object()
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device})
+
+
+class EagerRefusalError(RecordingError):
+    """Eager PyTorch raises on this call; so does recording, at the call.
+
+    Raised as a class that is also the original error's type
+    (``NotImplementedError`` for a dtype a kernel lacks), so code that
+    catches what eager raises still catches it.
+    """
+
+
+_verdicts: dict[Any, tuple[type[BaseException], str] | None] = {}
+_combined: dict[type[BaseException], type[EagerRefusalError]] = {}
+
+
+def refuse_as_eager(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
+                    random: bool, where: Callable[[], str]) -> None:
+    """Raise what eager raises for ``func(*args, **kwargs)``, if it is one of the
+    checks only real kernels make (see the module docstring); else return.
+
+    ``written``: the tensors the call writes in place; ``where()``: the user's line.
+    """
+    with DisableTorchFunctionSubclass():  # plain metadata reads of deferred tensors
+        refusal = _refusal(func, args, kwargs, written, random)
+    if refusal is not None:
+        kind, message = refusal
+        name = getattr(func, "__name__", None) or str(func)
+        raise _combined_type(kind)(
+            f"{name} at {where()}: eager PyTorch refuses this call ({kind.__name__}: "
+            f"{message}), so it is not recorded, and the random generators did not move. "
+            "Fix the call as you would for eager code."
+        )
+
+
+def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
+                  random: bool) -> bool:
+    """Whether eager raises somewhere inside the Python function ``fn`` (a composite).
+
+    Such a call is recorded op by op instead, so that each op is refused where
+    eager refuses it, after the draws eager made before it. An inference
+    tensor written outside inference mode is one: eager's kernel draws and
+    writes, then autograd refuses the inference tensor, and recorded op by op
+    the same happens.
+    """
+    with DisableTorchFunctionSubclass():
+        if any(t.is_inference() for t in written) and not torch.is_inference_mode_enabled():
+            return True
+        return _refusal(fn, args, kwargs, written, random) is not None
+
+
+def writes_inference(written: list[Any]) -> bool:
+    """Whether a call writes an inference tensor (outside inference mode, autograd
+    refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``).
+
+    Read from the recording, without a torch call: a deferred tensor is an
+    inference tensor when its storage was made under inference mode.
+    """
+    for t in written:
+        ambient = t._value.storage.creator.ambient
+        if ambient is not None and ambient.inference:
+            return True
+    return False
+
+
+def _refusal(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor],
+             random: bool) -> tuple[type[BaseException], str] | None:
+    if any(_device(t).type == "meta" for t in written):
+        return None  # eager runs the same meta kernels there: nothing more to ask
+    overlapping = any(_overlaps(t) for t in written)
+    if written and len(args) + len(kwargs) > 1 and _partly_shared(written, args, kwargs):
+        verdict = _ask_eager(func, args, kwargs, shared=True)
+        if verdict is not None and (_PARTIAL in verdict[1] or _OVERLAP in verdict[1]):
+            return verdict
+    if not random and not overlapping:
+        return _dtype_gap(func, args, kwargs)
+    if not overlapping and _surely_fine(func, args, kwargs):
+        return None
+    on_cpu = all(_device(t) == _CPU for t in _tensors(args, kwargs)) and _cpu_arg(kwargs)
+    if not overlapping and not on_cpu:
+        return None
+    verdict = _verdict(func, args, kwargs)
+    if verdict is None or not ((random and on_cpu) or _OVERLAP in verdict[1]):
+        return None
+    return verdict
+
+
+# Dtypes for which CPU kernels often lack an implementation (``addmm`` on bool,
+# ``sort`` on complex): a call reading one is asked of eager. Inputs only: the
+# common float and int64 tensors never pay for the question.
+_RARE = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128, torch.int8,
+                   torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64})
+
+
+def rare_dtypes(inputs: list[Any]) -> bool:
+    """Whether a recorded call's inputs (graph values) hold a dtype of ``_RARE``."""
+    return any(v.meta.dtype in _RARE for v in inputs)
+
+
+def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
+    """Eager's "not implemented for <dtype>" for a CPU call, the only refusal of a
+    deterministic call its twins prove (no size, value or layout causes it)."""
+    tensors = list(_tensors(args, kwargs))
+    if not any(t.dtype in _RARE for t in tensors) or not _cpu_arg(kwargs):
+        return None
+    if not all(_device(t) == _CPU for t in tensors):
+        return None
+    verdict = _verdict(func, args, kwargs)
+    if verdict is None or not issubclass(verdict[0], NotImplementedError):
+        return None
+    return verdict
+
+
+# The two init workhorses, on the dtypes every device's kernel has: answered
+# without asking (they are most of a model's random calls).
+_NORMAL_ = torch.ops.aten.normal_.default
+_UNIFORM_ = torch.ops.aten.uniform_.default
+_FLOATS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32,
+                                           torch.float64)}
+
+
+def _surely_fine(func: Any, args: tuple, kwargs: dict) -> bool:
+    if (func is not _NORMAL_ and func is not _UNIFORM_) or args[0].dtype not in _FLOATS:
+        return False
+    first, second = ("mean", "std") if func is _NORMAL_ else ("from", "to")
+    a = args[1] if len(args) > 1 else kwargs.get(first, 0.0)
+    b = args[2] if len(args) > 2 else kwargs.get(second, 1.0)
+    limit = _FLOATS[args[0].dtype]  # uniform_ refuses bounds and ranges beyond it
+    if not all(type(x) in (int, float) and abs(x) <= limit for x in (a, b)):
+        return False
+    return b >= 0 if func is _NORMAL_ else a <= b and b - a <= limit
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    return any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride()))
+
+
+def _partly_shared(written: list[torch.Tensor], args: tuple, kwargs: dict) -> bool:
+    """Whether a written tensor and another argument overlap in part, as eager's
+    ``get_overlap_status`` (ATen/MemoryOverlap.cpp) sees it: both dense, in one
+    storage, their byte ranges meeting without being the same tensor."""
+    for w in written:
+        for x in _tensors(args, kwargs):
+            if x is w or not hasattr(x, "_value") or x._value.storage is not w._value.storage:
+                continue
+            if _partial(w, x):
+                return True
+    return False
+
+
+def _partial(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if not (_dense(a) and _dense(b)):
+        return False  # "too hard": eager does not check
+    a_begin, b_begin = a.storage_offset() * a.itemsize, b.storage_offset() * b.itemsize
+    a_end, b_end = a_begin + a.numel() * a.itemsize, b_begin + b.numel() * b.itemsize
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """c10's ``compute_non_overlapping_and_dense``: some order of the dimensions
+    of more than one element makes the strides contiguous."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n >= 2)
+    expected = 1
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _shared_twins(args: tuple, kwargs: dict, second: bool = False,
+                  ) -> dict[int, torch.Tensor] | None:
+    """Twins of the deferred arguments over one real base per recorded storage,
+    with their real offsets and strides, or None when a storage is large or
+    viewed as several dtypes."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for x in _tensors(args, kwargs):
+        if hasattr(x, "_value"):
+            groups.setdefault(id(x._value.storage), []).append(x)
+    twins = {}
+    for group in groups.values():
+        if len({x.dtype for x in group}) > 1:
+            return None
+        extent = max(x.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(x.shape,
+                     x.stride())) if x.numel() else 0 for x in group)
+        if extent > _SMALL:
+            return None
+        base = torch.full((extent,), _fill(group[0], second), dtype=group[0].dtype,
+                          device=_CPU)
+        for x in group:
+            twins[id(x)] = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    return twins
+
+
+def _device(t: torch.Tensor) -> torch.device:
+    return getattr(t, "fake_device", None) or t.device
+
+
+def _cpu_arg(kwargs: dict) -> bool:
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type == "cpu"
+
+
+def _tensors(args: tuple, kwargs: dict):
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            yield from (y for y in x if isinstance(y, torch.Tensor))
+
+
+def _verdict(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
+    key = _key(func, args, kwargs)
+    try:
+        verdict = _verdicts.get(key, _UNKNOWN)
+    except TypeError:  # an unhashable argument: asked every time
+        return _ask_eager(func, args, kwargs)
+    if verdict is _UNKNOWN:
+        verdict = _verdicts[key] = _ask_eager(func, args, kwargs)
+    return verdict  # type: ignore[return-value]
+
+
+def _key(func: Any, args: tuple, kwargs: dict) -> Any:
+    seen: dict[int, int] = {}
+
+    def part(x: Any) -> Any:
+        if type(x) in _PLAIN:
+            return x
+        if isinstance(x, torch.Tensor):  # what its twin is made from, and which one it is
+            return (x.dtype, x.shape, x.stride(), seen.setdefault(id(x), len(seen)))
+        if isinstance(x, torch.Generator):
+            return "G"
+        if isinstance(x, (list, tuple)):
+            return tuple(part(y) for y in x)
+        return x
+
+    # Ambients are interned (one object per setting): its id is its identity.
+    return (func, id(current_ambient()), part(args),
+            tuple((k, part(v)) for k, v in kwargs.items()))
+
+
+def _ask_eager(func: Any, args: tuple, kwargs: dict, shared: bool = False,
+               ) -> tuple[type[BaseException], str] | None:
+    """Run the call on twins; the error eager gives, or None.
+
+    Twins cut to two elements a dimension may fail where the real sizes do
+    not (``multinomial`` of more samples than two categories): from those
+    only the errors no size can cause count, a dtype a kernel lacks and the
+    overlap refusal.
+    """
+    verdict = _run_twins(func, args, kwargs, shared, second=False)
+    if verdict is None or not any(True for _ in _tensors(args, kwargs)):
+        return verdict
+    # The twins' values stand in for data recording does not have; a refusal
+    # that other values avoid (`randint_like(t, high)` with a tensor `high`
+    # of 0) is the data's, not the call's: only refusals both fills get count.
+    return verdict if _run_twins(func, args, kwargs, shared, second=True) else None
+
+
+def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
+               ) -> tuple[type[BaseException], str] | None:
+    from torchdefer.recorder.mode import suspended
+
+    with suspended(), torch.no_grad():
+        saved = torch.default_generator.get_state()
+        try:
+            twins = _shared_twins(args, kwargs, second) if shared else {}
+            if twins is None:
+                return None
+            # One twin per tensor: `t.copy_(t)` is no overlap to eager (the same tensor).
+            twin_args = _shrink_sizes(func, tuple(_twin(x, None, twins, second) for x in args))
+            twin_kwargs = {k: _twin(v, k, twins, second) for k, v in kwargs.items()}
+            func(*twin_args, **twin_kwargs)
+        except Exception as error:  # whatever eager raises is the verdict
+            message = (str(error).strip().splitlines() or [""])[0]
+            cut = _was_cut(args, kwargs, func)
+            if cut and not isinstance(error, NotImplementedError) and _OVERLAP not in message:
+                return None
+            return type(error), message
+        finally:
+            torch.default_generator.set_state(saved)
+    return None
+
+
+def _was_cut(args: tuple, kwargs: dict, func: Any) -> bool:
+    if any(math.prod(t.shape) > _SMALL for t in _tensors(args, kwargs)):
+        return True
+    sizes = [kwargs.get("size")]
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        sizes += [x for a, x in zip(schema.arguments, args) if a.name == "size"]
+    return any(_small_size(size) is not size for size in sizes)
+
+
+def _twin_layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Sizes (cut to 2 a dimension when large) and strides: zero where ``t``'s are."""
+    sizes = tuple(t.shape)
+    if math.prod(sizes) > _SMALL:
+        sizes = tuple(min(n, 2) for n in sizes)
+    strides, step = [0] * len(sizes), 1
+    for i in reversed(range(len(sizes))):
+        if t.stride()[i] != 0 or sizes[i] <= 1:
+            strides[i] = step
+            step *= max(sizes[i], 1)
+    return sizes, tuple(strides)
+
+
+def _twin(x: Any, name: str | None, twins: dict[int, torch.Tensor], second: bool = False) -> Any:
+    """A real CPU stand-in for argument ``x`` (the one made before for the same tensor)."""
+    if isinstance(x, torch.Tensor):
+        if id(x) not in twins:
+            sizes, strides = _twin_layout(x)
+            extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides)) if all(sizes) else 0
+            base = torch.full((extent,), _fill(x, second), dtype=x.dtype, device=_CPU)
+            twins[id(x)] = base.as_strided(sizes, strides)
+        return twins[id(x)]
+    if isinstance(x, torch.Generator):
+        return torch.Generator(device=_CPU).manual_seed(0)
+    if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
+        return type(x)(_twin(y, None, twins, second) for y in x)
+    if name == "size":
+        return _small_size(x)
+    if name == "device" and x is not None:
+        return _CPU
+    return x
+
+
+def _fill(x: torch.Tensor, second: bool = False) -> Any:
+    """A value valid everywhere: a probability, a mean, a std, an index (``second``:
+    another such value, to tell refusals of the values from refusals of the call)."""
+    if x.dtype == torch.bool:
+        return second
+    if x.is_floating_point() or x.is_complex():
+        return 0.25 if second else 0.5
+    return 1 if second else 0
+
+
+def _small_size(size: Any) -> Any:
+    if isinstance(size, (list, tuple)) and all(isinstance(n, int) for n in size):
+        if math.prod(size) > _SMALL:
+            return type(size)(min(n, 2) for n in size)
+    return size
+
+
+def _shrink_sizes(func: Any, args: tuple) -> tuple:
+    """A positional ``size`` argument (``randn([8192, 8192])``) cut like a twin's."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return args
+    names = [a.name for a in schema.arguments]
+    return tuple(_small_size(x) if i < len(names) and names[i] == "size" else x
+                 for i, x in enumerate(args))
+
+
+def _combined_type(kind: type[BaseException]) -> type[EagerRefusalError]:
+    if issubclass(kind, EagerRefusalError) or not issubclass(kind, Exception):
+        return EagerRefusalError
+    combined = _combined.get(kind)
+    if combined is None:
+        try:
+            combined = type(kind.__name__, (EagerRefusalError, kind), {})
+        except TypeError:  # an instance layout that clashes with RuntimeError's
+            combined = EagerRefusalError
+        _combined[kind] = combined
+    return combined

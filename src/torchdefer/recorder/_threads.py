@@ -1,0 +1,120 @@
+"""What other threads see while one thread records.
+
+Two pieces of state a recording touches are process-wide, not per thread:
+the default CPU generator and the default dtype. Eager code shares them with
+every thread too, so a program whose threads are sequenced (one waits for
+another) is deterministic, and must stay so when one of them records:
+
+* ``torch.get_rng_state()`` and ``threading.Thread.start`` called by a
+  recording thread first put the exact state in the generators, where a lazy
+  marker may stand (``recorder.rng``); other threads never see a marker,
+  since markers are only used while the recording thread is alone.
+* ``torch.set_default_dtype`` and ``torch.set_default_tensor_type`` called by
+  a recording thread are logged per thread, so a block restores the default
+  dtype only if its own thread changed it, and not a change another thread
+  made meanwhile.
+
+The patches are installed once while any thread records (the first block in
+installs them, the last one out removes them) and route each call to the
+calling thread's recording: patching per block would let two threads'
+blocks, ending in another order than they began, leave a patch behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.random
+
+__all__ = ["dtype_log", "recording_thread"]
+
+_lock = threading.Lock()
+_syncs: dict[int, Any] = {}  # thread id -> its outermost recording's sync()
+_saved: dict[str, Any] = {}  # the originals while the patches are in
+
+
+class _Log(threading.local):
+    def __init__(self) -> None:
+        self.dtypes: list[torch.dtype] = []  # set by this thread while recording
+
+
+_log = _Log()
+
+
+def dtype_log() -> list[torch.dtype]:
+    """The default dtypes this thread set while recording, oldest first."""
+    return _log.dtypes
+
+
+@contextlib.contextmanager
+def recording_thread(sync: Any) -> Iterator[None]:
+    """While inside, this thread records; ``sync()`` puts exact states in the generators."""
+    thread = threading.get_ident()
+    with _lock:
+        _syncs[thread] = sync
+        if len(_syncs) == 1:
+            _install()
+    try:
+        yield
+    finally:
+        with _lock:
+            del _syncs[thread]
+            if not _syncs:
+                _remove()
+
+
+def _sync_mine() -> None:
+    sync = _syncs.get(threading.get_ident())
+    if sync is not None:
+        sync()
+
+
+def _install() -> None:
+    get_rng_state = _saved["get_rng_state"] = torch.random.get_rng_state
+    start = _saved["start"] = threading.Thread.start
+    set_dtype = _saved["set_default_dtype"] = torch.set_default_dtype
+    set_type = _saved["set_default_tensor_type"] = torch.set_default_tensor_type
+    _saved["torch.get_rng_state"] = torch.get_rng_state
+
+    def exact_get_rng_state() -> torch.Tensor:
+        _sync_mine()
+        return get_rng_state()
+
+    def exact_start(self: threading.Thread) -> None:
+        _sync_mine()
+        start(self)
+
+    def logged_set_default_dtype(d: torch.dtype) -> None:
+        set_dtype(d)
+        _note_dtype()
+
+    def logged_set_default_tensor_type(t: Any) -> None:
+        set_type(t)
+        _note_dtype()
+
+    for new, old in ((exact_get_rng_state, get_rng_state), (exact_start, start),
+                     (logged_set_default_dtype, set_dtype),
+                     (logged_set_default_tensor_type, set_type)):
+        new.__doc__, new.__name__ = old.__doc__, old.__name__
+    torch.get_rng_state = torch.random.get_rng_state = exact_get_rng_state
+    threading.Thread.start = exact_start  # type: ignore[method-assign]
+    torch.set_default_dtype = logged_set_default_dtype
+    torch.set_default_tensor_type = logged_set_default_tensor_type
+
+
+def _note_dtype() -> None:
+    if threading.get_ident() in _syncs:
+        _log.dtypes.append(torch.get_default_dtype())
+
+
+def _remove() -> None:
+    torch.get_rng_state = _saved["torch.get_rng_state"]
+    torch.random.get_rng_state = _saved["get_rng_state"]
+    threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
+    torch.set_default_dtype = _saved["set_default_dtype"]
+    torch.set_default_tensor_type = _saved["set_default_tensor_type"]
+    _saved.clear()

@@ -299,6 +299,7 @@ def _simpler(program: Program):
 _CLASSES = [
     ("RNG: reseed/restore/fork_rng (lead)", r"manual_seed|set_rng_state|fork_rng|\.set_state"),
     ("batch-norm running stats (recorder-fixes)", r"BatchNorm|InstanceNorm|batch_norm|instance_norm"),
+    ("storage growth under live views (i24-storage)", r"resize_|out=t"),
     ("set_ (recorder-fixes)", r"\.set_\("),
     ("list-of-views aliasing (recorder-fixes)", r"unbind|split|chunk|hsplit"),
     ("default-dtype promotion (recorder-fixes)", r"set_default_dtype"),

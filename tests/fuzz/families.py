@@ -21,6 +21,7 @@ from torch import nn
 from ambient_families import ambient, refused, thread
 from context import FLOATS, Ctx, with_no_grad
 from random_families import custom_random, random_on, random_op, rng_state
+from storage_families import grow
 
 __all__ = ["FAMILIES"]
 
@@ -393,4 +394,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "ambient": ambient,
     "thread": thread,
     "refused": refused,
+    "grow": grow,
 }

@@ -36,6 +36,7 @@ FOCUS: dict[str, dict] = {
     "layouts_and_writes": {"families": {**_BASE, "exotic": 6}},
     "multi_output_views": {"families": {**_BASE, "multi_view": 4, "multi_view_init": 3}},
     "set_": {"families": {**_BASE, "set_": 4}},
+    "storage_growth": {"families": {**_BASE, "grow": 4, "set_": 1}},
     "default_dtype": {"families": {**_BASE, "default_dtype": 3, "promote": 5, "int_factory": 2}},
     "random_ops": {"families": {**_BASE, "random": 6, "random_on": 4}},
     "random_custom_ops": {"families": {**_BASE, "custom_random": 3}},
@@ -51,7 +52,10 @@ FOCUS: dict[str, dict] = {
     "eager_refusals": {"families": {**_BASE, "refused": 4, "int_factory": 1, "ambient": 1}},
     "threads": {"families": {**_BASE, "thread": 3, "random": 3, "random_on": 2, "module": 1},
                 "segments": (1, 2)},
-    "everything": {"families": {name: 2 for name in FAMILIES} | {"factory": 4},
+    # Not `grow`: mixed with the other families, its resize_/set_ lines make eager
+    # PyTorch abort the process (a c10 assert in Dispatcher.cpp at teardown:
+    # tests/fuzz/long_run_results.md); storage_growth has it alone.
+    "everything": {"families": {name: 2 for name in FAMILIES if name != "grow"} | {"factory": 4},
                    "segments": (1, 3), "mutate_external": True},
 }
 

@@ -38,6 +38,49 @@ CASES: dict[str, Program] = {
         "t1 = torch.eye(5)",
         "t5 = torch.empty(0, dtype=t1.dtype).set_(t1.untyped_storage(), 12, (11,))",
     ),)),
+    # storage growth under live views (issue 24, class 0)
+    "a_random_init_through_a_transposed_view_after_resize_as_keeps_the_grown_fill": Program(1, ((
+        "t1 = torch.eye(4)",
+        "t2 = t1.t(); o_ = t1.untyped_storage().nbytes() // t1.element_size(); "
+        "s_ = t1.storage_offset(); t1.resize_as_(torch.empty(o_ + 17 - s_, dtype=t1.dtype)); "
+        "t1[o_ - s_:].fill_(0.5); torch.nn.init.xavier_normal_(t2)",
+    ),)),
+    "an_out_argument_grows_the_storage_a_later_full_write_of_a_view_keeps": Program(2, ((
+        "t1 = torch.ones((17,))",
+        "t2 = t1.view(-1); o_ = t1.untyped_storage().nbytes() // t1.element_size(); "
+        "t3 = torch.empty(0, dtype=t1.dtype).set_(t1.untyped_storage(), o_, (0,)); "
+        "torch.full((1,), 3.0, dtype=t1.dtype, out=t3); t2.normal_()",
+    ),)),
+    "set_to_a_tensor_with_a_size_grows_the_storage_under_an_expanded_view": Program(7, ((
+        "t1 = torch.zeros((4, 6))",
+        "t2 = t1.flip(0)",
+        "t8 = t2.unsqueeze(0).expand(2, *t2.shape)[1]; "
+        "o_ = t2.untyped_storage().nbytes() // t2.element_size(); s_ = t2.storage_offset(); "
+        "a_ = min(10, o_ - s_); t9 = torch.zeros(1, dtype=t2.dtype); "
+        "t9.set_(t2, a_, (o_ + 16 - s_ - a_,), (1,)); t9[o_ - s_ - a_:].fill_(0.5); t8.fill_(1.5)",
+    ),)),
+    "a_view_of_a_resized_base_used_after_requires_grad_is_refused_not_crashed": Program(0, ((
+        "t1 = torch.full((1, 5), -1.25, dtype=torch.float16)",
+        "t4 = t1.diagonal(); t1.resize_(10); t1[5:].fill_(0.1); t4.fill_(1.5)",
+        "t1.requires_grad_()",
+        "t15 = t4.reshape(-1)",
+    ),)),
+    # the replay cache: a view rebuilt through its base (the layout replay gave
+    # differs from the meta kernel's) still aliases the base materialized before
+    "data_of_a_zeros_like_with_eager_strides_shares_its_storage": Program(86028489, ((
+        "t1 = torch.linspace(-2, 3, 35).reshape((5, 7))",
+        "t2 = t1.unflatten(0, (1, -1))",
+        "t4 = t2.diagonal()",
+        "t6 = t4.flip(0)",
+        "t7 = torch.zeros_like(t6)",
+        "t11 = t7.data",
+    ),)),
+    "data_of_a_product_of_a_transposed_view_shares_its_storage": Program(86028553, ((
+        "t2 = torch.zeros((1, 5))",
+        "t4 = t2.mT",
+        "t6 = t4 * 3",
+        "t7 = t6.data",
+    ),)),
     # default dtype
     "log_of_int_arange_under_float64_default_is_float64": Program(0, ((
         "torch.set_default_dtype(torch.float64)",

@@ -15,6 +15,7 @@ import torch
 
 from torchdefer.checkpoint.errors import CheckpointMismatchError
 from torchdefer.checkpoint.targets import TensorGroup
+from torchdefer.materialize.cache import keep_loaded
 from torchdefer.materialize.convert import cast
 from torchdefer.materialize.swap import recorded_inference, swap_in
 from torchdefer.recorder.tensor import DeferredTensor
@@ -124,7 +125,8 @@ def install(group: TensorGroup, real: torch.Tensor) -> None:
         with torch.no_grad():
             target.copy_(real)
         return
-    storage = target._value.storage
+    value = target._value
     swap_in(target, real, group.path)
     # Later recorded writes to this storage would never reach the loaded tensor.
-    storage.materialized = True
+    value.storage.materialized = True
+    keep_loaded(value, target)  # target is the loaded tensor now

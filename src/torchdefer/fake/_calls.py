@@ -114,20 +114,20 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         return call_without_autograd(func, args, kwargs)
     try:
         return func(*args, **kwargs)
-    except RuntimeError as e:
+    except (RuntimeError, IndexError) as e:  # IndexError: a view's dim gone after resize_
         if not _lost_view_history(e, func, args, kwargs):
             raise
         raise _view_history_error(func, e) from e
 
 
-def _lost_view_history(error: RuntimeError, func: Callable[..., Any], args: tuple,
+def _lost_view_history(error: Exception, func: Callable[..., Any], args: tuple,
                        kwargs: dict) -> bool:
     """Whether ``error`` is autograd failing to rebuild a view argument's history.
 
     Autograd rebuilds the ``grad_fn`` of a view that requires grad after an
     in-place change. On tensors with Python dispatch it replays the view's
     own ops on the base (eager uses ``as_strided``): that fails when the base
-    changed shape or storage (``set_``, ``.data =``), and asserts after an
+    changed shape or storage (``set_``, ``resize_``, ``.data =``), and asserts after an
     in-place reshape of a view of a view under ``no_grad``; PyTorch's
     ``FakeTensorMode`` fails alike. The failure leaves the view's autograd
     state unreadable, so it is told apart from errors eager raises too: it is
@@ -140,7 +140,7 @@ def _lost_view_history(error: RuntimeError, func: Callable[..., Any], args: tupl
         func, args, kwargs)
 
 
-def _view_history_error(func: Callable[..., Any], error: RuntimeError) -> FakeTensorError:
+def _view_history_error(func: Callable[..., Any], error: Exception) -> FakeTensorError:
     where = user_frame(2)
     at = f" at {where[0]}:{where[1]}" if where else ""
     first = (str(error).strip().splitlines() or [""])[0]
@@ -148,11 +148,11 @@ def _view_history_error(func: Callable[..., Any], error: RuntimeError) -> FakeTe
         f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history "
         f"of a view passed to it on fake tensors ({first}). It is a view of a tensor that "
         "requires grad, used after an in-place change: its base changed shape or storage "
-        "(set_, .data = ...), or it was reshaped in place (unsqueeze_, t_, as_strided_) under "
-        "torch.no_grad() while being a view of a view. Eager rebuilds the history with "
-        "as_strided; on fake tensors (PyTorch's own FakeTensorMode too) autograd replays the "
-        "view's ops. Take the view again after the change, reshape out of place "
-        "(v = v.unsqueeze(0)), or clone() the tensor before requires_grad_()")
+        "(set_, resize_, .data = ...), or it was reshaped in place (unsqueeze_, t_, "
+        "as_strided_) under torch.no_grad() while being a view of a view. Eager rebuilds "
+        "the history with as_strided; on fake tensors (PyTorch's own FakeTensorMode too) "
+        "autograd replays the view's ops. Take the view again after the change, reshape "
+        "out of place (v = v.unsqueeze(0)), or clone() the tensor before requires_grad_()")
 
 
 def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):

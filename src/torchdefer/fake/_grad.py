@@ -147,7 +147,8 @@ def _twin(x: Any) -> Any:
 def _is_leaf(x: torch.Tensor) -> bool:
     try:
         return x.is_leaf
-    except RuntimeError:  # autograd could not rebuild a view's history: a view is no leaf
+    except (RuntimeError, IndexError):  # autograd could not rebuild a view's history
+        # (IndexError: the base lost the dim the view was taken on, resize_): a view is no leaf
         return False
 
 

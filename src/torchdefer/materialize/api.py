@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from torch import nn
 
 from torchdefer import _compat
 from torchdefer.fake.device import device_available
+from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
@@ -67,7 +69,8 @@ def materialize_tensor(
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
         raw = _materialize(tensor, device, None)
-        memo[key] = real_tensor(tensor, cast(raw, dtype))
+        with suspended():  # inside deferred_init, the conversion is real, not recorded
+            memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
 
 
@@ -151,13 +154,21 @@ def materialize_module(
     if not found:
         return module
     sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
-    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar:
+    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
+            contextlib.ExitStack() as one_call:
+        # One call of each graph's cache: a tensor computed at construction from
+        # one materialized earlier in this call reads it from the cache (nothing
+        # is computed twice); the user changes neither before we return.
+        for graph in {id(f._graph): f._graph for f in found.values()}.values():
+            one_call.enter_context(cache_for(graph).call())
         # One tensor per replay, swapped in at once: a later replay finds the
         # storages it shares in the cache (kept alive by the module), and no
         # replay holds more than one tensor's intermediates.
         for name, fake in found.items():
             warn_broken_ties(fake, name, module)
-            real = cast(_materialize(fake, device, name), dtype)
+            real = _materialize(fake, device, name)
+            with suspended():  # as in materialize_tensor
+                real = cast(real, dtype)
             swap_in(fake, real, name)
             bar.advance(name, sizes[name])
     with suspended():

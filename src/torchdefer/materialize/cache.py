@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,9 +11,10 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
+from torchdefer.materialize.errors import ReplayError
 from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
 
-__all__ = ["ReplayCache", "cache_for", "rebuild"]
+__all__ = ["ReplayCache", "cache_for", "keep_loaded", "rebuild"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class _Entry:
     # storage the replay that made it computed: views of the storage rebuilt
     # later get eager's strides even where the meta kernels' differ.
     layouts: dict[int, tuple[Value, TensorMeta]]
+    call: int  # the materialization call that stored it (ReplayCache.call)
 
 
 class ReplayCache:
@@ -30,12 +34,18 @@ class ReplayCache:
 
     Storages are held through ``StorageWeakRef`` so a materialized tensor the
     user drops is freed; while it lives, tensors that shared its storage in
-    eager code are rebuilt as views of it (shared storage stays shared, and
-    nothing is computed twice). Only a storage's current version is answered,
-    and external tensors' storages are never kept (each replay reads those
-    through their change check). A cached storage is the user's tensor, so a
-    tensor computed from it is computed from what it holds now (README,
-    "Limits").
+    eager code are rebuilt as views of it (shared storage stays shared). Only
+    a storage's current version is answered, and external tensors' storages
+    are never kept (each replay reads those through their change check).
+
+    A materialized storage is the user's tensor once the call that made it
+    returns: a training step may change it, through ``.data`` or ``set_`` too,
+    which no version counter sees. So it answers two questions differently.
+    As the tensor a target *is* (the target or a view of it), always: eager
+    views see every later change. As the *contents* a recorded op read, only
+    within the materialization call that stored it (``call()``: no user code
+    runs until it returns, and nothing is computed twice there); a later
+    call replays that input from what construction gave.
 
     A value the replay computed is rebuilt with the layout it really had. Any
     other view is rebuilt from its recorded sizes and strides, which are the
@@ -50,8 +60,43 @@ class ReplayCache:
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (storage, device key) -> storage record: a replayed layout differed
         self._diverged: dict[tuple[int, str], Storage] = {}
+        # id(storage) -> record: its tensor was replaced by a loaded one that
+        # is not all of it as recorded (keep_loaded), so its views cannot be placed
+        self._replaced: dict[int, Storage] = {}
+        self._call = 0  # materialization calls begun
+        self._depth = 0  # calls running now, nested ones included
 
-    def lookup(self, value: Value, version: int, device_key: str, device: torch.device):
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """One materialization call: the user's code does not run until it returns,
+        so what it stores answers reads of contents until then. Nested calls
+        (a replay a replay needs) are part of the outer one."""
+        if not self._depth:
+            self._call += 1
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    def lookup(
+        self, value: Value, version: int, device_key: str, device: torch.device, *,
+        alias: bool = False,
+    ) -> torch.Tensor | None:
+        """``value`` at ``version`` over its cached real storage, or None to replay it.
+
+        ``alias``: the tensor is wanted as what a target is (eager's view of
+        the user's tensor, changes included), not as contents a recorded op read.
+        """
+        if alias and id(value.storage) in self._replaced:
+            raise ReplayError(
+                f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
+                "shares its storage with a tensor a checkpoint load replaced by one of "
+                "another dtype or layout (torchdefer.load_state_dict with dtype=, or a "
+                "parameter that is part of a bigger storage), so it cannot be rebuilt over "
+                "the loaded values as eager's view would show them. Take the view from the "
+                "loaded module again, or materialize it before loading."
+            )
         key = (id(value.storage), device_key)
         entry = self._storages.get(key)
         # Only the storage's current contents: an older version still alive (a
@@ -60,6 +105,8 @@ class ReplayCache:
         if (entry is None or entry.version != version or version != value.storage.version
                 or entry.ref.expired()):
             return None
+        if not alias and value.storage.materialized and entry.call != self._call:
+            return None  # the user's since its call returned: maybe changed
         known = entry.layouts.get(id(value))
         if known is not None:
             meta = known[1]
@@ -90,7 +137,7 @@ class ReplayCache:
         known = dict(layouts or {})
         known[id(value)] = (value, TensorMeta.of(real, real.device))
         self._storages[(id(value.storage), device_key)] = _Entry(
-            value.storage, ref, version, known
+            value.storage, ref, version, known, self._call
         )
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:
@@ -117,3 +164,30 @@ def cache_for(graph: Graph) -> ReplayCache:
     if graph.replay_cache is None:
         graph.replay_cache = ReplayCache()
     return graph.replay_cache
+
+
+def keep_loaded(value: Value, real: torch.Tensor) -> None:
+    """Keep ``real`` (a loaded checkpoint tensor now standing for ``value``) as its
+    storage, so deferred views of it (``row = m.weight[0]`` held outside the
+    module) are rebuilt over the loaded values, as eager views see what
+    ``Module.load_state_dict`` copied in. Only where ``real`` is all of the
+    recorded storage, laid out as recorded; otherwise such views are refused
+    (``lookup``) rather than replayed from construction.
+    """
+    meta, graph = value.meta, value.node.graph
+    if graph is None:
+        return
+    if (real.dtype != meta.dtype or real.stride() != meta.stride
+            or meta.offset != 0 or real.storage_offset() != 0
+            or real.untyped_storage().nbytes() != value.storage.nbytes):
+        cache_for(graph)._replaced[id(value.storage)] = value.storage
+        return
+    # Under the keys of a later materialize_tensor(view): without device= (if
+    # loaded where it was recorded), with the device named either way.
+    keys = {str(real.device)}
+    if real.device.index in (None, 0):
+        keys.add(real.device.type)
+    if real.device == meta.device:
+        keys.add("recorded")
+    for key in keys:
+        cache_for(graph).store(value, value.storage.version, key, real)

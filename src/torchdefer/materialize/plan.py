@@ -48,19 +48,32 @@ def make_plan(
     device_key: str,
     device: torch.device,
     substitute: Substitute | None = None,
+    aliases: bool = True,
 ) -> Plan:
+    """The nodes to replay for ``targets``, and the values the cache answers.
+
+    ``aliases``: the targets are tensors for the user, each the user's tensor
+    (or a view of it) as it is now where it was materialized before; else
+    they are inputs, wanted with what construction gave them.
+    """
     needed: dict[int, Node] = {}
     must_run: set[int] = set()  # nodes whose effect is needed, not only their output object
     cached: dict[tuple[int, int], torch.Tensor] = {}
     expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
     # (value, version, whether its contents are needed or only the tensor object)
     work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
+    # A target is the user's tensor (or a view of it) as it is now, and so is
+    # any value of its storage the walk meets (the base a view of it is rebuilt
+    # from, the tensor set_ made it share); any other input is what
+    # construction gave it (ReplayCache.lookup).
+    as_is = {id(v.storage) for v, _ in targets} if aliases else set()
     while work:
         value, version, contents = work.pop()
         key = (id(value), version)
         if key in cached:
             continue
-        real = cache.lookup(value, version, device_key, device or value.meta.device)
+        real = cache.lookup(value, version, device_key, device or value.meta.device,
+                            alias=id(value.storage) in as_is)
         if real is None and substitute is not None and contents:
             real = substitute(value, version)
         if real is not None:
@@ -148,13 +161,15 @@ def _last_overwrite(storage: Storage, version: int) -> int:
 
 
 def _overwrites(node: Node, storage: Storage) -> bool:
-    if len(node.writes) != 1 or not node.leaves:
+    if len(node.writes) != 1 or not node.leaves or node.writes[0][0] is not storage:
         return False
     target = node.leaves[0]
     if not isinstance(target, Value) or target.storage is not storage:
         return False
     meta = target.meta
-    if meta.offset != 0 or math.prod(meta.size) * meta.dtype.itemsize != storage.nbytes:
+    # The storage's size when written: a view taken before it grew covers less.
+    nbytes = storage.nbytes_at(node.writes[0][1])
+    if meta.offset != 0 or math.prod(meta.size) * meta.dtype.itemsize != nbytes:
         return False
     if not non_overlapping_and_dense(meta.size, meta.stride):
         return False

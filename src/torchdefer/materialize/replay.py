@@ -59,27 +59,37 @@ class Replay:
         return leaf
 
     def nested(self, targets: list[tuple[Value, int]]) -> list[torch.Tensor]:
-        return Replay(self.graph, self.device).run(targets)
+        """Inputs a node of this replay reads: the contents construction gave."""
+        return Replay(self.graph, self.device).run(targets, inputs=True)
 
     def run(
         self,
         targets: list[tuple[Value, int]],
         names: list[str] | None = None,
         substitute: Substitute | None = None,
+        *,
+        inputs: bool = False,
     ) -> list[torch.Tensor]:
         """Real tensors for ``(value, version)`` targets, sharing storage where eager did.
 
         ``substitute`` may answer values itself (see :func:`make_plan`).
+        ``inputs``: the targets are inputs of a replay, not tensors for the user
+        (see ``ReplayCache.lookup``).
         """
-        plan = make_plan(targets, self.cache, self.device_key, self.device, substitute)
+        # Materializing (or a data read) inside deferred_init: what replay runs,
+        # the cache's views over real storages included, is real, not recorded.
+        with suspended(), self.cache.call():
+            return self._run(targets, names, substitute, inputs)
+
+    def _run(self, targets, names, substitute, inputs: bool) -> list[torch.Tensor]:
+        plan = make_plan(targets, self.cache, self.device_key, self.device, substitute,
+                         aliases=not inputs)
         self._check_devices(plan.nodes, targets, names)
         last_use = _last_uses(plan.nodes, targets)
         env: dict[int, torch.Tensor] = {}
         # id(storage) -> {id(value): (value, real layout)} of the values computed
         layouts: dict[int, dict[int, tuple[Value, TensorMeta]]] = {}
-        # A data-dependent read replays while deferred_init's mode is active:
-        # replayed ops must run for real, not be recorded again.
-        with suspended(), torch.no_grad(), AmbientSwitch() as ambient:
+        with torch.no_grad(), AmbientSwitch() as ambient:
             try:
                 for i, node in enumerate(plan.nodes):
                     ambient.use(node.ambient)  # default dtype, deterministic mode

@@ -182,7 +182,7 @@ class RowReplay:
         device = self.replay.map_device(created.meta.device)
         if device.type != "cpu":
             raise NotSliceable(storage.creator, f"replays on {device}, not the CPU")
-        if not 0 <= lo <= hi <= _elements(storage):
+        if not 0 <= lo <= hi <= _elements(storage, version):
             raise NotSliceable(storage.creator, f"elements [{lo}, {hi}) are not in its storage")
         span = Span(storage, version, lo, hi, created.meta.dtype, device)
         writers = storage.writers[:version]
@@ -215,8 +215,12 @@ class RowReplay:
         if rng is not None:
             return target, rng[0], rng[1], True
         meta = target.meta
-        if non_overlapping_and_dense(meta.size, meta.stride) and meta.offset == 0:
-            return target, 0, _elements(span.storage), False
+        # Dense from offset 0 and as many elements as the storage had then: all
+        # of it (a transposed view of a bigger or since grown storage is not).
+        whole = _elements(span.storage, writer.writes[0][1])
+        if (non_overlapping_and_dense(meta.size, meta.stride) and meta.offset == 0
+                and math.prod(meta.size) == whole):
+            return target, 0, whole, False
         raise NotSliceable(writer, "writes a strided part of its storage")
 
     def _overwrites(self, writer: Any, span: Span) -> bool:
@@ -333,8 +337,10 @@ def _storage_dtype(storage: Storage) -> torch.dtype:
     return _created_value(storage).meta.dtype
 
 
-def _elements(storage: Storage) -> int:
-    return storage.nbytes // _storage_dtype(storage).itemsize
+def _elements(storage: Storage, version: int | None = None) -> int:
+    """Its elements at ``version`` (now by default): resize_ and set_ grow storages."""
+    nbytes = storage.nbytes if version is None else storage.nbytes_at(version)
+    return nbytes // _storage_dtype(storage).itemsize
 
 
 def _pointwise_in_place(node: Any) -> bool:

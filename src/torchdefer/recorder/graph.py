@@ -10,6 +10,7 @@ an RNG stream can reach them, so materialized parts are freed by the GC.
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,13 +69,25 @@ class Storage:
 
     id: int
     creator: Node
-    nbytes: int
+    nbytes: int  # its size now: resize_ and set_ grow a storage under every view of it
     version: int = 0
     # writers[v - 1] produced version v. A list (not a dict) because versions
     # are dense and the slice walks them in order.
     writers: list[Node] = field(default_factory=list)
+    # (version, size before it) for each write that grew the storage, oldest
+    # first: whether a write covers the whole storage depends on its size then.
+    grown: list[tuple[int, int]] = field(default_factory=list)
     # Set by materialization once the storage is real; later writes are refused.
     materialized: bool = False
+
+    def nbytes_at(self, version: int) -> int:
+        """Its size in bytes at ``version``."""
+        size = self.nbytes
+        for grew_at, before in reversed(self.grown):
+            if grew_at <= version:
+                break
+            size = before
+        return size
 
     def __repr__(self) -> str:
         return f"Storage(#{self.id}, v{self.version})"
@@ -161,6 +174,10 @@ class Graph:
         # Data-dependent reads seen while recording (.item(), .tolist()): no
         # tensor depends on them, so only this list reaches them (for viz).
         self.observations: list[Node] = []
+        # meta storage address -> a deferred tensor over it, for each storage
+        # made: `x.set_(y, offset, size)` reaches the dispatcher with a storage
+        # object C++ made, which names no tensor (recorder/_storage.py).
+        self.holders: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         # Owned by torchdefer.materialize: real storages and RNG states kept
         # between materialization calls. Opaque here.
         self.replay_cache: Any = None

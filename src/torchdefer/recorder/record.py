@@ -15,7 +15,14 @@ from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._refusals import rare_dtypes, refuse_as_eager, writes_inference
-from torchdefer.recorder._storage import StorageArgs, is_storage, owner_of
+from torchdefer.recorder._storage import (
+    StorageArgs,
+    is_storage,
+    owner_of,
+    record_growth,
+    resizable_by,
+    write,
+)
 from torchdefer.recorder.ambient import current_ambient, in_inference_mode
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.external import ExternalRef
@@ -67,7 +74,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
                 replaced = True
             tensors.append(x)
         elif plan.takes_storage and is_storage(x):
-            x = _as_deferred(graph, owner_of(x, func, _where(2)), func)
+            x = _as_deferred(graph, owner_of(x, graph, func, _where(2)), func)
             owners.append(x)
         else:
             continue
@@ -90,6 +97,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         writes = writes_of(plan, written)
     targets = list(_written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets}
+    # Only a write (an out= argument, resize_, set_) can grow a storage.
+    resizable = resizable_by(plan, tensors + owners, targets) if targets else []
+    sizes = {id(t): _storage_id(t) for t in resizable}
     generator = _generator_in(facts, args, kwargs) if facts.generators else None
     random = facts.random or generator is not None
     if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
@@ -119,6 +129,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.ambient = in_inference_mode(node.ambient)  # eager writes, then refuses
     if writes:
         node.writes = _record_writes(node, written, writes)
+    if resizable:
+        node.writes += record_growth(node, resizable, sizes)
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before)
     node.kind = _kind(facts, node, aliased, device)
@@ -286,6 +298,7 @@ def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
     fake = DeferredTensor(elem, device)
     if storage is None:
         storage = graph.new_storage(node, elem.untyped_storage().nbytes())
+        graph.holders[_storage_id(fake)] = fake
     fake._graph = graph
     fake._value = Value(node, index, storage, TensorMeta.of(elem, device))
     node.outputs.append(fake._value)
@@ -301,28 +314,7 @@ def _written_tensors(values: list[Any], written: tuple[int, ...]):
 
 
 def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
-    writes = []
-    for t in _written_tensors(values, written):
-        storage = t._value.storage
-        if storage.creator.kind == NodeKind.EXTERNAL:
-            raise RecordingError(
-                f"{node.op} at {node.where()} writes in place to a real tensor (one created "
-                "outside deferred_init, or one materialize_tensor/materialize_module returned "
-                "inside it); the write cannot be deferred. Clone it first (`t = t.clone()`), "
-                "or do the update outside deferred_init."
-            )
-        if storage.materialized:
-            raise RecordingError(
-                f"{node.op} at {node.where()} writes to a tensor whose storage was "
-                "already materialized; the real tensor would not see the write. Do all "
-                "in-place updates before materializing (if materialize_tensor or "
-                "materialize_module ran inside deferred_init, call it after deferred_init "
-                "returns; to read values while building, use .tolist() or .item())."
-            )
-        storage.version += 1
-        storage.writers.append(node)
-        writes.append((storage, storage.version))
-    return tuple(writes)
+    return tuple(write(node, t._value.storage) for t in _written_tensors(values, written))
 
 
 def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int]):
@@ -359,6 +351,7 @@ def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before
                 storage = o._value.storage
             elif storage is None:
                 storage = storages[key] = graph.new_storage(node, _nbytes(o))
+                graph.holders[key] = o
             with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
                 meta = TensorMeta.of(o, o.fake_device)
             o._value = Value(node, k, storage, meta)

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import traceback
+import warnings
 from pathlib import Path
 
 import torch.multiprocessing as mp
@@ -36,7 +37,19 @@ def run_scenarios(
     # peak RSS a scenario measures is its own (read by glibc at process start).
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
-        mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module), nprocs=world_size)
+        try:
+            mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module),
+                     nprocs=world_size)
+        except mp.ProcessExitedException as crash:
+            # Seen once (2026-11-25, 1 of 4 full runs on the 2-core machine): a rank aborting
+            # in gloo's C++ ("terminate called without an active exception")
+            # after its scenarios ran. One more spawn tells a flake from a
+            # crash of ours, which aborts again; the first is kept as a warning.
+            if crash.signal_name is None:
+                raise
+            warnings.warn(f"{world_size}-rank spawn: {crash}; spawned again", stacklevel=2)
+            mp.spawn(_worker, args=(world_size, _free_port(), names, str(out_dir), module),
+                     nprocs=world_size)
     finally:
         if saved is None:
             del os.environ["MALLOC_MMAP_THRESHOLD_"]

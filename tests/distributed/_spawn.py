@@ -42,8 +42,8 @@ def run_scenarios(
                      nprocs=world_size)
         except mp.ProcessExitedException as crash:
             # Seen once (2026-11-25, 1 of 4 full runs on the 2-core machine): a rank aborting
-            # in gloo's C++ ("terminate called without an active exception")
-            # after its scenarios ran. One more spawn tells a flake from a
+            # in gloo's C++ ("terminate called without an active exception"),
+            # not reproduced in isolation. One more spawn tells a flake from a
             # crash of ours, which aborts again; the first is kept as a warning.
             if crash.signal_name is None:
                 raise

@@ -22,7 +22,7 @@ recipe records at trace time from the real object.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,33 +95,30 @@ class OutputRecipe:
         """The output with graph leaves taken in order from ``flat``."""
         if self.spec.is_leaf() and self.slots[0] is _GRAPH:
             return next(flat)
-        leaves = []
-        for slot in self.slots:
-            if slot is _GRAPH:
-                leaves.append(next(flat))
-            elif isinstance(slot, _Const):
-                leaves.append(slot.value)
-            else:
-                obj = object.__new__(slot.cls)  # no __init__: the attributes are the state
-                obj.__dict__.update(slot.attrs.rebuild(flat))
-                leaves.append(obj)
-        return pytree.tree_unflatten(leaves, self.spec)
+
+        def build(slot: _Object) -> Any:
+            obj = object.__new__(slot.cls)  # no __init__: the attributes are the state
+            obj.__dict__.update(slot.attrs.rebuild(flat))
+            return obj
+
+        return pytree.tree_unflatten(self._leaves(flat, build), self.spec)
 
     def describe(self, flat: Iterator[Any]) -> Any:
         """The output's descriptor, graph leaves' descriptors taken in order
         from ``flat``: like :meth:`rebuild`, but objects of the model's
         classes are :class:`ObjectOf`, never built."""
-        leaves = []
-        for slot in self.slots:
-            if slot is _GRAPH:
-                leaves.append(next(flat))
-            elif isinstance(slot, _Const):
-                leaves.append(slot.value)
-            else:
-                attrs = slot.attrs.describe(flat)  # a dict
-                keys = tuple(map(pytree.GetAttrKey, attrs))
-                leaves.append(ObjectOf(slot.cls, keys, tuple(attrs.values())))
-        return unflatten(self.spec, iter(leaves), iter(self.keys))
+        def describe(slot: _Object) -> Any:
+            attrs = slot.attrs.describe(flat)  # a dict
+            return ObjectOf(slot.cls, tuple(map(pytree.GetAttrKey, attrs)), tuple(attrs.values()))
+
+        return unflatten(self.spec, iter(self._leaves(flat, describe)), iter(self.keys))
+
+    def _leaves(self, flat: Iterator[Any], obj: Callable[[_Object], Any]) -> list[Any]:
+        """The pytree leaves: graph leaves from ``flat``, constants, and ``obj(slot)``
+        for an object of the model's classes (it takes its own leaves from ``flat``)."""
+        return [next(flat) if slot is _GRAPH
+                else slot.value if isinstance(slot, _Const)
+                else obj(slot) for slot in self.slots]
 
     def to_json(self) -> dict[str, Any]:
         """JSON form; raises ``TypeError`` for what a file cannot name safely

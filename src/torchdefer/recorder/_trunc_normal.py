@@ -61,7 +61,7 @@ def _proven(fn, dtype, numel, contiguous, mean, std, a, b) -> bool:
     from torchdefer.recorder.mode import suspended
 
     with suspended():  # the checks below run real kernels (once per process)
-        lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)
+        lo, hi = bounds.in_dtype(a, dtype), bounds.in_dtype(b, dtype)
         # Whether or not a torch casts the bounds, the tighter of the two holds;
         # one unit in the last place more, should its rounding differ from ours.
         lo, hi = _inward(max(a, lo), dtype, 1), _inward(min(b, hi), dtype, -1)
@@ -91,7 +91,7 @@ def rejection_loop(
     words = _normal_words(dtype)
     if words(n) is None or not rejection.chunks_match(dtype, words) or not _rows_match(dtype):
         return None
-    lo, hi = _in_dtype(a, dtype), _in_dtype(b, dtype)  # as the loop casts them
+    lo, hi = bounds.in_dtype(a, dtype), bounds.in_dtype(b, dtype)  # as the loop casts them
     return rejection.NormalRejection(n, dtype, mean, std, lo, hi, words(n))
 
 
@@ -110,7 +110,7 @@ def _rows_match(dtype: torch.dtype) -> bool:
         start = generator.get_state()
         whole = torch.empty(n, dtype=dtype, device="cpu")
         torch.nn.init.trunc_normal_(whole, 0.1, 1.0, -1.0, 1.2, generator=generator)
-        lo, hi = _in_dtype(-1.0, dtype), _in_dtype(1.2, dtype)
+        lo, hi = bounds.in_dtype(-1.0, dtype), bounds.in_dtype(1.2, dtype)
         loop = rejection.NormalRejection(n, dtype, 0.1, 1.0, lo, hi, _normal_words(dtype)(n))
         if not torch.equal(loop.end(start), generator.get_state()):
             return False
@@ -147,12 +147,6 @@ def _inward(x: float, dtype: torch.dtype, direction: int) -> float:
         return x
     finfo = torch.finfo(dtype)
     return x + direction * (abs(x) * finfo.eps + finfo.tiny)
-
-
-@functools.lru_cache(maxsize=1024)
-def _in_dtype(x: float, dtype: torch.dtype) -> float:
-    """``x`` as the tensor's dtype holds it (``tensor.new_tensor(x).item()``)."""
-    return torch.tensor(x, dtype=dtype, device="cpu").item()
 
 
 @functools.cache

@@ -49,7 +49,9 @@ import torch
 
 from torchdefer.rng import draws, mt19937
 
-__all__ = ["RELATIVE_MARGIN", "never_leaves", "normal_limit", "premises_hold", "z_limit"]
+__all__ = [
+    "RELATIVE_MARGIN", "in_dtype", "never_leaves", "normal_limit", "premises_hold", "z_limit",
+]
 
 # Generous: float log/sin/cos approximations are within a few ulp (1e-7).
 RELATIVE_MARGIN = 1e-4
@@ -103,7 +105,7 @@ def never_leaves(
     if limit is None or math.isnan(lo) or math.isnan(hi):
         return False
     # The kernels scale in opmath (float32, or float64) after casting mean and std to it.
-    pairs = [(mean, _as_float32(mean)), (std, _as_float32(std))]
+    pairs = [(mean, in_dtype(mean, torch.float32)), (std, in_dtype(std, torch.float32))]
     if not all(math.isfinite(x) for pair in pairs for x in pair) or std < 0:
         return False
     reach = max(pairs[1]) * limit
@@ -120,13 +122,10 @@ def never_leaves(
     return top <= hi and bottom >= lo
 
 
-def _as_float32(x: float) -> float:
-    import struct
-
-    try:
-        return struct.unpack("f", struct.pack("f", x))[0]
-    except OverflowError:
-        return math.inf if x > 0 else -math.inf
+@functools.lru_cache(maxsize=1024)  # a model repeats a few bounds, means and stds
+def in_dtype(x: float, dtype: torch.dtype) -> float:
+    """``x`` as ``dtype`` holds it (``tensor.new_tensor(x).item()``; inf past its range)."""
+    return torch.tensor(x, dtype=dtype, device="cpu").item()
 
 
 # ------------------------------------------------------------- premises

@@ -323,3 +323,28 @@ def test_data_reads_while_recording_under_a_setting_give_eagers_values(setting):
         real = torchdefer.materialize_tensor(a)
         assert torch.equal(real, b) and real.dtype == b.dtype
         assert real.is_inference() == b.is_inference()
+
+
+def _inference_kinds():
+    with torch.inference_mode():
+        made_inside = torch.ones((4, 4))
+    set_to_it = torch.empty(0, dtype=made_inside.dtype).set_(made_inside)  # stays normal
+    set_to_a_view = torch.empty(0).set_(made_inside[1:])
+    view_of_it = made_inside[1:]
+    normal = torch.ones(3)
+    with torch.inference_mode():
+        view_inside = normal.view(3)  # a view of a normal tensor stays normal
+    return made_inside, set_to_it, set_to_a_view, view_of_it, normal, view_inside
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_inference_kind_is_the_tensors_own_not_its_storages(order):
+    # Found by the fuzzer (seed 20261125): t.set_(inference tensor) outside
+    # inference mode is a normal tensor in eager, and came back an inference one.
+    eager = _inference_kinds()
+    lazy = torchdefer.deferred_init(_inference_kinds)
+    pairs = list(zip(lazy, eager))
+    for fake, want in pairs if order == "forward" else reversed(pairs):
+        got = torchdefer.materialize_tensor(fake)
+        assert got.is_inference() == want.is_inference()
+        assert torch.equal(got, want)

@@ -76,7 +76,7 @@ def prepare(group: TensorGroup, loaded: torch.Tensor, device: torch.device | Non
         # The module's kind of tensor (an inference tensor only if recorded under
         # inference mode), whatever mode the file is read in: eager copies into
         # the parameter, which keeps its kind.
-        inference = recorded_inference(target._value)
+        inference = recorded_inference(target)
         with torch.inference_mode(inference):
             real = cast(loaded.detach().to(device=place,
                                            dtype=_via(loaded.dtype, target.dtype, dtype)), dtype)

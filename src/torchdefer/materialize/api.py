@@ -268,7 +268,7 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
     value = fake._value
-    with torch.inference_mode(recorded_inference(value)):
+    with torch.inference_mode(recorded_inference(fake)):
         if (device or value.meta.device).type == "meta":
             return _on_meta(value, device)
         real = Replay(fake._graph, device).run([(value, value.storage.version)],

@@ -41,12 +41,15 @@ from torchdefer.recorder.subclasses import user_class
 __all__ = ["real_tensor", "recorded_inference", "swap_in"]
 
 
-def recorded_inference(value: Any) -> bool:
-    """Whether the deferred ``value`` stands for an inference tensor: its storage
-    was made under inference mode (a view has its base's kind, in eager too).
-    Materialized, it is one exactly then, whatever mode the caller is in."""
-    ambient = value.storage.creator.ambient
-    return bool(ambient is not None and ambient.inference)
+def recorded_inference(fake: Any) -> bool:
+    """Whether the deferred tensor ``fake`` stands for an inference tensor.
+    Materialized, it is one exactly then, whatever mode the caller is in.
+
+    The fake tensor object answers as eager's does: made under inference mode,
+    or a view of such a tensor. Not its storage's origin: ``t.set_(s)`` with an
+    inference tensor ``s`` keeps ``t`` a normal tensor, in eager too."""
+    with _compat.DisableTorchFunctionSubclass():
+        return bool(fake.is_inference())
 
 
 def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

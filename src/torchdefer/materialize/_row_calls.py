@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.materialize.plan import writes_first_argument
+from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
@@ -78,6 +78,12 @@ def creator_step(rows: RowReplay, node: Node, created: Value, span: Span) -> Ste
             buf.copy_(payload.reshape(-1)[span.lo : span.hi])
 
         return constant
+    if node.kind == NodeKind.EXTERNAL:  # a real tensor (what dcp.load read), change-checked
+
+        def external(buf: torch.Tensor) -> None:
+            buf.copy_(rows.replay.external(node).reshape(-1)[span.lo : span.hi])
+
+        return external
     if node.kind == NodeKind.CALL and len(node.outputs) == 1 and _elementwise(node):
         return _elementwise_creator(rows, node, created, span)
     raise NotSliceable(node, "creates a tensor from more than its own elements")

@@ -96,7 +96,8 @@ class Replay:
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)
                     else:
-                        outs = self._run_checked(node, env, plan.cached)
+                        standin = (id(node), 0) in plan.standins
+                        outs = self._run_checked(node, env, plan.cached, standin)
                     for value in node.outputs:
                         real = env[id(value)] = outs[value.index]
                         self.cache.check_layout(value, real, self.device_key)
@@ -126,14 +127,14 @@ class Replay:
         real = cached.get((id(first), node.reads[0]))
         return [real if real is not None else env[id(first)]] * len(node.outputs)
 
-    def _run_checked(self, node: Node, env, cached) -> list[Any]:
+    def _run_checked(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
         """Run ``node``; a failure is re-raised naming the node, keeping its type.
 
         The new exception is both a :class:`ReplayError` and an instance of the
         original class (``torch.OutOfMemoryError`` stays catchable as such).
         """
         try:
-            return self._run_node(node, env, cached)
+            return self._run_node(node, env, cached, standin)
         except ReplayError:
             raise
         except Exception as e:
@@ -143,18 +144,23 @@ class Replay:
             )
             raise with_context(e, message).with_traceback(e.__traceback__) from e
 
-    def _run_node(self, node: Node, env, cached) -> list[Any]:
+    def _run_node(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
+        """``standin``: the first input lends only its dtype and device (``Plan.standins``)."""
         kind = node.kind
         if kind == NodeKind.CONSTANT:
             device = self.map_device(node.outputs[0].meta.device)
             return [node.payload.to(device, copy=True)]
         if kind == NodeKind.EXTERNAL:
-            return [self._external(node)]
+            return [self.external(node)]
         reads = iter(node.reads)
         leaves = []
         for leaf in node.leaves:
             if isinstance(leaf, Value):
                 version = next(reads)
+                if standin and leaf is node.inputs[0]:
+                    leaves.append(self._standin(leaf.meta))
+                    standin = False
+                    continue
                 real = cached.get((id(leaf), version))
                 leaf = real if real is not None else env[id(leaf)]
             else:
@@ -171,7 +177,13 @@ class Replay:
             )
         return flatten_out(out)
 
-    def _external(self, node: Node) -> torch.Tensor:
+    def _standin(self, meta: TensorMeta) -> torch.Tensor:
+        """An empty tensor of ``meta``'s dtype and device: all a ``new_*`` op reads."""
+        return torch.empty(0, dtype=meta.dtype, device=self.map_device(meta.device))
+
+    def external(self, node: Node) -> torch.Tensor:
+        """The real tensor an EXTERNAL node refers to, on the replay's device; refused if
+        it changed since it was recorded."""
         ref = node.payload
         real = ref.tensor
         change = ref.changed()

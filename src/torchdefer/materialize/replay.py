@@ -9,6 +9,7 @@ The tree of what a replay does, for whoever extends it::
         CONSTANT / EXTERNAL       the captured or referenced tensor, moved
         DATA_SET                  the new value, detached
         RANDOM                    RngReplay.run: private generator state
+        _pin_memory               fake._pinned.pin: page-locked, as eager's
         anything else             node.op(*args) with real tensors
       free values after their last use
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.fake import _pinned
 from torchdefer.fake.device import device_available
 from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
@@ -36,6 +38,8 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 
 __all__ = ["Replay"]
+
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 class Replay:
@@ -168,6 +172,8 @@ class Replay:
             leaves.append(leaf)
         if kind == NodeKind.DATA_SET:
             return [leaves[0].detach()]
+        if node.op is _PIN_MEMORY:
+            return [_pinned.pin(leaves[0])]
         args, kwargs = unflatten_call(leaves, node.spec)
         if kind == NodeKind.RANDOM:
             out = call_watching_writes(node, leaves, lambda: self.rng.run(node, args, kwargs))

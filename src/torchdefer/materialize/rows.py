@@ -45,21 +45,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer.fake import _pinned
 from torchdefer.fake.layout import non_overlapping_and_dense
-from torchdefer.materialize._row_calls import (
-    NotSliceable,
-    composite_rows,
-    composite_step,
-    contiguous_range,
-    creator_step,
-    random_step,
-)
 from torchdefer.materialize._overwrites import (
     COPY,
     FILLS,
     Ranges,
     sets_regardless,
     writes_first_argument,
+)
+from torchdefer.materialize._row_calls import (
+    NotSliceable,
+    composite_step,
+    contiguous_range,
+    creator_step,
+    random_step,
 )
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
@@ -170,6 +170,8 @@ class RowReplay:
             if not (cover[0] <= lo and hi <= cover[1]):
                 cover = (lo, hi)
             real = self.span(storage, version, *cover).compute()
+            if storage.pinned:  # eager's storage is page-locked (t.pin_memory())
+                real = _pinned.pin(real)
             self._computed.setdefault((id(storage), version), []).append((*cover, real))
             stored = cover == (0, _elements(storage)) and version == storage.version
             known = (meta, *cover, real)

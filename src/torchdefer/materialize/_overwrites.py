@@ -126,9 +126,10 @@ class Ranges:
         self._spans = []
 
 
-def live_writers(storage: Storage, version: int) -> list[int]:
+def live_writers(storage: Storage, version: int) -> tuple[list[int], bool]:
     """Indices of ``storage.writers`` before ``version`` that the storage's contents at
-    ``version`` depend on (newest first); the others are dead (see the module docstring)."""
+    ``version`` depend on (newest first; the others are dead, see the module
+    docstring), and whether some of its creator's elements show through."""
     live: list[int] = []
     covered = Ranges()  # bytes set regardless by the live writes after the one looked at
     everything = max([storage.nbytes, *(before for _, before in storage.grown)])
@@ -149,8 +150,8 @@ def live_writers(storage: Storage, version: int) -> list[int]:
             if isinstance(leaf, Value) and leaf.storage is storage and (k or not regardless):
                 covered.remove(*byte_extent(leaf.meta))
         if covered.covers(0, everything):
-            break  # the writes before are all dead
-    return live
+            return live, False  # the writes before, and the creator's elements, are dead
+    return live, not covered.covers(0, everything)
 
 
 def _written_bytes(node: Node, storage: Storage) -> tuple[int, int] | None:

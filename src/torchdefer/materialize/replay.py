@@ -9,6 +9,7 @@ The tree of what a replay does, for whoever extends it::
         CONSTANT / EXTERNAL       the captured or referenced tensor, moved
         DATA_SET                  the new value, detached
         RANDOM                    RngReplay.run: private generator state
+          (a factory whose elements are all overwritten later only allocates)
         _pin_memory               fake._pinned.pin: page-locked, as eager's
         anything else             node.op(*args) with real tensors
       free values after their last use
@@ -99,6 +100,8 @@ class Replay:
                     ambient.use(node.ambient)  # default dtype, deterministic mode
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)
+                    elif id(node) in plan.allocate:  # every element is set later
+                        outs = [self._empty(node.outputs[0].meta)]
                     else:
                         standin = (id(node), 0) in plan.standins
                         outs = self._run_checked(node, env, plan.cached, standin)
@@ -182,6 +185,11 @@ class Replay:
                 node, leaves, lambda: call_checking_draws(node, args, kwargs)
             )
         return flatten_out(out)
+
+    def _empty(self, meta: TensorMeta) -> torch.Tensor:
+        """Uninitialized memory laid out as a factory's recorded output."""
+        return torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype,
+                                   device=self.map_device(meta.device))
 
     def _standin(self, meta: TensorMeta) -> torch.Tensor:
         """An empty tensor of ``meta``'s dtype and device: all a ``new_*`` op reads."""

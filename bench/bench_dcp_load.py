@@ -151,16 +151,37 @@ def main() -> None:
         mp.spawn(_rank, args=(world, _free_port(), args, path, tmp), nprocs=world)
         rows += [json.loads(Path(tmp, f"rank-{world}-{r}.json").read_text())
                  for r in range(world)]
-    command = (f"nice -n 10 python bench/bench_dcp_load.py --small {o.small} --vocab {o.vocab} "
+    source = os.environ.get("PYTHONPATH")  # an older checkout's src, for a "before" run
+    command = ((f"PYTHONPATH={source} " if source else "")
+               + f"nice -n 10 python bench/bench_dcp_load.py --small {o.small} --vocab {o.vocab} "
                f"--worlds {' '.join(map(str, o.worlds))} --label {o.label}")
     o.out.mkdir(parents=True, exist_ok=True)
     store = o.out / "dcp_load.json"
     runs = json.loads(store.read_text()) if store.exists() else {}
-    runs[o.label] = dict(command=command, torch=torch.__version__, args=args, rows=rows)
+    runs[o.label] = dict(command=command, torch=torch.__version__, args=args, rows=rows,
+                         commit=_commit())
     store.write_text(json.dumps(runs, indent=1))
     text = _report(runs)
     (o.out / "dcp_load.md").write_text(text)
     print(text)
+
+
+def _commit() -> str:
+    """The commit of the torchdefer that ran (its checkout's HEAD, marked if changed)."""
+    import subprocess
+
+    import torchdefer
+
+    where = Path(torchdefer.__file__).resolve().parent
+    git = ["git", "-C", str(where)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 def _report(runs: dict) -> str:
@@ -177,7 +198,8 @@ def _report(runs: dict) -> str:
         lines += [
             "", f"## {label}", "",
             f"{a['n_layers']} layers, dim {a['dim']}, hidden {a['hidden']}, vocab {a['vocab']}; "
-            f"torch {run['torch']}. Command: `{run['command']}`", "",
+            f"torch {run['torch']}; torchdefer at {run.get('commit', 'unknown')}. "
+            f"Command: `{run['command']}`", "",
             "| world | rank | random calls | numbers drawn | local | deferred CPU s | "
             "eager CPU s | deferred / eager | bitwise | generator as eager |",
             "|---|---|---|---|---|---|---|---|---|---|",

@@ -10,13 +10,19 @@ scenario runs the pinned path on a simulated accelerator host.
 
 from __future__ import annotations
 
+import os
+import warnings
+from pathlib import Path
+
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 import torchdefer
 import torchdefer.distributed as tdd
+from torchdefer.distributed.shard import observe
 from torchdefer.fake import _pinned
 from torchdefer.fake._pinned import PinnedMemoryError
 
@@ -121,7 +127,8 @@ def cpu_offload_with_pinning_fails_or_matches_as_eager(rank: int, world: int) ->
 
 def cpu_offload_with_pinning_on_a_simulated_accelerator_host(rank: int, world: int) -> None:
     """pin_memory=True where pinning works: shards report pinned while deferred, and
-    materialization (and torchdefer.load_state_dict) pins each padded shard once."""
+    materialization, torchdefer.load_state_dict and dcp.load pin each padded shard
+    once; dcp.load's values make the init dead."""
     pinned: list[int] = []  # data_ptr of what pin() returned
 
     def pin(real):
@@ -135,7 +142,11 @@ def cpu_offload_with_pinning_on_a_simulated_accelerator_host(rank: int, world: i
         torch.manual_seed(0)
         eager = _model()  # values as pinned: pinning copies them
         _shard(eager, CPUOffloadPolicy(pin_memory=False))
-        for load in (False, True):
+        path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"offload-{world}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(eager.state_dict(), checkpoint_id=path)
+        for how in ("materialize", "torchdefer.load_state_dict", "dcp.load"):
             torch.manual_seed(0)
             model = torchdefer.deferred_init(_model)
             _shard(model, CPUOffloadPolicy())
@@ -143,14 +154,23 @@ def cpu_offload_with_pinning_on_a_simulated_accelerator_host(rank: int, world: i
                 assert param.to_local().is_pinned(), name
                 assert fsdp._sharded_param_data.untyped_storage().is_pinned(), name
             pinned.clear()
-            if load:
-                state = {n: p.full_tensor() for n, p in eager.named_parameters()}
-                torchdefer.load_state_dict(model, state)
-            else:
-                tdd.materialize_module(model)
+            with observe() as seen:
+                if how == "torchdefer.load_state_dict":
+                    state = {n: p.full_tensor() for n, p in eager.named_parameters()}
+                    torchdefer.load_state_dict(model, state)
+                elif how == "dcp.load":
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        dcp.load(model.state_dict(), checkpoint_id=path)
+                    tdd.materialize_module(model)
+                else:
+                    tdd.materialize_module(model)
             locals_ = sorted(p.to_local().untyped_storage().data_ptr() for p in model.parameters())
-            assert sorted(pinned) == locals_, "each padded shard must be pinned, once"
+            assert sorted(pinned) == locals_, f"each padded shard must be pinned, once ({how})"
             for (name, ref, _), (_, param, _) in zip(_pairs(eager), _pairs(model)):
-                assert torch.equal(param.to_local(), ref.to_local()), f"{name} (load={load})"
+                assert torch.equal(param.to_local(), ref.to_local()), f"{name} ({how})"
+            if how == "dcp.load":  # what the load overwrites is not drawn (padding aside)
+                sizes = {n: p.to_local().numel() for n, p in model.named_parameters()}
+                assert not [s for s in seen if s.drawn and s.numel == sizes[s.name]], seen
     finally:
         _pinned.pinning_refusal, _pinned.pin = saved

@@ -8,6 +8,8 @@ is run on a simulated accelerator host. A real GPU pins in ``tests/gpu``.
 
 from __future__ import annotations
 
+import os
+
 import offload_scenarios
 import pytest
 import torch
@@ -21,8 +23,12 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, list[str]]:
-    return run_scenarios(2, offload_scenarios.ALL, tmp_path_factory.mktemp("offload"),
-                         module="offload_scenarios")
+    os.environ["TORCHDEFER_TEST_CHECKPOINTS"] = str(tmp_path_factory.mktemp("checkpoints"))
+    try:
+        return run_scenarios(2, offload_scenarios.ALL, tmp_path_factory.mktemp("offload"),
+                             module="offload_scenarios")
+    finally:
+        del os.environ["TORCHDEFER_TEST_CHECKPOINTS"]
 
 
 @pytest.mark.parametrize("scenario", offload_scenarios.ALL)

@@ -14,11 +14,15 @@ import re
 
 import pytest
 import torch
+from torch import nn
 
 import torchdefer
 from torchdefer.distributed.shard import replay_local
 from torchdefer.fake import _pinned
 from torchdefer.fake._pinned import PinnedMemoryError
+from torchdefer.materialize.cache import cache_for
+from torchdefer.materialize.plan import make_plan
+from torchdefer.recorder.graph import NodeKind
 
 
 def _eager_error(fn) -> RuntimeError | None:
@@ -166,3 +170,24 @@ def test_pinning_a_fake_cuda_tensors_cpu_copy_records_and_replays(pinning_host):
     real = torchdefer.materialize_tensor(pinned, device="cpu")
     assert torch.equal(real, torch.arange(6.0).reshape(2, 3)) and len(pinning_host) == 1
 
+
+
+def test_a_pinned_copy_that_a_load_overwrites_replays_no_init(pinning_host):
+    # FSDP2's CPU offload pins each shard; dcp.load then copies over all of it.
+    loaded = torch.arange(12.0).reshape(4, 3)
+
+    def build():
+        shard = torch.empty(4, 3)
+        nn.init.kaiming_uniform_(shard)
+        pinned = shard.pin_memory()
+        pinned[:2].copy_(loaded[:2])
+        pinned[2:].copy_(loaded[2:])
+        return pinned
+
+    pinned = torchdefer.deferred_init(build)
+    plan = make_plan([(pinned._value, pinned._value.storage.version)],
+                     cache_for(pinned._graph), "recorded", None)
+    assert not [n for n in plan.nodes if n.kind == NodeKind.RANDOM], plan.nodes
+    real = torchdefer.materialize_tensor(pinned)
+    assert torch.equal(real, loaded) and len(pinning_host) == 1
+    assert real.untyped_storage().data_ptr() == pinning_host[0].untyped_storage().data_ptr()

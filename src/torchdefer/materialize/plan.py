@@ -101,7 +101,7 @@ class _Walk:
             while self.work:
                 self._visit(*self.work.pop())
             # A factory whose elements no needed version shows only allocates;
-            # the others run (they read no tensor, so the walk is done when none shows).
+            # the others run, and what they read (a pinned copy's input) is walked.
             shown = [s for s in self.pending.values() if id(s) in self.creator_read]
             if not shown:
                 break
@@ -183,10 +183,16 @@ class _Walk:
 
 def _factory(node: Node) -> bool:
     """A node that makes one tensor from no tensor, writing nothing else (``empty``,
-    ``randn``): its layout is the recorded one, so replay can allocate it instead."""
-    return (node.kind in (NodeKind.FACTORY, NodeKind.RANDOM) and not node.inputs
-            and len(node.outputs) == 1 and not node.writes)
+    ``randn``), or a pinned copy (FSDP2's CPU offload): its layout is the recorded
+    one, so replay can allocate it instead when its elements do not show."""
+    if len(node.outputs) != 1 or node.writes:
+        return False
+    if node.op is _PIN_MEMORY:  # the input's sizes and strides, at offset 0 (fake._pinned)
+        return True
+    return node.kind in (NodeKind.FACTORY, NodeKind.RANDOM) and not node.inputs
 
+
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 # Ops that read only the dtype and device of their first argument (FSDP2's
 # padded shard is `param.new_zeros(...)`). Not the *_like ops: they keep the

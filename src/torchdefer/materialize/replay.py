@@ -101,7 +101,7 @@ class Replay:
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)
                     elif id(node) in plan.allocate:  # every element is set later
-                        outs = [self._empty(node.outputs[0].meta)]
+                        outs = [self._empty(node.outputs[0])]
                     else:
                         standin = (id(node), 0) in plan.standins
                         outs = self._run_checked(node, env, plan.cached, standin)
@@ -186,10 +186,13 @@ class Replay:
             )
         return flatten_out(out)
 
-    def _empty(self, meta: TensorMeta) -> torch.Tensor:
-        """Uninitialized memory laid out as a factory's recorded output."""
-        return torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype,
-                                   device=self.map_device(meta.device))
+    def _empty(self, value: Value) -> torch.Tensor:
+        """Uninitialized memory laid out as a factory's recorded output (page-locked
+        if eager's was)."""
+        meta = value.meta
+        out = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype,
+                                  device=self.map_device(meta.device))
+        return _pinned.pin(out) if value.storage.pinned else out
 
     def _standin(self, meta: TensorMeta) -> torch.Tensor:
         """An empty tensor of ``meta``'s dtype and device: all a ``new_*`` op reads."""

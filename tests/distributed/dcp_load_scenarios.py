@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
 
 import torchdefer
 import torchdefer.distributed as tdd
@@ -33,6 +34,7 @@ ALL = [
     "dcp_load_into_a_deferred_fsdp2_model_matches_eager_and_draws_nothing",
     "keys_dcp_load_leaves_out_keep_eagers_init",
     "dcp_load_resharding_into_whole_shards_draws_nothing",
+    "dcp_load_of_column_shards_into_row_shards_draws_nothing",
 ]
 
 DIM, HIDDEN, VOCAB = 16, 24, 37  # 37 rows: rank 1's padded shard has padding
@@ -60,18 +62,22 @@ class Tiny(nn.Module):
         return self.out(self.norm(h + self.w2(torch.relu(self.w1(h)))))
 
 
-def _shard(model: nn.Module, mesh=None) -> None:
+def _shard(model: nn.Module, mesh=None, placement=None) -> None:
     for layer in (model.w1, model.w2, model.out):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, shard_placement_fn=placement)
+    fully_shard(model, mesh=mesh, shard_placement_fn=placement)
 
 
-def _checkpoint(world: int, name: str) -> Path:
+def _columns(param: nn.Parameter) -> Shard:
+    return Shard(1) if param.dim() == 2 else Shard(0)
+
+
+def _checkpoint(world: int, name: str, placement=None) -> Path:
     """A DCP checkpoint of the seed-1 model, sharded over all ranks."""
     path = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"], f"{name}-{world}")
     torch.manual_seed(1)
     saved = Tiny()
-    _shard(saved)
+    _shard(saved, placement=placement)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # single-threaded gloo notes
         dcp.save(saved.state_dict(), checkpoint_id=path)
@@ -156,6 +162,17 @@ def keys_dcp_load_leaves_out_keep_eagers_init(rank: int, world: int) -> None:
     drawn = {s.name: s.drawn for s in seen if s.rows}
     assert len(drawn) == len(seen), seen  # every shard from its own rows
     assert drawn.pop("w2.weight") > 0 and not any(drawn.values()), seen
+    _check(eager, model, eager_rng)
+
+
+def dcp_load_of_column_shards_into_row_shards_draws_nothing(rank: int, world: int) -> None:
+    """Saved with Shard(1) (columns), loaded into FSDP2's Shard(0): each row shard is
+    written by one column block per saved chunk, a strided copy each."""
+    path = _checkpoint(world, "columns", placement=_columns)
+    eager, model, eager_rng = _both(path)
+    with _counting_draws() as counts:
+        tdd.materialize_module(model)
+    assert counts == {"ops": 0, "numbers": 0}, f"dead inits were replayed: {counts}"
     _check(eager, model, eager_rng)
 
 

@@ -102,14 +102,34 @@ def test_a_partial_cover_leaves_the_init_alive():
     _check(build, dead=False)
 
 
-def test_strided_writes_are_replayed_with_the_init():
+def test_column_blocks_that_cover_a_tensor_make_its_init_dead():
+    # dcp.load of a column-sharded checkpoint into a row shard writes w[:, a:b]
     def build():
         w = torch.empty(4, 3).normal_()
         w[:, 0].fill_(1.0)
-        w[:, 1:].fill_(2.0)
+        w[:, 1:].copy_(torch.ones(4, 2))
+        return w
+
+    _check(build, dead=True)
+
+
+def test_strided_writes_that_leave_elements_keep_the_init():
+    def build():
+        w = torch.randn(4, 6)
+        w[:, ::2].fill_(1.0)
+        w[::2, 1::2].fill_(2.0)
         return w
 
     _check(build, dead=False)
+
+
+def test_a_row_of_an_expanded_view_covers_its_bytes():
+    def build():
+        w = torch.randn(3)
+        w.view(1, 3).expand(2, 3)[0].fill_(1.0)  # a plain row after all
+        return w
+
+    _check(build, dead=True)
 
 
 def test_a_write_through_a_view_of_another_dtype_covers_the_bytes():

@@ -20,12 +20,12 @@ of that set; a write whose bytes are not known (``set_``, ``resize_``, an
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
 import torch
 
-from torchdefer.fake.layout import non_overlapping_and_dense
 from torchdefer.recorder.graph import Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.stream import meta_call
 
@@ -125,6 +125,17 @@ class Ranges:
     def clear(self) -> None:
         self._spans = []
 
+    def add_sorted(self, spans: list[tuple[int, int]]) -> None:
+        """Add many disjoint ranges, sorted by start, in one merge."""
+        merged: list[tuple[int, int]] = []
+        for lo, hi in heapq.merge(self._spans, spans):
+            if merged and lo <= merged[-1][1]:
+                if hi > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], hi)
+            else:
+                merged.append((lo, hi))
+        self._spans = merged
+
 
 def live_writers(storage: Storage, version: int) -> tuple[list[int], bool]:
     """Indices of ``storage.writers`` before ``version`` that the storage's contents at
@@ -143,8 +154,10 @@ def live_writers(storage: Storage, version: int) -> tuple[list[int], bool]:
             covered.clear()
             continue
         regardless = sets_regardless(node)
-        if regardless and _dense(node.leaves[0].meta):
-            covered.add(*written)
+        if regardless:
+            runs = byte_runs(node.leaves[0].meta)
+            if runs is not None:
+                covered.add_sorted(runs)
         # What it reads of the storage must come from the writes before it.
         for k, leaf in enumerate(node.leaves):
             if isinstance(leaf, Value) and leaf.storage is storage and (k or not regardless):
@@ -171,9 +184,32 @@ def byte_extent(meta: TensorMeta) -> tuple[int, int]:
     return meta.offset * itemsize, (meta.offset + extent) * itemsize
 
 
-def _dense(meta: TensorMeta) -> bool:
-    """Whether ``meta`` touches every byte of its extent (so writing it sets them all)."""
+# A view of more runs than this is not counted as covering (kept alive instead).
+_MAX_RUNS = 1 << 16
+
+
+def byte_runs(meta: TensorMeta) -> list[tuple[int, int]] | None:
+    """The bytes a tensor laid out as ``meta`` consists of, as sorted disjoint runs,
+    or None if its elements overlap (or it is too scattered to list).
+
+    A column block of a row-major matrix (``w[:, a:b]``: what ``dcp.load`` writes
+    into a row shard from a column-sharded checkpoint) is one run per row.
+    """
+    itemsize = meta.dtype.itemsize
     if 0 in meta.size:
-        return True
-    extent = 1 + sum((n - 1) * s for n, s in zip(meta.size, meta.stride))
-    return extent == math.prod(meta.size) and non_overlapping_and_dense(meta.size, meta.stride)
+        return []
+    dims = sorted((st, n) for n, st in zip(meta.size, meta.stride) if n > 1)
+    run = 1  # elements of the innermost contiguous block
+    while dims and dims[0][0] == run:
+        run *= dims.pop(0)[1]
+    count = math.prod(n for _, n in dims)
+    if count > _MAX_RUNS:
+        return None
+    starts = torch.zeros(1, dtype=torch.int64)
+    for st, n in dims:
+        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * st).reshape(-1)
+    starts = (starts.sort().values + meta.offset) * itemsize
+    length = run * itemsize
+    if count > 1 and bool((starts[1:] - starts[:-1] < length).any()):
+        return None  # elements overlap (an expanded view): it writes some bytes twice
+    return [(lo, lo + length) for lo in starts.tolist()]

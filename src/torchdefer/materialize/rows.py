@@ -212,12 +212,9 @@ class RowReplay:
         for writer in reversed(writers):
             if covered.covers(span.lo, span.hi):
                 return live[::-1], False
-            try:
-                _, o, end, _ = self._target(writer, span)
-            except NotSliceable:
-                live.append(writer)  # _writer_step says why
-                covered.clear()
-                continue
+            # A write through a view rows cannot follow: not sliceable, before any
+            # step is built (an older writer's would draw its input's rows first).
+            _, o, end, _ = self._target(writer, span)
             a, b = max(span.lo, o), min(span.hi, end)
             if a >= b or covered.covers(a, b):
                 continue  # writes none of the span's elements, or only dead ones

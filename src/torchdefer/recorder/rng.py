@@ -8,13 +8,16 @@ jump-ahead, without drawing):
 
 * after each recorded random op, when recording outside ``deferred_init``
   (``model.apply(init_fn)`` on a deferred model): at once;
-* inside ``deferred_init``: when it returns, and whenever the state is read
-  through ``torch.get_rng_state()`` (``fork_rng`` uses it). In between, the CPU
-  generator holds a *marker*: a unique state standing for "the logical
-  position after op k". A marker read with ``Generator.get_state()`` and
-  restored later is recognised and resolved to its position, and any other
-  change of the state (``manual_seed``, ``set_rng_state``) starts a new epoch
-  from it. A jump per op would cost ~10-50 ms; a marker ~20 us.
+* inside ``deferred_init``: when it returns, and whenever user code reads
+  the state (``Generator.get_state`` and every other read: ``_compat.generator``
+  intercepts them while a recording runs). In between, the CPU generator
+  holds a *marker*: a unique state standing for "the logical position after
+  op k", which never leaves torchdefer. A read puts the exact state in the
+  generator first, and remembers it, so a later ``set_state`` of it is known
+  as that position; any other change of the state (``manual_seed``,
+  ``set_rng_state``) starts a new epoch from it. A jump per op would cost
+  ~10-50 ms; a marker ~20 us. Where the reads cannot be intercepted, and
+  while other threads are alive, no marker is used.
 
 CUDA generators (Philox) are moved at once (an addition). A default CUDA
 generator on a host without CUDA does not exist: its stream starts from its
@@ -33,7 +36,8 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.recorder._threads import recording_thread
+from torchdefer._compat.generator import get_state
+from torchdefer.recorder._threads import reads_seen, recording_thread
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import NodeKind
 from torchdefer.recorder.states import RngStates
@@ -87,7 +91,7 @@ def _cuda_states() -> dict[int, torch.Tensor]:
     """The CUDA generators' states where CUDA is initialized (never initializes it)."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}
-    return {i: g.get_state() for i, g in enumerate(torch.cuda.default_generators)}
+    return {i: get_state(g) for i, g in enumerate(torch.cuda.default_generators)}
 
 
 class RngRecorder:
@@ -102,7 +106,7 @@ class RngRecorder:
         with suspended(), torch.inference_mode(False):
             # CPU state when recording began: where streams recorded for a
             # device of another type start when replayed on the CPU.
-            self.cpu_start = torch.default_generator.get_state()
+            self.cpu_start = get_state(torch.default_generator)
             cuda_start = _cuda_states()
         self.states = RngStates(self.cpu_start, torch.initial_seed(), cuda_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
@@ -132,7 +136,7 @@ class RngRecorder:
         with _compat.DisableTorchDispatch(), torch.inference_mode(False):
             stream = self._stream(generator, device)
             real = self._real(stream)
-            current = None if real is None else real.get_state()
+            current = None if real is None else get_state(real)
             # Whether the generator still holds what the recorder left in it.
             same = current is not None and _same(stream.left, current)
             epoch = self._epoch(stream, current, same)
@@ -231,38 +235,44 @@ class RngRecorder:
     def _sync(self, stream: Stream, epoch: Epoch, real) -> None:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
-        stream.left = real.get_state()
+        stream.left = get_state(real)
         # A state user code may read and restore (fork_rng): known by its bytes,
         # so a restore of it is the restore of this position on any device. On
         # the CPU too: with other threads alive no marker stands in for it.
         end = epoch.layouts[stream.model].end  # type: ignore[index]
         self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
-    def sync(self) -> None:
-        """Put the exact logical state in every generator that holds a marker.
+    def sync(self, generator: torch.Generator | None = None) -> None:
+        """Put the exact logical state in every generator (or ``generator``) holding a marker.
 
-        The marker may be the one left after the last recorded op, or one
-        user code read with ``Generator.get_state()`` and restored since.
+        Called before user code reads a state (``_compat.generator``), when a
+        thread starts and when ``deferred_init`` ends. The exact state is
+        remembered, so restoring it later in the recording is known as its
+        position.
         """
         from torchdefer.recorder.mode import suspended
 
-        with suspended(), torch.inference_mode(False):
-            for stream in self.streams.values():
-                real = self._real(stream)
-                if real is None or stream.model != "cpu":
-                    continue
-                ref = self._markers.get(_marker_key(real.get_state()))
+        wanted = None if generator is None else generator._cdata
+        for stream in self.streams.values():
+            real = self._real(stream)
+            if real is None or stream.model != "cpu":
+                continue
+            if wanted is not None and real._cdata != wanted:
+                continue
+            with suspended(), torch.inference_mode(False):
+                ref = self._markers.get(_marker_key(get_state(real)))
                 if ref is None:  # an exact state: ours, or one user code set
                     continue
                 origin, epoch, position = ref
                 real.set_state(self.states.state_at(origin, epoch, "cpu", position))
-                stream.left = real.get_state()
+                stream.left = get_state(real)
                 self._exact[tensor_bytes(stream.left)] = ref
 
     def _lazy(self) -> bool:
         """Whether a marker may stand in for the exact state after this op.
 
-        Only while the recording thread is the only Python thread: a marker is
+        Only while every read of a generator's state is seen (``_compat.generator``)
+        and the recording thread is the only Python thread: a marker is
         a state of the process-wide generator, and another thread drawing from
         it would get numbers no eager program gives (nor leave the generator
         where eager would). With other threads alive, every op moves the
@@ -273,6 +283,7 @@ class RngRecorder:
             self._deferring > 0
             and threading.get_ident() == self._thread
             and threading.active_count() == 1
+            and reads_seen()
         )
 
     @contextlib.contextmanager

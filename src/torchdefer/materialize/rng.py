@@ -1,6 +1,6 @@
 """Replaying random ops from exact private generator states; the global RNG is untouched.
 
-Each random node starts from the state ``recorder.states`` computes for its
+Each random node starts from the state ``rng.states`` computes for its
 position (jumping over the draws of everything not materialized), and the
 state it ends in is remembered as the start of the next call of its stream,
 so materializing in recording order draws each number once and jumps never.
@@ -24,10 +24,11 @@ from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.rng import default_generator
-from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream, meta_call, model_of
+from torchdefer.recorder.rng import meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
+from torchdefer.rng.ledger import default_generator
+from torchdefer.rng.states import set_call_runner
+from torchdefer.rng.stream import Stream, model_of
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay

@@ -9,7 +9,7 @@ another) is deterministic, and must stay so when one of them records:
   (``Generator.get_state`` and its neighbours, so ``torch.get_rng_state()``
   and ``fork_rng`` too: ``_compat.generator``) and ``threading.Thread.start``
   first put the exact state in the generators, where a lazy marker may stand
-  (``recorder.rng``); other threads never see a marker, since markers are
+  (``rng.ledger``); other threads never see a marker, since markers are
   only used while the recording thread is alone.
 * ``torch.set_default_dtype`` and ``torch.set_default_tensor_type`` called by
   a recording thread are logged per thread, so a block restores the default

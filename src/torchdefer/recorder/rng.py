@@ -113,6 +113,8 @@ class RngRecorder(RngLedger):
     def sync(self, generator: torch.Generator | None = None) -> None:
         from torchdefer.recorder.mode import suspended
 
+        if generator is not None and not self.tracks(generator):
+            return  # a generator no recorded op drew from (torchdefer's own, often)
         with suspended(), torch.inference_mode(False):
             super().sync(generator)
 

@@ -229,6 +229,14 @@ class RngLedger:
         end = epoch.layouts[stream.model].end  # type: ignore[index]
         self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
 
+    def tracks(self, generator: torch.Generator) -> bool:
+        """Whether a stream here draws from ``generator`` (the same C++ generator)."""
+        wanted = generator._cdata
+        return any(
+            real is not None and real._cdata == wanted
+            for real in map(self._real, self.streams.values())
+        )
+
     def sync(self, generator: torch.Generator | None = None) -> None:
         """Put the exact state in every generator (or ``generator``) that holds a marker.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import pickle
 import threading
 
@@ -250,3 +251,28 @@ def test_graphsafe_get_state_on_a_cpu_generator_fails_as_in_eager():
         return torch.randn(2)
 
     check(lambda defer: defer(build))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_inside_the_constructor_inherits_the_exact_state():
+    def program(defer):
+        box = {}
+
+        def build():
+            a = torch.randn(21)
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: the state it inherited, read without any hook
+                state = compat_generator.get_state(torch.default_generator)
+                os.write(write, bytes(state.tolist()))
+                os._exit(0)
+            os.close(write)
+            with os.fdopen(read, "rb") as pipe:
+                box["child"] = pipe.read()
+            os.waitpid(pid, 0)
+            return a
+
+        out = defer(build)
+        return out, torch.tensor(list(box["child"]), dtype=torch.uint8)
+
+    check(program)

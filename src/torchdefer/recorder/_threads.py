@@ -7,10 +7,11 @@ another) is deterministic, and must stay so when one of them records:
 
 * every read of a generator's state by a recording thread
   (``Generator.get_state`` and its neighbours, so ``torch.get_rng_state()``
-  and ``fork_rng`` too: ``_compat.generator``) and ``threading.Thread.start``
-  first put the exact state in the generators, where a lazy marker may stand
-  (``rng.ledger``); other threads never see a marker, since markers are
-  only used while the recording thread is alone.
+  and ``fork_rng`` too: ``_compat.generator``), ``threading.Thread.start``
+  and ``os.fork`` (so ``multiprocessing``'s fork) first put the exact state
+  in the generators, where a lazy marker may stand (``rng.ledger``); other
+  threads never see a marker, since markers are only used while the
+  recording thread is alone.
 * ``torch.set_default_dtype`` and ``torch.set_default_tensor_type`` called by
   a recording thread are logged per thread, so a block restores the default
   dtype only if its own thread changed it, and not a change another thread
@@ -25,6 +26,7 @@ blocks, ending in another order than they began, leave a patch behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 _lock = threading.Lock()
 _syncs: dict[int, Any] = {}  # thread id -> its outermost recording's sync(generator=None)
 _saved: dict[str, Any] = {}  # the originals while the patches are in
+_forks: list[bool] = []  # whether the fork hook is registered
 
 
 class _Log(threading.local):
@@ -83,7 +86,17 @@ def _sync_mine(generator: torch.Generator | None = None) -> None:
         sync(generator)
 
 
+def _fork_hook() -> None:
+    """Register, once per process, a sync before ``os.fork`` (a child must not inherit a
+    marker: it would draw numbers no eager program draws). Hooks cannot be removed;
+    outside a recording it does nothing."""
+    if not _forks and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_sync_mine)
+        _forks.append(True)
+
+
 def _install() -> None:
+    _fork_hook()
     start = _saved["start"] = threading.Thread.start
     set_dtype = _saved["set_default_dtype"] = torch.set_default_dtype
     set_type = _saved["set_default_tensor_type"] = torch.set_default_tensor_type

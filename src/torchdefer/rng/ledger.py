@@ -22,8 +22,8 @@ seed and is replayed on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import struct
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ __all__ = ["RngLedger", "default_generator"]
 
 _KEY_AT = mt19937.ARRAY.start  # byte offset of the array's first word
 _KEY_BYTES = 16  # two int64 words: the count, a random word
+_COUNT = struct.Struct("=q")  # the first word, as the state holds it (native int64)
 
 
 def _key(state: torch.Tensor) -> bytes:
@@ -48,13 +49,6 @@ def _key(state: torch.Tensor) -> bytes:
     byte tensor of ``mt19937.STATE_BYTES`` (a CUDA state is never asked).
     """
     return ctypes.string_at(state.data_ptr() + _KEY_AT, _KEY_BYTES)
-
-
-def _outside_inference_mode() -> contextlib.AbstractContextManager[Any]:
-    """Leave inference mode if on (states kept here are written later, outside it)."""
-    if torch.is_inference_mode_enabled():
-        return torch.inference_mode(False)
-    return contextlib.nullcontext()
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -88,9 +82,6 @@ class RngLedger:
         # exact state (bytes) a sync left in a generator -> the position it stands for
         self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
         self._marker_count = 0
-        # id(marker tensor) -> it: the markers made here (a stream's `left`
-        # is one of them or an exact state).
-        self._own: dict[int, torch.Tensor] = {}
 
     def unknown_generator(self, device: torch.device) -> Exception:
         """The error for a random call on a device whose generator has no model here."""
@@ -109,8 +100,16 @@ class RngLedger:
         ``lazy``: a marker may stand in the generator afterwards (see the module).
         """
         # The generator states and the tensors below are real: no mode may see
-        # them, and they are kept across inference-mode blocks.
-        with _compat.DisableTorchDispatch(), _outside_inference_mode():
+        # them, and they are kept across inference-mode blocks (written later,
+        # maybe outside one: never inference tensors).
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return self._place(call, generator, device, lazy)
+        return self._place(call, generator, device, lazy)
+
+    def _place(self, call: Any, generator: torch.Generator | None, device: torch.device,
+               lazy: bool) -> None:
+        with _compat.DisableTorchDispatch():
             stream = self._stream(generator, device)
             real = generator if generator is not None else default_generator(stream.device)
             current = None if real is None else get_state(real)
@@ -176,16 +175,14 @@ class RngLedger:
     def _holds_left(self, stream: Stream, current: torch.Tensor) -> bool:
         """Whether the generator still holds the state the ledger left in it.
 
-        A marker of ours is told by its key alone (~1 us, where comparing the
-        5 KB state costs ~10): user code cannot make those two words, since no
-        read hands a marker out. An exact state needs the whole comparison.
+        A marker is told by its key alone (~1 us, where comparing the 5 KB
+        state costs ~10): user code cannot make those two words, since no read
+        hands a marker out. An exact state needs the whole comparison.
         """
+        if stream.left_key is not None:
+            return _key(current) == stream.left_key
         left = stream.left
-        if left is None:
-            return False
-        if id(left) in self._own:
-            return _key(current) == _key(left)
-        return left.shape == current.shape and torch.equal(current, left)
+        return left is not None and left.shape == current.shape and torch.equal(current, left)
 
     # ----------------------------------------------------------- syncing
 
@@ -197,7 +194,7 @@ class RngLedger:
         ``same``: the generator holds the marker left last (its fields are current).
         """
         marker = stream.left
-        if marker is None or self._own.get(id(marker)) is not marker:
+        if marker is None or stream.left_key is None:  # the generator holds no marker of ours
             # A new marker tensor for this stream: the real state's seed and
             # fields, random words for the array.
             marker = current.clone()
@@ -207,23 +204,25 @@ class RngLedger:
                 0, 1 << 32, (624,), dtype=torch.int64, device="cpu", generator=source
             )
             mt19937.array_of(marker).copy_(words)
-            self._own[id(marker)] = marker
-        elif not same:  # the seed, position fields and cached samples of the real state
-            marker[mt19937.ENGINE] = current[mt19937.ENGINE]
-            marker[mt19937.CACHES] = current[mt19937.CACHES]
+            word = _key(marker)[_COUNT.size:]
+        else:
+            word = stream.left_key[_COUNT.size:]
+            if not same:  # the seed, position fields and cached samples of the real state
+                marker[mt19937.ENGINE] = current[mt19937.ENGINE]
+                marker[mt19937.CACHES] = current[mt19937.CACHES]
         self._marker_count += 1
-        # The count as the array's first word (int64, as array_of reads it):
-        # unique per position.
+        # The count as the array's first word: unique per position.
         ctypes.c_int64.from_address(marker.data_ptr() + _KEY_AT).value = self._marker_count
+        key = _COUNT.pack(self._marker_count) + word  # _key(marker), as just written
         layout = epoch.layouts[stream.model]  # type: ignore[index]
-        self._markers[_key(marker)] = (stream, epoch, layout.end)
+        self._markers[key] = (stream, epoch, layout.end)
         real.set_state(marker)
-        stream.left = marker
+        stream.left, stream.left_key = marker, key
 
     def _sync(self, stream: Stream, epoch: Epoch, real) -> None:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
-        stream.left = get_state(real)
+        stream.left, stream.left_key = get_state(real), None
         # A state user code may read and restore (fork_rng): known by its bytes,
         # so a restore of it is the restore of this position on any device.
         end = epoch.layouts[stream.model].end  # type: ignore[index]
@@ -256,5 +255,5 @@ class RngLedger:
                 continue
             origin, epoch, position = ref
             real.set_state(self.states.state_at(origin, epoch, "cpu", position))
-            stream.left = get_state(real)
+            stream.left, stream.left_key = get_state(real), None
             self._exact[tensor_bytes(stream.left)] = ref

@@ -153,6 +153,9 @@ class Stream:
     # The state this process's generator was left in by the recorder (a
     # synced state or a marker); anything else means user code changed it.
     left: torch.Tensor | None = None
+    # The first two array words of `left` if it is a marker (what tells it
+    # apart, rng.ledger); None if `left` is an exact state.
+    left_key: bytes | None = None
     seed_seen: int | None = None  # default CUDA generator on a host without CUDA
 
     def __repr__(self) -> str:

@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
 def _write(args: argparse.Namespace, runs: dict, rows: list) -> None:
     commit = subprocess.run(["git", "-C", str(_ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(_ROOT), "status", "--porcelain", "--", "src"],
+                           capture_output=True, text=True).stdout.strip()
+    commit += " with uncommitted changes in src" if dirty else ""
     import torch
 
     names = {"place_us": "`RngRecorder.place`, µs CPU per random op",

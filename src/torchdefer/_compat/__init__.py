@@ -9,7 +9,8 @@ which releases need it, so it can be dropped when the floor passes them.
 
 The bindings below are plain aliases (no wrapper: several sit on the
 per-op hot path); ``export.py`` holds the ones only the descriptors use
-(torch.export's serializer, ShapeEnv, dynamo). Outside this package the code
+(torch.export's serializer, ShapeEnv, dynamo); ``generator.py`` sees every read
+of a generator's state while a recording runs. Outside this package the code
 uses no ``torch._*`` name; ``tests/test_compat.py`` checks that by parsing
 every module. The exceptions are the two documented extension points
 ``torch.utils._pytree`` and ``TorchDispatchMode``.

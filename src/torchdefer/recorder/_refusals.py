@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat import DisableTorchFunctionSubclass
+from torchdefer._compat.generator import get_state
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 
@@ -312,7 +313,7 @@ def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
     from torchdefer.recorder.mode import suspended
 
     with suspended(), torch.no_grad():
-        saved = torch.default_generator.get_state()
+        saved = get_state(torch.default_generator)  # as it is: a marker stays one
         try:
             twins = _shared_twins(args, kwargs, second) if shared else {}
             if twins is None:

@@ -12,7 +12,8 @@ one real storage, strides included.
 
 A chain step is a view op with one tensor argument in the storage, ``t.data``,
 an in-place or ``out=`` op that leaves the written tensor's layout as it was
-(``copy_``, ``fill_``, ``torch.abs(x, out=v)``: the same tensor), or ``set_`` onto a tensor of the same storage.
+(``copy_``, ``fill_``, ``torch.abs(x, out=v)``: the same tensor), or ``set_``
+onto a tensor of the same storage.
 A chain also ends at a value whose layout the call itself spelled out, the
 same in eager and recorded: ``set_`` with a storage (and sizes and strides),
 ``resize_`` to other sizes (contiguous). Anything else ends it unresolved.
@@ -27,7 +28,7 @@ import torch
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.graph import NodeKind, TensorMeta, Value
 
-__all__ = ["through_views", "same_elements"]
+__all__ = ["same_elements", "through_views"]
 
 _SET_SOURCE = torch.ops.aten.set_.source_Tensor
 # In-place ops whose output layout their arguments spell out (resize_: when the

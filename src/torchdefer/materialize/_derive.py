@@ -10,7 +10,8 @@ replay saw, the recorded view ops are run again on real tensors (views cost
 no data; they read only sizes and strides). The result is eager's view of the
 one real storage, strides included.
 
-A chain step is a view op with one tensor argument in the storage, ``t.data``,
+A chain step is a view op with one tensor argument in the storage, ``t.data``
+(read, or set: the tensor then has the new data's layout),
 an in-place or ``out=`` op that leaves the written tensor's layout as it was
 (``copy_``, ``fill_``, ``torch.abs(x, out=v)``: the same tensor), or ``set_``
 onto a tensor of the same storage.
@@ -78,7 +79,7 @@ def _source(value: Value) -> Value | None:
     """The value of the same storage ``value`` was taken from, layout and all."""
     node = value.node
     tensors = [leaf for leaf in node.leaves if isinstance(leaf, Value)]
-    if node.kind in (NodeKind.VIEW, NodeKind.DATA_GET):
+    if node.kind in (NodeKind.VIEW, NodeKind.DATA_GET, NodeKind.DATA_SET):
         if len(tensors) == 1 and tensors[0].storage is value.storage:
             return tensors[0]
         return None

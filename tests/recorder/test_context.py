@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 from torch import nn
@@ -40,33 +38,6 @@ def test_global_state_is_left_as_found_when_the_block_raises():
     assert torch.empty(1).device.type == "cpu"
     assert torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
     assert not torchdefer.is_fake(torch.empty(1))
-
-
-def test_the_cyclic_gc_is_paused_inside_and_back_on_after_also_when_the_block_raises():
-    assert gc.isenabled()
-    seen = []
-    with pytest.raises(ValueError, match="boom"):
-        with torchdefer.deferred():
-            seen.append(gc.isenabled())
-            torchdefer.deferred_init(nn.Linear, 2, 2)  # a nested block leaves it paused
-            seen.append(gc.isenabled())
-            raise ValueError("boom")
-    assert seen == [False, False]
-    assert gc.isenabled()
-
-
-def test_a_block_entered_with_the_cyclic_gc_off_leaves_it_off():
-    gc.disable()
-    try:
-        torch.manual_seed(0)
-        eager = _model()
-        torch.manual_seed(0)
-        model = torchdefer.deferred_init(_model)
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-    torchdefer.materialize_module(model)
-    assert_same_module(model, eager)
 
 
 def test_blocks_and_deferred_init_nest_into_one_graph():

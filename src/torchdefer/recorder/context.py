@@ -18,7 +18,6 @@ thread's ``set_default_dtype`` is not the block's to undo).
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Iterator
 
 import torch
@@ -87,7 +86,7 @@ def deferred() -> Iterator[Graph]:
         # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
         # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
         with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing(), \
-                watching_registrations(), _cyclic_gc_paused():
+                watching_registrations():
             yield graph
     finally:
         # The block may change defaults and fail before restoring them; a
@@ -100,26 +99,3 @@ def deferred() -> Iterator[Graph]:
         del dtypes_set[mark:]
         if default_device_context() is not device_context:
             restore_default_device(device_context)
-
-
-@contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block, back on after it if it was on.
-
-    A recording allocates a few objects per op and frees almost none (the
-    graph is kept), so the collector's runs find nothing (about 100 cyclic
-    objects over the 70B Llama's 2748 ops) but walk the whole heap of torch,
-    the model's library and the growing graph: ~4% of recording time
-    (bench/results/recording_cost.md). Reference counting still frees
-    everything acyclic; cycles made meanwhile are collected at the next run
-    after the block. Only the outermost block of a thread pauses it; a block
-    that finds the collector off leaves it off.
-    """
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()

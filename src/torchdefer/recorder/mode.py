@@ -40,14 +40,14 @@ class RecordingMode(FakeSlotMode):
             return reported_device(args[0])
         from torchdefer.recorder.record import record_call
 
-        refuse_collective(func)
         if not _any_fake(types) and _real_meta_only(args, kwargs):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
+            refuse_collective(func)
             with suspended():
                 return func(*args, **(kwargs or {}))
-        return record_call(self.graph, func, args, kwargs or {})
+        return record_call(self.graph, func, args, kwargs or {})  # refuses collectives
 
 
 def _any_fake(types: Any) -> bool:

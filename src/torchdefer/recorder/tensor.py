@@ -88,7 +88,7 @@ class DeferredTensor(FakeTensor):
 
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
-        refuse_collective(func)
+        # record_call refuses collectives (OpFacts.collective)
         return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
     # A deferred parameter is an instance of a deferred class that derives from

@@ -58,9 +58,16 @@ class DeferredTensor(FakeTensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         try:
-            ordinary = func in _ordinary and "out" not in kwargs
+            # detach() of a plain deferred tensor is ordinary; of a subclass (a
+            # parameter), answered below. Every nn.Parameter(...) detaches.
+            ordinary = (func in _ordinary or (func is _DETACH and type(args[0]) is DeferredTensor)
+                        ) and "out" not in kwargs
         except TypeError:  # an unhashable callable
             ordinary = False
+        if ordinary and isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
+            # The common case inside deferred_init: nothing before or after the call.
+            with _compat.DisableTorchFunctionSubclass():
+                return call_grad_safe(func, args, kwargs)
         if not ordinary:
             if func is _DETACH and type(args[0]) is not DeferredTensor:
                 from torchdefer.recorder.subclasses import detach_for_parameter
@@ -120,9 +127,10 @@ class DeferredTensor(FakeTensor):
         raise not_picklable(self)
 
 
-# Functions that need none of _special_call's cases whatever their arguments
-# (all but in-place writes, detach, data reads and a few more): the ~3000
-# calls of a large model's construction skip its checks after the first.
+# Functions that need none of _special_call's cases whatever their arguments,
+# nor __torch_function__'s after the call (all but in-place writes, detach,
+# data reads, .data, storage getters and a few more): the ~3000 calls of a
+# large model's construction skip those checks after the first.
 _ordinary: set[Any] = set()
 _NOT_SPECIAL = object()
 
@@ -150,9 +158,9 @@ def _special_call(func: Any, args: tuple, kwargs: dict) -> Any:
         pass
     elif writes_real(func, args, kwargs):
         return write_real(func, args, kwargs)
-    elif not writes_in_place(func):
+    elif not writes_in_place(func) and func != _DATA_GET and func not in STORAGE_GETTERS:
         with contextlib.suppress(TypeError):
-            _ordinary.add(func)
+            _ordinary.add(func)  # with nothing to do after the call either
     return _NOT_SPECIAL
 
 

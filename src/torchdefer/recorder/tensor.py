@@ -19,7 +19,7 @@ from torchdefer.recorder._real_targets import (
     writes_real,
 )
 from torchdefer.recorder.graph import Graph, NodeKind, Value
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.mode import RecordingMode, recorder_entry
 from torchdefer.recorder.reach import reached_tensors
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
@@ -91,8 +91,7 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder.record import record_call
-
+        record_call = recorder_entry()
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
         # record_call refuses collectives (OpFacts.collective)
@@ -108,10 +107,8 @@ class DeferredTensor(FakeTensor):
 
     @_is_param.setter
     def _is_param(self, value: bool) -> None:
-        from torchdefer.recorder.subclasses import make_parameter
-
-        if value:
-            make_parameter(self)
+        if value:  # every nn.Parameter(...) ends here: no import statement per call
+            (_make_parameter or _bind_make_parameter())(self)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         from torchdefer.recorder._copy import deepcopy_deferred
@@ -125,6 +122,18 @@ class DeferredTensor(FakeTensor):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise not_picklable(self)
+
+
+# recorder.subclasses imports this module: bound at the first parameter made.
+_make_parameter: Any = None
+
+
+def _bind_make_parameter() -> Any:
+    global _make_parameter
+    from torchdefer.recorder.subclasses import make_parameter
+
+    _make_parameter = make_parameter
+    return make_parameter
 
 
 # Functions that need none of _special_call's cases whatever their arguments,

@@ -22,7 +22,7 @@ from ambient_families import ambient, refused, thread
 from context import FLOATS, Ctx, with_no_grad
 from cover_families import cover
 from random_families import custom_random, random_on, random_op, rng_state
-from storage_families import grow
+from storage_families import grow, relaid
 
 __all__ = ["FAMILIES"]
 
@@ -397,4 +397,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "refused": refused,
     "grow": grow,
     "cover": cover,
+    "relaid": relaid,
 }

@@ -191,3 +191,16 @@ def test_a_pinned_copy_that_a_load_overwrites_replays_no_init(pinning_host):
     real = torchdefer.materialize_tensor(pinned)
     assert torch.equal(real, loaded) and len(pinning_host) == 1
     assert real.untyped_storage().data_ptr() == pinning_host[0].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("ambient", ["cuda", "meta"])
+def test_pinning_is_asked_of_the_cpu_whatever_the_default_device(ambient):
+    build = lambda: torch.zeros(3, device="cpu").pin_memory()  # noqa: E731
+    with torch.device(ambient):
+        eager_error = _eager_error(build)
+        if eager_error is None:
+            assert torchdefer.deferred_init(build).is_pinned()
+            return
+        with pytest.raises(PinnedMemoryError) as caught:
+            torchdefer.deferred_init(build)
+    assert str(eager_error) in str(caught.value)

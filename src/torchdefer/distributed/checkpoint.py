@@ -145,7 +145,7 @@ def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
         else:
             for name in names:
                 entry = checkpoint.entries[name]
-                targets[name] = torch.empty(entry.shape, dtype=entry.dtype)
+                targets[name] = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")
     load_into(targets, Path(checkpoint.where), checkpoint.handle, no_dist=False)
     ready: list = []
     taken: set = set()

@@ -52,10 +52,10 @@ def pinning_refusal(factory: bool) -> RuntimeError | None:
 
     with no_fake_modes():
         try:
-            if factory:
-                torch.empty(0, pin_memory=True)
+            if factory:  # on the CPU whatever the user's default device
+                torch.empty(0, device="cpu", pin_memory=True)
             else:
-                torch.empty(0).pin_memory()
+                torch.empty(0, device="cpu").pin_memory()
         except RuntimeError as e:
             return e
     return None

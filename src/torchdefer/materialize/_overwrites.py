@@ -205,9 +205,11 @@ def byte_runs(meta: TensorMeta) -> list[tuple[int, int]] | None:
     count = math.prod(n for _, n in dims)
     if count > _MAX_RUNS:
         return None
-    starts = torch.zeros(1, dtype=torch.int64)
+    # Internal tensors name their device: the user's default may be cuda or meta.
+    starts = torch.zeros(1, dtype=torch.int64, device="cpu")
     for st, n in dims:
-        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * st).reshape(-1)
+        steps = torch.arange(n, dtype=torch.int64, device="cpu") * st
+        starts = (starts[:, None] + steps).reshape(-1)
     starts = (starts.sort().values + meta.offset) * itemsize
     length = run * itemsize
     if count > 1 and bool((starts[1:] - starts[:-1] < length).any()):

@@ -90,11 +90,14 @@ def safetensors_dtype(entry: Entry) -> tuple[int, str]:
     return found
 
 
-def layout(entries: list[Entry], max_shard_size: int) -> list[Shard]:
+def layout(entries: list[Entry], max_shard_size: int,
+           dropped: dict[str, str] | None = None) -> list[Shard]:
     """Entries (in state-dict order) split into files as save_pretrained splits them.
 
     huggingface_hub's rule: in order, a tensor bigger than the limit gets a file
     of its own; otherwise a file is closed when the next tensor would overflow it.
+    ``dropped`` (tie name not written -> name written) goes into the metadata of
+    the file holding the written name, as ``safetensors.torch.save_model`` notes it.
     """
     groups: list[list[Entry]] = []
     current: list[Entry] = []
@@ -114,12 +117,15 @@ def layout(entries: list[Entry], max_shard_size: int) -> list[Shard]:
     count = len(groups)
     names = (["model.safetensors"] if count == 1 else
              [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
-    return [_shard(name, group) for name, group in zip(names, groups, strict=True)]
+    return [_shard(name, group, dropped or {}) for name, group in zip(names, groups, strict=True)]
 
 
-def _shard(filename: str, entries: list[Entry]) -> Shard:
+def _shard(filename: str, entries: list[Entry], dropped: dict[str, str]) -> Shard:
     ordered = sorted(entries, key=lambda e: (-safetensors_dtype(e)[0], e.name))
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    written = {e.name for e in entries}
+    metadata = {"format": "pt"}
+    metadata.update({name: kept for name, kept in dropped.items() if kept in written})
+    header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for e in ordered:
         header[e.name] = {"dtype": safetensors_dtype(e)[1], "shape": list(e.shape),

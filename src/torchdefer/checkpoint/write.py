@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,8 +122,12 @@ def save_state_dict(
         if format == "safetensors":
             _write_safetensors(model, plan, staging, shard_bytes, dtype, progress)
         else:
-            _run(plan.entries, progress, cast=True,
-                 writer=lambda p: _dcp_writer.write_dcp(staging, plan.entries, plan.extras, p))
+            with warnings.catch_warnings():  # entered and left on this thread
+                # dcp.save's notice that it saves in one process, which is the point.
+                warnings.filterwarnings("ignore", "torch.distributed is disabled",
+                                        UserWarning)
+                _run(plan.entries, progress, cast=True, writer=lambda p: _dcp_writer.write_dcp(
+                    staging, plan.entries, plan.extras, p))
         _publish(staging, destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -132,7 +137,7 @@ def save_state_dict(
 
 def _write_safetensors(model: nn.Module, plan: WritePlan, staging: Path, shard_bytes: int,
                        dtype: torch.dtype | None, progress: ProgressSpec) -> None:
-    shards = _safetensors_writer.layout(plan.entries, shard_bytes)
+    shards = _safetensors_writer.layout(plan.entries, shard_bytes, plan.dropped)
     index = _safetensors_writer.index_json(
         shards, _hf_files.total_parameters(model) if plan.hf else None)
     if plan.hf:

@@ -73,6 +73,9 @@ class WritePlan:
     entries: list[Entry]
     extras: dict[str, Any] = field(default_factory=dict)
     hf: bool = False  # a transformers PreTrainedModel
+    # safetensors, other modules: dropped tie name -> the name written, noted in
+    # the file's metadata as safetensors.torch.save_model notes it
+    dropped: dict[str, str] = field(default_factory=dict)
 
 
 def written_dtype(tensor: torch.Tensor, dtype: torch.dtype | None, name: str) -> torch.dtype:
@@ -116,9 +119,11 @@ def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None) -> WritePl
         kept = _kept_names(groups, model, hf)  # in state-dict order, as save_pretrained
         entries = [Entry((n,), t, written_dtype(t, dtype, n)) for n, t in tensors.items()
                    if n in kept]
-    else:
-        entries = [Entry(tuple(g), tensors[g[0]], written_dtype(tensors[g[0]], dtype, g[0]))
-                   for g in groups]
+        dropped = {} if hf else {n: k for g in groups for k in g if k in kept
+                                 for n in sorted(g) if n != k}
+        return WritePlan(entries, extras, hf, dropped)
+    entries = [Entry(tuple(g), tensors[g[0]], written_dtype(tensors[g[0]], dtype, g[0]))
+               for g in groups]
     return WritePlan(entries, extras, hf)
 
 
@@ -177,7 +182,8 @@ def _alias_groups(tensors: dict[str, torch.Tensor], fmt: str) -> list[list[str]]
 
 def _refuse_overlaps(areas: list[tuple[int, int, str]]) -> None:
     areas.sort()
-    for (_, stop, name), (start, _, other) in zip(areas, areas[1:], strict=False):
+    _, stop, name = areas[0]
+    for start, end, other in areas[1:]:
         if start < stop:
             raise CheckpointWriteError(
                 f"'{name}' and '{other}' share part of one storage without being the same "
@@ -185,6 +191,8 @@ def _refuse_overlaps(areas: list[tuple[int, int, str]]) -> None:
                 "them too). Use format='dcp', or give one of them its own storage "
                 "(.clone()) before saving."
             )
+        if end > stop:
+            stop, name = end, other
 
 
 def _kept_names(groups: list[list[str]], model: nn.Module, hf: bool) -> set[str]:

@@ -405,3 +405,36 @@ def test_views_of_one_storage_are_written_as_save_pretrained_treats_them(tmp_pat
     dcp.load(state, checkpoint_id=str(out), no_dist=True)
     for name, tensor in eager.state_dict().items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_an_eager_model_is_written_as_it_is(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    out = torchdefer.save_state_dict(model, tmp_path / "e", format="safetensors")
+    loaded = safetensors_torch.load_file(out / "model.safetensors")
+    assert loaded.keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_a_model_recorded_on_a_device_this_host_lacks_is_refused_and_nothing_written(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the host has CUDA")
+    lazy = torchdefer.deferred_init(nn.Linear, 2, 2, device="cuda")
+    with pytest.raises(torchdefer.materialize.DeviceUnavailableError, match="cuda"):
+        torchdefer.save_state_dict(lazy, tmp_path / "c")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensors_built_under_inference_mode_are_written(tmp_path):
+    def build():
+        with torch.inference_mode():
+            return nn.Linear(3, 2)
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    out = torchdefer.save_state_dict(torchdefer.deferred_init(build), tmp_path / "i",
+                                     dtype=torch.float16)
+    loaded = safetensors_torch.load_file(out / "model.safetensors")
+    assert torch.equal(loaded["weight"], eager.weight.to(torch.float16))

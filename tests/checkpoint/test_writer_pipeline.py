@@ -93,3 +93,18 @@ def test_an_error_while_making_stops_the_writer_and_is_raised():
     with pytest.raises(ValueError, match="replay failed"):
         _run(1000, make, lambda e, t: written.append(e.name))
     assert written == ["t0", "t1", "t2"]
+
+
+@pytest.mark.parametrize("takes", [len(SIZES) - 1, len(SIZES) + 1])
+def test_a_writer_that_takes_fewer_or_more_tensors_than_made_is_an_error_not_a_short_file(takes):
+    entries = _entries()
+    with Progress("save", len(entries), sum(SIZES), False) as bar:
+        pipeline = Pipeline(10**6, bar)
+
+        def writer():
+            for _ in range(takes):
+                entry, _ = pipeline.take()
+                pipeline.done(entry)
+
+        with pytest.raises(RuntimeError, match="bug"):
+            pipeline.run(entries, lambda e: e.tensor, writer)

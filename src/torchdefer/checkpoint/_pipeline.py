@@ -51,8 +51,8 @@ class Pipeline:
         self._held: dict[int, int] = {}  # id(entry) -> bytes counted for it
         self._finished: list[Entry] = []  # written, not yet reported
         self._error: BaseException | None = None
-        self._aborted = False
         self._writer_exited = False
+        self._making_failed = False
 
     def run(self, entries: Iterable[Entry], make: Callable[[Entry], torch.Tensor],
             writer: Callable[[], None]) -> None:
@@ -71,7 +71,7 @@ class Pipeline:
                 self._report()
         except BaseException:
             with self._cond:
-                self._aborted = True
+                self._making_failed = True
                 self._queue.append(_END)
                 self._cond.notify_all()
             thread.join()
@@ -85,6 +85,10 @@ class Pipeline:
         self._report()
         if self._error is not None:
             raise self._error
+        if list(self._queue) != [_END]:  # never a checkpoint with tensors left out
+            raise RuntimeError("torchdefer's checkpoint writer finished without writing "
+                               f"{len(self._queue) - 1} tensor(s); this is a bug, please "
+                               "report it.")
 
     def take(self) -> tuple[Entry, torch.Tensor]:
         """The next entry and its tensor (writer thread); raises :class:`Aborted`."""
@@ -108,7 +112,11 @@ class Pipeline:
         try:
             writer()
         except Aborted:
-            pass
+            with self._cond:
+                if not self._making_failed:  # the writer wanted more than was made
+                    self._error = RuntimeError(
+                        "torchdefer's checkpoint writer expected more tensors than were "
+                        "made; this is a bug, please report it.")
         except BaseException as e:  # handed to the calling thread
             with self._cond:
                 self._error = e

@@ -438,3 +438,12 @@ def test_tensors_built_under_inference_mode_are_written(tmp_path):
                                      dtype=torch.float16)
     loaded = safetensors_torch.load_file(out / "model.safetensors")
     assert torch.equal(loaded["weight"], eager.weight.to(torch.float16))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "dcp"])
+def test_sparse_tensors_are_refused_before_anything_is_written(tmp_path, fmt):
+    model = nn.Module()
+    model.register_buffer("sparse", torch.eye(3).to_sparse())
+    with pytest.raises(CheckpointWriteError, match="'sparse' .*plain dense"):
+        torchdefer.save_state_dict(model, tmp_path / "s", format=fmt)
+    assert list(tmp_path.iterdir()) == []

@@ -114,6 +114,12 @@ def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None) -> WritePl
         )
     for name, t in tensors.items():
         _check_writable(name, t)
+        if t.layout != torch.strided or _is_wrapper(t):
+            raise CheckpointWriteError(
+                f"'{name}' is a {type(t).__name__} with layout {t.layout}; save_state_dict "
+                "writes plain dense tensors only. Convert it (t.to_dense(), or the plain "
+                "tensor a subclass wraps) before saving, or save it with dcp.save."
+            )
     groups = _alias_groups(tensors, fmt)
     if fmt == "safetensors":
         kept = _kept_names(groups, model, hf)  # in state-dict order, as save_pretrained
@@ -147,6 +153,13 @@ def _check_writable(name: str, t: torch.Tensor) -> None:
             f"'{name}' is a meta tensor: it has no values to write. Build the model with "
             "torchdefer.deferred_init instead of on the meta device, or load weights first."
         )
+
+
+def _is_wrapper(t: torch.Tensor) -> bool:
+    """A tensor subclass that wraps others (DTensor, float8 tensors): not plain bytes."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return not isinstance(t, DeferredTensor) and is_traceable_wrapper_subclass(t)
 
 
 def _alias_groups(tensors: dict[str, torch.Tensor], fmt: str) -> list[list[str]]:

@@ -52,7 +52,6 @@ from bench.models import build_fn, spec_named
 
 MiB, GiB = 1 << 20, 1 << 30
 RESULTS = Path(__file__).parent / "results" / "save_init.md"
-TIMED = ["generate", "generate + convert", "save_state_dict"]
 _METER = PeakMeter()
 
 
@@ -183,9 +182,12 @@ def main() -> None:
     parser.add_argument("--scratch", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--dcp", action="store_true", help="also time format='dcp'")
+    parser.add_argument("--no-convert", action="store_true",
+                        help="skip the 'generate + convert' case (long runs)")
     args = parser.parse_args()
     # The safetensors save runs last in each round: its directory is what is checked.
-    timed = TIMED[:2] + (["save_state_dict (dcp)"] if args.dcp else []) + TIMED[2:]
+    timed = (["generate"] + ([] if args.no_convert else ["generate + convert"])
+             + (["save_state_dict (dcp)"] if args.dcp else []) + ["save_state_dict"])
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors leave RSS at once
     scratch = Path(tempfile.mkdtemp(dir=args.scratch))
     ours = scratch / "ours"
@@ -221,7 +223,7 @@ def _report(args, runs: dict[str, list[dict]], extra: list[dict], written: int) 
     largest, base = save["largest"], save["base"]
     command = (f"nice python bench/bench_save_init.py --model {args.model} --dtype {args.dtype} "
                f"--repeat {args.repeat}{' --eager' if args.eager else ''}"
-               f"{' --dcp' if args.dcp else ''}"
+               f"{' --dcp' if args.dcp else ''}{' --no-convert' if args.no_convert else ''}"
                + (" --check materialize" if args.check == "materialize" and not args.eager
                   else ""))
     lines = [

@@ -114,12 +114,6 @@ def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None) -> WritePl
         )
     for name, t in tensors.items():
         _check_writable(name, t)
-        if t.layout != torch.strided or _is_wrapper(t):
-            raise CheckpointWriteError(
-                f"'{name}' is a {type(t).__name__} with layout {t.layout}; save_state_dict "
-                "writes plain dense tensors only. Convert it (t.to_dense(), or the plain "
-                "tensor a subclass wraps) before saving, or save it with dcp.save."
-            )
     groups = _alias_groups(tensors, fmt)
     if fmt == "safetensors":
         kept = _kept_names(groups, model, hf)  # in state-dict order, as save_pretrained
@@ -134,6 +128,12 @@ def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None) -> WritePl
 
 
 def _check_writable(name: str, t: torch.Tensor) -> None:
+    if t.layout != torch.strided or _is_wrapper(t):
+        raise CheckpointWriteError(
+            f"'{name}' is a {type(t).__name__} with layout {t.layout}; save_state_dict "
+            "writes plain dense tensors only. Convert it (t.to_dense(), or the plain "
+            "tensor a subclass wraps) before saving, or save it with dcp.save."
+        )
     if isinstance(t, DeferredTensor):
         if replays_on_meta(t):
             raise CheckpointWriteError(

@@ -15,7 +15,12 @@ from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._real_targets import refuse_collective
-from torchdefer.recorder._refusals import rare_dtypes, refuse_as_eager, writes_inference
+from torchdefer.recorder._refusals import (
+    eager_error,
+    rare_dtypes,
+    refuse_as_eager,
+    writes_inference,
+)
 from torchdefer.recorder._storage import (
     StorageArgs,
     is_storage,
@@ -102,6 +107,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # these messages mean the op has no way to run without data.
         if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
+        eager = eager_error(func, args, kwargs, e, _where)  # eager's words, if they differ
+        if eager is not None:
+            raise eager from e
         raise
     if facts.takes_dtype and kwargs.get("dtype") is None and isinstance(out, torch.Tensor):
         # No dtype means "the default dtype now": replay must not depend on the

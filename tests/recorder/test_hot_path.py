@@ -149,3 +149,21 @@ def test_a_collective_is_refused_at_the_call_also_after_its_facts_are_cached():
     for _ in range(2):  # computes the op's facts, then reads them
         with pytest.raises(torchdefer.TorchdeferError, match="all_reduce"):
             torchdefer.deferred_init(build)
+
+
+def test_normal_and_uniform_after_a_resize_a_set_and_through_a_view_keep_eagers_layout():
+    # normal_/uniform_ run no kernel while recording: their tensor keeps the
+    # metadata it was last recorded with, which must be what it is after a
+    # resize_, a set_ and through a transposed view.
+    def build():
+        x = torch.empty(2, 3)
+        x.resize_(4, 5)
+        x.normal_()
+        y = torch.empty(6)
+        x.set_(y.untyped_storage(), 0, (2, 3))
+        x.uniform_(-1, 1)
+        v = x.t()
+        v.normal_(2, 3)
+        return x, y, v
+
+    check(lambda defer: defer(build))

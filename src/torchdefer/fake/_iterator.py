@@ -47,7 +47,7 @@ def _fast_setup(inputs: list[Layout], shape: tuple[int, ...]) -> tuple[int, ...]
         return _contiguous(shape)
     if len(shape) == 4 and all(_contiguous_like(size, stride, (1, 3, 2, 0))
                                for size, stride in inputs):
-        n, c, h, w = (max(x, 1) for x in shape)
+        _, c, h, w = (max(x, 1) for x in shape)
         return (c * h * w, 1, w * c, c)
     first = inputs[-1][1]
     if all(_dense(size, stride) and stride == first for size, stride in inputs):

@@ -9,7 +9,8 @@ which releases need it, so it can be dropped when the floor passes them.
 
 The bindings below are plain aliases (no wrapper: several sit on the
 per-op hot path); ``export.py`` holds the ones only the descriptors use
-(torch.export's serializer, ShapeEnv, dynamo). Outside this package the code
+(torch.export's serializer, ShapeEnv, dynamo); ``generator.py`` sees every read
+of a generator's state while a recording runs. Outside this package the code
 uses no ``torch._*`` name; ``tests/test_compat.py`` checks that by parsing
 every module. The exceptions are the two documented extension points
 ``torch.utils._pytree`` and ``TorchDispatchMode``.
@@ -27,6 +28,7 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
+    "AMBIENT_GETTERS",
     "BCOMPLEX32",
     "CONV_MEMORY_FORMAT",
     "FAKE_MODE_KEY",
@@ -76,6 +78,20 @@ meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
+AMBIENT_GETTERS: tuple[Any, ...] = (
+    torch.get_default_dtype,
+    getattr(torch._C, "_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+    getattr(torch._C, "_get_deterministic_algorithms_warn_only",
+            torch.is_deterministic_algorithms_warn_only_enabled),
+    getattr(torch._C, "_get_deterministic_fill_uninitialized_memory",
+            lambda: torch.utils.deterministic.fill_uninitialized_memory),
+    getattr(torch._C, "_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+    torch.is_inference_mode_enabled,
+)
+"""The readers of ``recorder.ambient.Ambient``'s settings, in its field order: the C
+functions the public getters wrap (read for every recorded op; the public
+Python wrappers, and ``torch.utils.deterministic``'s module property, cost as
+much again), the public ones where a torch lacks them."""
 OpOverload = torch._ops.OpOverload
 # Batch and instance norms' base, whose _load_from_state_dict supplies an absent
 # num_batches_tracked for old checkpoints (checkpoint/module_rules.py).

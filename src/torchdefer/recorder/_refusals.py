@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat import DisableTorchFunctionSubclass
+from torchdefer._compat.generator import get_state
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 
@@ -96,6 +97,8 @@ def refuse_as_eager(func: Any, args: tuple, kwargs: dict, written: list[torch.Te
     ``written``: the tensors the call writes in place; ``where()``: the user's line.
     """
     with DisableTorchFunctionSubclass():  # plain metadata reads of deferred tensors
+        if _plain_init(func, args, kwargs, written):
+            return
         refusal = _refusal(func, args, kwargs, written, random)
     if refusal is not None:
         kind, message = refusal
@@ -198,15 +201,46 @@ _FLOATS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.
 
 
 def _surely_fine(func: Any, args: tuple, kwargs: dict) -> bool:
-    if (func is not _NORMAL_ and func is not _UNIFORM_) or args[0].dtype not in _FLOATS:
+    if func is not _NORMAL_ and func is not _UNIFORM_:
+        return False
+    limit = _FLOATS.get(args[0].dtype)  # uniform_ refuses bounds and ranges beyond it
+    if limit is None:
         return False
     first, second = ("mean", "std") if func is _NORMAL_ else ("from", "to")
     a = args[1] if len(args) > 1 else kwargs.get(first, 0.0)
     b = args[2] if len(args) > 2 else kwargs.get(second, 1.0)
-    limit = _FLOATS[args[0].dtype]  # uniform_ refuses bounds and ranges beyond it
-    if not all(type(x) in (int, float) and abs(x) <= limit for x in (a, b)):
+    # No all(genexpr): this runs for most of a model's random calls.
+    if type(a) not in _NUMBERS or type(b) not in _NUMBERS or abs(a) > limit or abs(b) > limit:
         return False
     return b >= 0 if func is _NORMAL_ else a <= b and b - a <= limit
+
+
+_NUMBERS = (int, float)
+
+
+def _plain_init(func: Any, args: tuple, kwargs: dict, written: list[torch.Tensor]) -> bool:
+    """Whether ``_refusal`` surely answers None without asking eager: ``normal_`` or
+    ``uniform_`` surely fine (``_surely_fine``) on a tensor without internal
+    overlap, with no other tensor argument that could share its memory.
+
+    The same answer as ``_refusal``'s, in a fraction of its time: these two
+    ops are most of a model's random calls (1124 of the 70B Llama's 2748 ops).
+    """
+    if (func is not _NORMAL_ and func is not _UNIFORM_) or len(written) != 1:
+        return False
+    self = args[0]
+    if written[0] is not self:
+        return False
+    for x in args[1:]:
+        if isinstance(x, torch.Tensor):
+            return False
+    for x in kwargs.values():
+        if isinstance(x, torch.Tensor):
+            return False
+    for n, st in zip(self.shape, self.stride()):
+        if st == 0 and n > 1:  # internal overlap: eager refuses the write
+            return False
+    return _surely_fine(func, args, kwargs)
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -344,7 +378,7 @@ def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
     from torchdefer.recorder.mode import suspended
 
     with suspended(), torch.no_grad():
-        saved = torch.default_generator.get_state()
+        saved = get_state(torch.default_generator)  # as it is: a marker stays one
         try:
             twins = _shared_twins(args, kwargs, second) if shared else {}
             if twins is None:

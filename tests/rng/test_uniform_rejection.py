@@ -131,3 +131,30 @@ def test_only_contiguous_finite_calls_with_torchs_function_are_stepped():
     transposed = TensorInfo((8, 8), (1, 8), torch.float32)
     assert rejection_end(state, transposed, 0.0, 1.0, -0.2, 0.2, run=run) is None
     assert rejection_end(state, flat, 0.0, 1.0, float("-inf"), -9.0, run=run) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_loop_over_more_than_a_chunk_ends_where_eager_does(dtype, threads):
+    n = uniform_rejection.CHUNK + 40_003  # a whole chunk, then a padded one past the grain
+    start, whole, end = _eager(n, dtype, WINDOWS[0], 3)
+    loop = _loop(n, dtype, WINDOWS[0])
+    assert torch.equal(loop.end(start), end)
+    part = torch.empty(50_000, dtype=dtype)
+    loop.rows(n - 50_000, n, part, lambda w: mt19937.advance(start, w))
+    assert torch.equal(part, whole[n - 50_000 :])
+
+
+@pytest.mark.parametrize("k", [1, 127, 129, 32_640, 32_641, 100_000, uniform_rejection.CHUNK])
+def test_every_thread_gets_whole_vector_steps_of_a_padded_buffer(k):
+    # at::parallel_for's two backends (OpenMP, native), for any thread count.
+    m = uniform_rejection._padded(k)
+    assert m >= k
+    grain = uniform_rejection._GRAIN
+    for threads in range(1, 65):
+        if m < grain:
+            pieces = [m]
+        else:
+            openmp = -(-m // min(threads, -(-m // grain)))
+            native = max(grain, -(-m // threads))
+            pieces = [openmp, native]
+        assert all(p % 128 == 0 or p >= m for p in pieces), (threads, pieces)

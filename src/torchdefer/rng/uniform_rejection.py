@@ -45,8 +45,9 @@ from torchdefer.rng import mt19937
 
 __all__ = ["CHUNK", "UniformRejection", "premises_hold"]
 
-CHUNK = 1 << 18  # elements drawn at a time (1 MiB of float32 per buffer)
+CHUNK = 215040  # elements drawn at a time (0.8 MiB of float32 per buffer): see _padded
 _PAD = 128  # a multiple of every vector loop's step (2 vectors of 64 bytes, 1-byte dtypes)
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: TensorIterator runs fewer elements serially
 
 
 def _per_element(dtype: torch.dtype) -> int:
@@ -169,12 +170,29 @@ class UniformRejection:
 def _vectorized(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:
     """``op`` in place on a copy of ``values`` along TensorIterator's vectorized loop only."""
     k = values.numel()
-    padded = torch.empty(-(-k // _PAD) * _PAD, dtype=values.dtype)
+    padded = torch.empty(_padded(k), dtype=values.dtype)
     padded[:k] = values
     padded[k:] = values[0]
-    with mt19937.one_thread():  # a thread split would leave tails in the scalar loop
-        op(padded)
+    op(padded)
     return padded[:k]
+
+
+def _padded(k: int) -> int:
+    """A length whose every piece a thread gets is a multiple of :data:`_PAD`.
+
+    Under :data:`_GRAIN` elements TensorIterator runs serially. Above, OpenMP's
+    ``parallel_for`` gives ``m / min(T, ceil(m / _GRAIN))`` elements a thread,
+    and the native backend ``max(_GRAIN, ceil(m / T))``: with ``m = 128 * 840 * j``
+    (840 = lcm(1..8); ``j`` 1 or 2, so at most 7 pieces) both are multiples of
+    128 for any thread count T. A tail piece would run in the scalar loop.
+    """
+    m = -(-k // _PAD) * _PAD
+    if m < _GRAIN:
+        return m
+    split = _PAD * 840
+    if k > 2 * split:
+        raise ValueError(f"{k} elements: more than a chunk ({CHUNK})")
+    return -(-k // split) * split
 
 
 def _scalar(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:

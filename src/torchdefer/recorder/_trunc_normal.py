@@ -5,8 +5,10 @@ outside ``[a, b]`` (cast to the tensor's dtype). When ``rng.bounds`` proves
 that no value ``normal_`` can produce leaves ``[a, b]``, the loop draws exactly
 once, and the call *is* that ``normal_``: recorded as it, it is in the draw
 model, reached by jump-ahead, sliced by rows, skipped when overwritten, and
-never run while deferring. Every other call stays a composite (run to learn
-how far it moves the generator).
+never run while deferring. Every other call stays a composite, whose draws
+are stepped in bounded memory where :func:`rejection_loop` knows the loop
+(``rng.rejection``, ``rng.uniform_rejection``), else run to learn how far it
+moves the generator.
 
 What this module assumes of torch's function is checked on the installed torch
 once per process (:func:`_draws_one_normal`): with unreachable bounds it gives

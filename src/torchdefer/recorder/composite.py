@@ -12,7 +12,8 @@ runs it (``recorder.stream``).
 :func:`composite` marks a user's own such function the same way. Library
 functions known to read data are marked for the time a recording runs
 (:func:`library_composites`), checked once per process by running them on a
-small real tensor.
+small real tensor. After ``deferred_init`` returned, ``trunc_normal_`` on a
+deferred tensor is recorded the same way (:func:`library_call_asking_is_meta`).
 """
 
 from __future__ import annotations

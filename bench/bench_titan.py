@@ -211,7 +211,7 @@ def _report(r: dict, o, sigma_shapes, small) -> None:
         f"{r['deferred']['composites']}, 3-sigma {r['deferred_3sigma']['composites']}, "
         f"uniform call {r['uniform_call']['composites']}. RSS growth of the uniform call: "
         f"{r['uniform_call']['rss_growth_mib']:.0f} MiB (chunk buffers, and the indices of "
-        "the ~1.5% elements its first round rejects), against 512 MiB for one eager tensor.",
+        "the elements its first round rejects), against 512 MiB for one eager tensor.",
         "",
         "Scaled for a shared 2-core, 24 GiB machine: deferral at Llama 3 8B's shapes (32 "
         "layers, dim 4096, hidden 14336, vocab 128256); the 3-sigma cases at vocab "

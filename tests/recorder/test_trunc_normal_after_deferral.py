@@ -96,5 +96,5 @@ def test_is_meta_is_still_false_for_a_deferred_tensor_elsewhere():
 def test_a_torch_whose_function_asks_more_first_is_recorded_op_by_op(monkeypatch):
     # Where answering is_meta would not skip torch's whole function, the call is
     # recorded op by op (values right; the masks are materialized).
-    monkeypatch.setattr(composite, "_asks_is_meta_first", lambda fn: False)
+    monkeypatch.setattr(composite, "_hookable", lambda fn: False)
     check_program(_build_then_init)

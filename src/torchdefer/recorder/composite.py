@@ -273,16 +273,19 @@ def library_call_asking_is_meta(tensor: DeferredTensor) -> bool | None:
 
 def _library_original() -> Callable[..., Any] | None:
     """torch's ``_no_grad_trunc_normal_`` where this hook applies to it, else None."""
-    from torchdefer.recorder.mode import suspended
-
     fn = getattr(torch.nn.init, "_no_grad_trunc_normal_", None)
     fn = getattr(fn, "__wrapped__", fn)  # another thread's recording may have wrapped it
     if fn is None or getattr(fn, "__code__", None) is None:
         return None
-    with suspended():
-        if not _reads_data(torch.nn.init, "_no_grad_trunc_normal_") or not _asks_is_meta_first(fn):
-            return None  # torch < 2.12: op by op, no data read (or a function not read here)
-    return fn
+    return fn if _hookable(fn) else None
+
+
+@functools.cache  # asked at every is_meta of a deferred tensor outside a recording
+def _hookable(fn: Callable[..., Any]) -> bool:
+    from torchdefer.recorder.mode import suspended
+
+    with suspended():  # torch < 2.12: op by op, no data read (or a function not read here)
+        return _reads_data(torch.nn.init, "_no_grad_trunc_normal_") and _asks_is_meta_first(fn)
 
 
 def _locals_of(code: Any, tensor: Any, depth: int = 6) -> dict[str, Any] | None:

@@ -98,3 +98,13 @@ def test_a_torch_whose_function_asks_more_first_is_recorded_op_by_op(monkeypatch
     # recorded op by op (values right; the masks are materialized).
     monkeypatch.setattr(composite, "_hookable", lambda fn: False)
     check_program(_build_then_init)
+
+
+def test_a_deferred_meta_tensor_is_left_alone_as_eager_leaves_a_meta_tensor():
+    w = torchdefer.deferred_init(lambda: torch.empty(64, 8, device="meta"))
+    creator = w._value.node
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    assert nn.init.trunc_normal_(w, std=1.0, a=-0.5, b=0.5) is w
+    assert torch.equal(torch.get_rng_state(), state)
+    assert w._value.node is creator  # nothing recorded

@@ -253,6 +253,8 @@ def library_call_asking_is_meta(tensor: DeferredTensor) -> bool | None:
     """
     if getattr(_inside, "active", False):
         return None  # the call is being recorded op by op (an eager refusal): plain answer
+    if tensor.fake_device.type == "meta":
+        return None  # its own answer, True: torch returns without a draw, as eager does
     original = _library_original()
     if original is None:
         return None

@@ -122,6 +122,20 @@ def test_a_decision_the_paths_round_differently_is_not_guessed(monkeypatch):
     assert loop.rows(0, 50, torch.empty(50), lambda w: mt19937.advance(start, w)) is None
 
 
+def test_a_density_the_loops_round_differently_after_any_op_is_not_guessed(monkeypatch):
+    # Eager may take the vectorized loop in one op and the scalar one in the
+    # next: the two must agree after every op, not only at the end.
+    original = uniform_rejection._scalar_copy
+
+    def one_ulp_off(values):
+        out = original(values)
+        return out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
+
+    monkeypatch.setattr(uniform_rejection, "_scalar_copy", one_ulp_off)
+    start, _, _ = _eager(50, torch.float32, WINDOWS[0], 0)
+    assert _loop(50, torch.float32, WINDOWS[0]).end(start) is None
+
+
 def test_only_contiguous_finite_calls_with_torchs_function_are_stepped():
     state = torch.Generator().manual_seed(0).get_state()
     run = nn.init._no_grad_trunc_normal_

@@ -22,11 +22,12 @@ differently from eager. So every decision is computed along both paths: the
 vectorized one (a contiguous buffer padded to a multiple of 128 elements, on
 one thread, so no element falls in a tail) and the scalar one (a strided view:
 ``basic_loop`` for the elementwise ops, ``log_``'s buffered ``vml`` call on
-other runs and alignments). Where all four combinations of candidate and
-``log`` agree for every element concerned, the decision does not depend on the
-path and is eager's. Where they disagree for one (a value within an ulp of
-the test, or a NaN), :meth:`UniformRejection.end` answers None and the caller
-runs the call whole, as eager does.
+other runs and alignments). Where the density has the same bits along both
+after every op (an element may take one loop in one op and the other in the
+next) and both ``log`` values fall on the same side of it, for every element
+concerned, the decision does not depend on the path and is eager's. Where not
+(a value within an ulp of the test, or a NaN), :meth:`UniformRejection.end`
+answers None and the caller runs the call whole, as eager does.
 
 The premises (the draw model's ``w`` words an element, chunks equal to a
 whole ``uniform_``, the loop as read here) are checked against torch's own
@@ -151,30 +152,67 @@ class UniformRejection:
         """Whether each candidate is accepted, the same along every path; else None."""
         if x.numel() == 0:
             return torch.zeros(0, dtype=torch.bool)
-        peak, mean, std = self.log_peak, self.mean, self.std
-
-        def density(t: torch.Tensor) -> None:  # eager's pipeline, op for op
-            t.sub_(mean).div_(std).pow_(2).mul_(-0.5).sub_(peak)
-
-        dv, ds = _vectorized(x, density), _scalar(x, density)
+        density = self._density(x)
+        if density is None:
+            return None
         lv, ls = _vectorized(u, torch.Tensor.log_), _scalar(u, torch.Tensor.log_)
-        d_lo, d_hi = torch.minimum(dv, ds), torch.maximum(dv, ds)
-        l_lo, l_hi = torch.minimum(lv, ls), torch.maximum(lv, ls)
-        waits = l_lo > d_hi  # every path: log(u) > density
-        accepted = l_hi <= d_lo  # no path
+        waits = torch.minimum(lv, ls) > density  # along either path: log(u) > density
+        accepted = torch.maximum(lv, ls) <= density  # along neither
         if not bool((waits | accepted).all()):
             return None
         return accepted
 
+    def _density(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Eager's ``-0.5 * ((x - mean) / std)**2 - log_peak``, op for op in the dtype;
+        None where an op's vectorized and scalar loops differ for some element.
 
-def _vectorized(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:
-    """``op`` in place on a copy of ``values`` along TensorIterator's vectorized loop only."""
+        Compared after every op, not only at the end: an element may take the
+        vectorized loop in one op and the scalar one in the next (each op splits
+        the tensor over threads on its own), which could make a third value.
+        """
+        peak, mean, std = self.log_peak, self.mean, self.std
+        stages = (
+            lambda t: t.sub_(mean), lambda t: t.div_(std), lambda t: t.pow_(2),
+            lambda t: t.mul_(-0.5), lambda t: t.sub_(peak),
+        )
+        padded, vector = _vector_copy(x)
+        scalar = _scalar_copy(x)
+        for stage in stages:
+            stage(padded)
+            stage(scalar)
+            if not torch.equal(vector, scalar):
+                return None
+        return vector
+
+
+def _vector_copy(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded contiguous copy of ``values`` (whole vector steps on every thread: see
+    :func:`_padded`), and the view of its first ``values.numel()`` elements."""
     k = values.numel()
     padded = torch.empty(_padded(k), dtype=values.dtype)
     padded[:k] = values
     padded[k:] = values[0]
+    return padded, padded[:k]
+
+
+def _scalar_copy(values: torch.Tensor) -> torch.Tensor:
+    """A copy of ``values`` laid out with stride 2: elementwise ops take their scalar loop."""
+    strided = torch.empty(2 * values.numel(), dtype=values.dtype)[::2]
+    return strided.copy_(values)
+
+
+def _vectorized(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    """``op`` in place on a copy of ``values`` along TensorIterator's vectorized loop only."""
+    padded, view = _vector_copy(values)
     op(padded)
-    return padded[:k]
+    return view
+
+
+def _scalar(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    """``op`` in place on a copy of ``values`` laid out with stride 2 (scalar loops)."""
+    strided = _scalar_copy(values)
+    op(strided)
+    return strided
 
 
 def _padded(k: int) -> int:
@@ -193,14 +231,6 @@ def _padded(k: int) -> int:
     if k > 2 * split:
         raise ValueError(f"{k} elements: more than a chunk ({CHUNK})")
     return -(-k // split) * split
-
-
-def _scalar(values: torch.Tensor, op: Callable[[torch.Tensor], object]) -> torch.Tensor:
-    """``op`` in place on a copy of ``values`` laid out with stride 2 (scalar loops)."""
-    strided = torch.empty(2 * values.numel(), dtype=values.dtype)[::2]
-    strided.copy_(values)
-    op(strided)
-    return strided
 
 
 def _still_waiting(accepted: torch.Tensor, first: int, indices: torch.Tensor | None):

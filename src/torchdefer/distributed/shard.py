@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer.distributed.columns import ColumnRows
 from torchdefer.materialize import Replay, ReplayError
 from torchdefer.materialize.errors import with_context
-from torchdefer.materialize.rows import RowReplay
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local"]
@@ -46,10 +46,13 @@ class ShardReplay:
     """How one parameter's local tensors were made (reported by :func:`observe`)."""
 
     name: str
-    rows: bool  # computed from the shard's own elements, no full parameter
+    rows: bool  # no full parameter: from its own elements (or row chunks, see chunked)
     drawn: int  # elements its random ops drew on this rank
     numel: int  # elements of its local tensors (the largest, for FSDP2's padded shard)
     reason: str | None = None  # why not from its own elements (the op that stopped it)
+    # A column block (Shard(1)): whole rows of the parameter, chunk by chunk
+    # (distributed.columns), never the whole parameter at once.
+    chunked: bool = False
 
 
 _observers: contextvars.ContextVar[list[ShardReplay] | None] = contextvars.ContextVar(
@@ -93,7 +96,7 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     graph = fakes[0]._graph
     targets = [(f._value, f._value.storage.version) for f in fakes]
     replay = Replay(graph, None)
-    rows = RowReplay(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
+    rows = ColumnRows(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
     try:
         reals = replay.run(targets, [name] * len(fakes), substitute=rows)
     except ReplayError as e:
@@ -108,14 +111,14 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     return [real.detach().requires_grad_(f.requires_grad) for f, real in zip(fakes, reals)]
 
 
-def _report(name: str, fakes, reals, rows: RowReplay | None) -> ShardReplay:
+def _report(name: str, fakes, reals, rows: ColumnRows | None) -> ShardReplay:
     numel = max(r.numel() for r in reals)
     if rows is None:
         return ShardReplay(name, False, 0, numel, "TORCHDEFER_SHARD_ROWS=0")
     answered = all(rows.answered(f._value) for f in fakes)
     reasons = [rows.why_not(f._value) for f in fakes]
     reason = None if answered else next((r for r in reasons if r), "not asked")
-    return ShardReplay(name, answered, rows.drawn, numel, reason)
+    return ShardReplay(name, answered, rows.drawn, numel, reason, answered and rows.chunked)
 
 
 def owns_only_itself(real: torch.Tensor) -> bool:

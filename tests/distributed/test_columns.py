@@ -132,3 +132,15 @@ def test_block_of_rows_recognizes_exactly_runs_of_consecutive_elements(view, exp
     base = torch.empty(6, 8)
     v = view(base)
     assert block_of_rows(TensorMeta.of(v, v.device)) == expected
+
+
+@pytest.mark.parametrize("elements", [(5, 40), (13, 26), (14, 20), (0, 1), (376, 377)])
+def test_a_range_cutting_rows_of_the_block_is_computed_bit_for_bit(elements, monkeypatch):
+    monkeypatch.setattr(columns, "CHUNK_BYTES", 3 * 37 * 4)  # three rows per chunk
+    a, b = elements
+
+    def slicer(w):
+        return w[:, 7:20].clone().view(-1)[a:b].clone()  # 13 columns: 377 elements
+
+    eager, real, seen = _both(lambda: _titan_like(29, 37), slicer)
+    assert torch.equal(real, eager) and seen.chunked

@@ -111,9 +111,18 @@ class ColumnRows(RowReplay):
     def _fill(self, buf: torch.Tensor, chunks, columns: int, step: int, lo: int, hi: int):
         self.chunked = True
         for a, n, part in chunks:
-            got = part.compute().as_strided((n, columns), (step, 1)).reshape(-1)
+            got = part.compute().as_strided((n, columns), (step, 1))
             x, y = max(lo, a * columns), min(hi, (a + n) * columns)
-            buf[x - lo : y - lo].copy_(got[x - a * columns : y - a * columns])
+            # whole rows straight into place (no copy of the block in between), then
+            # the parts of the first and last rows a range may cut
+            first, last = -(-x // columns), y // columns
+            if first < last:
+                rows = buf[first * columns - lo : last * columns - lo].view(last - first, columns)
+                rows.copy_(got[first - a : last - a])
+            for r in {x // columns, last} if first <= last else {x // columns}:
+                s, e = max(x, r * columns), min(y, (r + 1) * columns)
+                if s < e and not first <= r < last:
+                    buf[s - lo : e - lo].copy_(got[r - a, s - r * columns : e - r * columns])
 
 
 def _block_source(storage: Storage, version: int) -> tuple[Value, int] | None:

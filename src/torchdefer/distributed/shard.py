@@ -7,8 +7,11 @@ is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
 and every op of the parameter allows it, the replay computes only those
 elements (``torchdefer.materialize.rows``): random ops draw just the shard's
 numbers from generator states reached by jump-ahead, elementwise ops run on
-the shard. Otherwise (``Shard(1)``, ``orthogonal_``, ``trunc_normal_``'s
-rejection loop, a CUDA generator) the slice of the graph is replayed as
+the shard. A block of columns (``Shard(1)``: ``RowwiseParallel``, and FSDP2's
+shard of it under TP+FSDP2) is computed the same way from chunks of whole rows
+of the parameter, keeping its columns (``torchdefer.distributed.columns``).
+Otherwise (``orthogonal_``, ``trunc_normal_``'s narrow uniform branch, a CUDA
+generator) the slice of the graph is replayed as
 recorded: the full parameter is built, sliced and freed when the replay ends.
 Either way the values are bit for bit the eager parameter's slice, and a rank
 holds its shards plus at most one full parameter at a time.

@@ -30,8 +30,8 @@ from torchdefer.distributed.shard import observe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `bench`
 
-from bench.titan_model import TitanArgs, TitanLlama  # noqa: E402
-from bench.titan_parallel import apply_layout  # noqa: E402
+from bench.titan_model import TitanArgs, TitanLlama
+from bench.titan_parallel import apply_layout
 
 # hidden 45 and vocab 67: colwise chunks of 23/22 rows, rowwise ones of 23/22 columns
 ARGS = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden=45, vocab=67, max_seq_len=16)

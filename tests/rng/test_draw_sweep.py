@@ -418,7 +418,7 @@ def _run(name, dtype, kind, shape, order, explicit):
         ref, ref_g = build()
     except (RuntimeError, TypeError) as error:  # eager refuses: deferred must refuse too
         # (where, when and the generator after: tests/recorder/test_eager_refusals.py)
-        # TypeError: an argument this torch lacks (randint_like's generator before 2.9)
+        # TypeError: an argument this torch lacks (randint_like's generator on 2.8)
         torch.manual_seed(11)
         with pytest.raises(type(error) if isinstance(error, TypeError) else RuntimeError):
             torchdefer.deferred_init(build)

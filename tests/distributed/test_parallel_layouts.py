@@ -32,8 +32,8 @@ def _check(outcomes, name: str) -> None:
     assert not errors, "\n".join(errors)
 
 
-def test_rowwise_parallel_peak_memory_is_the_shards_and_one_chunk(outcomes):
-    _check(outcomes, "rowwise_peak_memory_is_the_shards_and_a_chunk")
+def test_tensor_parallel_peak_memory_is_the_shards_and_one_chunk(outcomes):
+    _check(outcomes, "tensor_parallel_peak_memory_is_the_shards_and_a_chunk")
 
 
 def test_hsdp_on_a_2x2_mesh_matches_eager_from_rows(outcomes):

@@ -19,6 +19,11 @@ the rows the shard touches (all of them for a ``Shard(1)`` shard: a column of
 a row-major random tensor takes words spread over the whole stream). Values
 are bit for bit the eager slice: each chunk is row replay's, which is.
 
+The local tensor of a ``Shard(0)`` placement (``ColwiseParallel``) is a
+``clone`` of a row range: its elements are the range's, computed straight into
+the shard (row replay alone would compute the range, clone it and copy the
+clone, three times the shard at once).
+
 Nothing else changes: a history row replay cannot slice (``orthogonal_``, a
 CUDA generator, a write after the ``clone``) still replays as recorded.
 """
@@ -78,14 +83,28 @@ class ColumnRows(RowReplay):
         self.chunked = False
 
     def span(self, storage: Storage, version: int, lo: int, hi: int) -> Span:
-        try:
+        source = _clone_source(storage, version)
+        if source is None:
             return super().span(storage, version, lo, hi)
-        except NotSliceable:
-            source = _block_source(storage, version)
-            if source is None:
-                raise
-        # Its reason, if it cannot, is the op of the parameter's history that stops it.
-        return self._block_span(storage, version, lo, hi, *source)
+        src, read = source
+        start = contiguous_range(src.meta)
+        if start is not None:  # a row range: its source's elements, computed in place
+            return self._range_span(storage, lo, hi, src, read, start[0])
+        if block_of_rows(src.meta) is not None:
+            # Its reason, if it cannot, is the op of the parameter's history that stops it.
+            return self._block_span(storage, version, lo, hi, src, read)
+        return super().span(storage, version, lo, hi)
+
+    def _range_span(self, storage: Storage, lo: int, hi: int, src: Value, read: int, start: int):
+        """Elements of a clone of a contiguous range (``ColwiseParallel``'s local tensor): its
+        source's span itself. Row replay would compute the source's span, clone it and
+        copy the clone into place, three times the shard at once."""
+        if not 0 <= lo <= hi <= math.prod(src.meta.size):
+            raise NotSliceable(storage.creator, f"elements [{lo}, {hi}) are not in its storage")
+        span = self.span(src.storage, read, start + lo, start + hi)
+        if span.dtype != src.meta.dtype:
+            raise NotSliceable(storage.creator, "reads its source as another dtype")
+        return span
 
     def _block_span(
         self, storage: Storage, version: int, lo: int, hi: int, src: Value, read: int
@@ -98,8 +117,8 @@ class ColumnRows(RowReplay):
         chunks = []  # (first row, rows, the span of the parameter's elements they cover)
         for a in range(first, last, per):
             b = min(last, a + per)
-            part = super().span(src.storage, read, offset + a * step, offset + (b - 1) * step
-                                + columns)  # fmt: skip
+            part = self.span(src.storage, read, offset + a * step, offset + (b - 1) * step
+                               + columns)  # fmt: skip
             if part.dtype != src.meta.dtype:
                 raise NotSliceable(storage.creator, "reads its source as another dtype")
             chunks.append((a, b - a, part))
@@ -125,20 +144,19 @@ class ColumnRows(RowReplay):
                     buf[s - lo : e - lo].copy_(got[r - a, s - r * columns : e - r * columns])
 
 
-def _block_source(storage: Storage, version: int) -> tuple[Value, int] | None:
-    """``(view, version read)`` if ``storage`` is, at ``version``, a ``clone`` of a
-    column block of another storage (what ``distribute_tensor`` makes of ``Shard(1)``)."""
+def _clone_source(storage: Storage, version: int) -> tuple[Value, int] | None:
+    """``(view, version read)`` if ``storage`` is, at ``version``, a same-dtype ``clone`` of a
+    view of another storage into contiguous memory (what ``distribute_tensor`` records
+    for a ``Shard`` placement: ``.contiguous()`` of a chunk)."""
     node = storage.creator
     if version != 0 or node.op is not _CLONE or len(node.inputs) != 1:
         return None
     created = next((v for v in node.outputs if v.storage is storage), None)
     src = node.inputs[0]
-    if created is None or created.meta.size != src.meta.size:
+    if created is None or created.meta.size != src.meta.size or src.storage is storage:
         return None
-    if created.meta.dtype != src.meta.dtype or src.storage is storage:
+    if created.meta.dtype != src.meta.dtype or src.meta.conj or src.meta.neg:
         return None
     if contiguous_range(created.meta) != (0, math.prod(created.meta.size)):
-        return None
-    if block_of_rows(src.meta) is None:
         return None
     return src, node.reads[0]

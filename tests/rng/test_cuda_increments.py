@@ -247,11 +247,11 @@ def test_sub_launches_cover_the_tensor_and_each_fits_32_bit_indexing(size, steps
 def test_dense_detection_agrees_with_eager(size, data):
     import torch._prims_common as prims_common
 
-    # torch 2.8 has only the plain name: the same answer for sizes and strides that are ints.
+    # torch 2.8 has only the plain name (2.15 only the new one): the same answer for
+    # sizes and strides that are ints.
     is_non_overlapping_and_dense_or_false = getattr(
-        prims_common, "is_non_overlapping_and_dense_or_false",
-        prims_common.is_non_overlapping_and_dense,
-    )  # fmt: skip
+        prims_common, "is_non_overlapping_and_dense_or_false", None
+    ) or prims_common.is_non_overlapping_and_dense
     stride = tuple(data.draw(st.integers(0, 30)) for _ in size)
     t = torch.empty(0, device="meta").as_strided(size, stride)
     assert cuda_increments._non_overlapping_and_dense(tuple(size), stride) == (

@@ -166,11 +166,12 @@ def tensor_parallel_colwise_rows_and_rowwise_columns_match_eager(rank: int, worl
     parallelize_module(model, mesh, plan, src_data_rank=None)
     with observe() as seen:
         tdd.materialize_module(model)
-    paths = {s.name: s.rows for s in seen}
-    # Colwise shards rows (the row path); rowwise shards columns (the full parameter).
-    assert paths["0.weight"] and paths["0.bias"], seen
-    if world > 1:
-        assert not paths["2.weight"], seen
+    paths = {s.name: s for s in seen}
+    # Colwise shards rows (the row path); rowwise shards columns: chunks of whole rows,
+    # never the full parameter (distributed/columns.py).
+    assert all(s.rows for s in seen), seen
+    assert not paths["0.weight"].chunked and not paths["0.bias"].chunked, seen
+    assert paths["2.weight"].chunked == (world > 1), seen
     reference = parallelize_module(eager, mesh, plan)
     theirs = dict(reference.named_parameters())
     for name, param in model.named_parameters():

@@ -317,7 +317,7 @@ def test_a_failed_write_stops_the_replays_and_leaves_nothing_behind(tmp_path, mo
 
     made = []
 
-    def broken(f, tensor, dtype):
+    def broken(*args):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_safetensors_writer, "_write_tensor", broken)

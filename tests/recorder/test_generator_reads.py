@@ -17,6 +17,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import torchdefer
@@ -274,5 +276,64 @@ def test_a_process_forked_inside_the_constructor_inherits_the_exact_state():
 
         out = defer(build)
         return out, torch.tensor(list(box["child"]), dtype=torch.uint8)
+
+    check(program)
+
+
+_READS = {
+    "get_state": lambda g: g.get_state(),
+    "clone_state": lambda g: g.clone_state().get_state(),
+    "copy": lambda g: copy.copy(g).get_state(),
+    "deepcopy": lambda g: copy.deepcopy(g).get_state(),
+}  # pickle.loads of a tensor inside deferred_init is refused (it builds a real tensor)
+_STEP = st.one_of(
+    st.tuples(st.just("draw"), st.sampled_from(["randn", "rand", "normal_16"]),
+              st.integers(1, 40), st.booleans()),
+    st.tuples(st.just("read"), st.sampled_from(sorted(_READS)), st.booleans()),
+    st.tuples(st.just("restore"), st.integers(0, 5), st.booleans()),
+)
+
+
+def _run_steps(steps, g, kept, out):
+    for step in steps:
+        kind, *rest = step
+        if kind == "draw":
+            how, n, own = rest
+            generator = g if own else None
+            if how == "randn":
+                out.append(torch.randn(n, generator=generator))
+            elif how == "rand":
+                out.append(torch.rand(n, generator=generator))
+            else:  # the Box-Muller path and, under 16, the cached normal
+                out.append(torch.empty(n + 15).normal_(generator=generator))
+        elif kind == "read":
+            name, own = rest
+            kept.append((own, _READS[name](g if own else torch.default_generator)))
+        elif kept:
+            index, _ = rest
+            own, state = kept[index % len(kept)]
+            (g if own else torch.default_generator).set_state(state)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inside=st.lists(_STEP, max_size=8), after=st.lists(_STEP, max_size=5))
+def test_any_reads_and_restores_inside_and_after_give_eager_numbers(inside, after):
+    if not hasattr(torch.Generator, "clone_state"):
+        inside = [s for s in inside if s[:2] != ("read", "clone_state")]
+        after = [s for s in after if s[:2] != ("read", "clone_state")]
+
+    def program(defer):
+        g = torch.Generator().manual_seed(77)
+        kept: list = []
+
+        def build():
+            out: list = []
+            _run_steps(inside, g, kept, out)
+            return out
+
+        built = defer(build)
+        later: list = []
+        _run_steps(after, g, kept, later)
+        return built, later, g, torch.randn(3), torch.rand(2, generator=g)
 
     check(program)

@@ -118,3 +118,52 @@ def test_a_compiled_function_inside_deferred_init_computes_eagers_values_without
     assert_same_tensor(torchdefer.materialize_tensor(out), eager[0])
     torchdefer.materialize_module(layer)
     assert_same_tensor(layer.weight, ref.weight)
+
+
+def test_data_and_storage_reads_are_answered_the_same_after_many_calls():
+    # .data and the storage getters need work after the call: they never take
+    # the ordinary shortcut, however often they are called.
+    def build():
+        x = torch.arange(6.0).view(2, 3)
+        seen = []
+        for _ in range(4):
+            d = x.data
+            seen.append((d._value.node.kind, x.untyped_storage().nbytes(),
+                         x.untyped_storage().device))
+        return x, d, seen
+
+    x, d, seen = torchdefer.deferred_init(build)
+    assert seen == [("data_get", 24, torch.device("cpu"))] * 4
+    assert torchdefer.is_fake(d) and d.untyped_storage().device == torch.device("cpu")
+    assert torch.equal(torchdefer.materialize_tensor(d), torch.arange(6.0).view(2, 3))
+
+
+def test_a_collective_is_refused_at_the_call_also_after_its_facts_are_cached():
+    functional = pytest.importorskip("torch.distributed._functional_collectives")
+    del functional
+
+    def build():
+        x = torch.ones(4)
+        torch.ops._c10d_functional.all_reduce.default(x, "sum", "0")
+
+    for _ in range(2):  # computes the op's facts, then reads them
+        with pytest.raises(torchdefer.TorchdeferError, match="all_reduce"):
+            torchdefer.deferred_init(build)
+
+
+def test_normal_and_uniform_after_a_resize_a_set_and_through_a_view_keep_eagers_layout():
+    # normal_/uniform_ run no kernel while recording: their tensor keeps the
+    # metadata it was last recorded with, which must be what it is after a
+    # resize_, a set_ and through a transposed view.
+    def build():
+        x = torch.empty(2, 3)
+        x.resize_(4, 5)
+        x.normal_()
+        y = torch.empty(6)
+        x.set_(y.untyped_storage(), 0, (2, 3))
+        x.uniform_(-1, 1)
+        v = x.t()
+        v.normal_(2, 3)
+        return x, y, v
+
+    check(lambda defer: defer(build))

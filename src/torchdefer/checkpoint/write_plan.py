@@ -157,7 +157,7 @@ def _check_writable(name: str, t: torch.Tensor) -> None:
 
 def _is_wrapper(t: torch.Tensor) -> bool:
     """A tensor subclass that wraps others (DTensor, float8 tensors): not plain bytes."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from torchdefer._compat import is_traceable_wrapper_subclass
 
     return not isinstance(t, DeferredTensor) and is_traceable_wrapper_subclass(t)
 

@@ -89,17 +89,18 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         writes = writes_of(plan, written)
     targets = list(_written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets} if targets else _NO_STORAGES
+    # normal_/uniform_ answered without running anything (most of a model's
+    # writes): their tensor's metadata and storage stay as they are.
+    filled = _fill_in_place(func, args, written) if targets else None
     # Only a write (an out= argument, resize_, set_) can grow a storage.
-    resizable = resizable_by(plan, tensors + owners, targets) if targets else []
+    resizable = resizable_by(plan, tensors + owners, targets) if targets and not filled else []
     sizes = {id(t): _storage_id(t) for t in resizable}
     generator = _generator_in(facts, args, kwargs) if facts.generators else None
     random = facts.random or generator is not None
     if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
         refuse_as_eager(func, args, kwargs, targets, random, _where)
     try:
-        out, device = _fill_in_place(func, args, written) or run_on_meta(
-            func, args, _without_generator(kwargs), tensors
-        )
+        out, device = filled or run_on_meta(func, args, _without_generator(kwargs), tensors)
     except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
         raise _unrecordable(func, e) from e
     except RuntimeError as e:
@@ -127,7 +128,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if resizable:
         node.writes += record_growth(node, resizable, sizes)
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
-                                 before)
+                                 before, same_meta=filled is not None)
     node.kind = _kind(facts, node, aliased, device)
     if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
@@ -333,7 +334,8 @@ def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
     return tuple(write(node, t._value.storage) for t in _written_tensors(values, written))
 
 
-def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int]):
+def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int],
+                  same_meta: bool = False):
     """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
 
     An output aliases an input exactly when it shares that input's (meta)
@@ -341,7 +343,8 @@ def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before
     (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
     carry no annotation, ``set_`` moves its target onto another storage).
     ``inputs``: the deferred tensors among the arguments (storage owners too);
-    ``before`` maps each tensor the op writes to its storage before the call.
+    ``before`` maps each tensor the op writes to its storage before the call;
+    ``same_meta``: nothing ran on the tensors, so their metadata is as recorded.
     """
     outs = flatten_out(out)
     # storage id -> record, for the inputs not returned in place (their storage
@@ -368,8 +371,11 @@ def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before
             elif storage is None:
                 storage = storages[key] = graph.new_storage(node, _nbytes(o))
                 graph.holders[key] = o
-            with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
-                meta = TensorMeta.of(o, o.fake_device)
+            if same_meta:
+                meta = o._value.meta  # immutable: shared with the value before
+            else:
+                with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
+                    meta = TensorMeta.of(o, o.fake_device)
             o._value = Value(node, k, storage, meta)
             node.outputs.append(o._value)
             aliased = True

@@ -291,9 +291,10 @@ def _report(args, runs: dict[str, list[dict]], extra: list[dict], written: int) 
         f"whole process, {(peak['save_state_dict'] + base) / MiB:,.0f} MiB).",
         f"- **Time**: save_state_dict / generation alone = {ratio:.2f} on medians, "
         f"{ratio_min:.2f} on the fastest runs (target <= 1.2). CPU time of save_state_dict: "
-        f"{producer_cpu:.1f} s on the calling thread (replay; generation alone: "
-        f"{cpu['generate']:.1f} s) and {writer_cpu:.1f} s on the writer thread (conversion to "
-        f"{args.dtype} and write(2) into the page cache). This machine schedules sessions, "
+        f"{writer_cpu:.1f} s on the writer thread (conversion to {args.dtype} and write(2) "
+        f"into the page cache) and {producer_cpu:.1f} s on the rest of the process (the "
+        "calling thread's replay and torch's worker threads; generation alone: "
+        f"{cpu['generate']:.1f} s). This machine schedules sessions, "
         "not threads, fairly (Linux autogroup, 2 cores shared with other jobs): a session's "
         "CPU rate is fixed, so the writer thread's CPU adds to the wall time here instead of "
         "running beside the replay. On two free cores the two threads overlap and the wall "

@@ -9,6 +9,11 @@ each case in a fresh process, medians of ``--repeat`` runs, ratios of one run:
 * ``deferred 3-sigma`` against ``deferred`` at the same shapes, and the eager
   time of the output layer's 3-sigma ``trunc_normal_`` alone: what deferral
   pays on top for the one data-dependent call (target <= 1.5x that call).
+* ``uniform call`` deferred against ``eager uniform call``: one output-sized
+  ``trunc_normal_`` whose window holds under 30% of the mass (torch's uniform
+  loop, ``std=dim**-0.5, a=-0.25 std, b=0.25 std``), ``deferred_init`` of it
+  (recording, then stepping its rounds when leaving) against the eager call
+  (target <= 1.5x).
 * ``whole`` / ``last layer``: a smaller model (``--small``) materialized whole,
   and only its last decoder layer: the layer's time against its share of the
   parameters times the whole's time (target <= 2x).
@@ -56,6 +61,9 @@ def _case(name: str, args: dict) -> dict:
             TitanLlama(tiny)
     elif name != "eager_call":
         torchdefer.materialize_module(torchdefer.deferred_init(TitanLlama, tiny))
+    if name == "uniform_call":  # and the uniform loop's once-per-dtype premise check
+        torchdefer.materialize_tensor(torchdefer.deferred_init(
+            lambda: torch.nn.init.trunc_normal_(torch.empty(64), std=1.0, a=-0.2, b=0.2)))
     gc.collect()
     before = process.memory_info().rss
     torch.manual_seed(0)
@@ -76,6 +84,20 @@ def _case(name: str, args: dict) -> dict:
         start, cpu = time.perf_counter(), time.process_time()
         torch.nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std)
         out = {}
+    elif name in ("uniform_call", "eager_uniform_call"):  # torch's p <= 0.3 branch
+        std = a.dim**-0.5
+
+        def init() -> torch.Tensor:
+            w = torch.empty(a.vocab, a.dim)
+            return torch.nn.init.trunc_normal_(w, std=std, a=-0.25 * std, b=0.25 * std)
+
+        start, cpu = time.perf_counter(), time.process_time()
+        if name == "uniform_call":
+            w = torchdefer.deferred_init(init)
+            out = {"composites": int("trunc_normal" in w._value.node.name)}
+        else:
+            init()
+            out = {}
     elif name in ("whole", "last"):
         model = torchdefer.deferred_init(TitanLlama, a)
         start, cpu = time.perf_counter(), time.process_time()
@@ -140,6 +162,8 @@ def main() -> None:
         ),
         "deferred_3sigma": _run("deferred", sigma_shapes, o.repeat),
         "eager_call": _run("eager_call", sigma_shapes, o.repeat),
+        "uniform_call": _run("uniform_call", sigma_shapes, o.repeat),
+        "eager_uniform_call": _run("eager_uniform_call", sigma_shapes, o.repeat),
         "whole": _run("whole", small, o.repeat),
         "last": _run("last", small, o.repeat),
     }
@@ -160,6 +184,8 @@ def _report(r: dict, o, sigma_shapes, small) -> None:
          "<= 64"),
         (f"3-sigma output (vocab {o.vocab}): extra deferral / eager call", extra /
          r["eager_call"]["cpu"], "<= 1.5x"),
+        (f"uniform-loop output (p <= 0.3, vocab {o.vocab}): deferral / eager call",
+         r["uniform_call"]["cpu"] / r["eager_uniform_call"]["cpu"], "<= 1.5x"),
         (f"last layer / its share of the whole ({small.n_layers}L dim {small.dim})",
          last["cpu"] / (last["share"] * whole["cpu"]), "<= 2x"),
     ]  # fmt: skip
@@ -181,8 +207,11 @@ def _report(r: dict, o, sigma_shapes, small) -> None:
         "",
         "Wall seconds (median): " + ", ".join(f"{k} {v['seconds']:.3f}" for k, v in r.items()),
         "",
-        f"Composite (run) parameters: deferred {r['deferred']['composites']}, "
-        f"3-sigma {r['deferred_3sigma']['composites']}.",
+        f"Composite parameters (stepped in chunks, none run whole): deferred "
+        f"{r['deferred']['composites']}, 3-sigma {r['deferred_3sigma']['composites']}, "
+        f"uniform call {r['uniform_call']['composites']}. RSS growth of the uniform call: "
+        f"{r['uniform_call']['rss_growth_mib']:.0f} MiB (chunk buffers, and the indices of "
+        "the elements its first round rejects), against 512 MiB for one eager tensor.",
         "",
         "Scaled for a shared 2-core, 24 GiB machine: deferral at Llama 3 8B's shapes (32 "
         "layers, dim 4096, hidden 14336, vocab 128256); the 3-sigma cases at vocab "

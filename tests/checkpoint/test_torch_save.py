@@ -39,17 +39,20 @@ def test_a_compressed_archive_loads_the_right_values_where_mmap_reads_garbage(tm
     assert_same_module(model, _expected(state))
 
 
-def test_a_record_shorter_than_declared_is_refused_as_torch_load_refuses_it(tmp_path):
+def test_a_record_shorter_than_declared_is_refused_on_every_torch(tmp_path):
     state = trained_state()
     torch.save(state, tmp_path / "plain.pt")
     short = rezip(tmp_path / "plain.pt", tmp_path / "short.pt", shorten="data/0")
-    with pytest.raises(RuntimeError, match="record size"):
+    try:  # torch 2.8 reads it, the missing bytes from uninitialized memory; later ones refuse
         torch.load(short, weights_only=True)
+    except RuntimeError as e:
+        assert "record size" in str(e)
     torch.load(short, mmap=True, weights_only=True)  # mmap reads past the record, silently
     model = deferred()
     with pytest.raises(CheckpointFormatError, match="short.pt") as info:
         torchdefer.load_state_dict(model, short)
-    assert isinstance(info.value, ValueError) and "record size" in str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert "data/0 holds" in str(info.value) and "truncated" in str(info.value)
     assert torchdefer.is_deferred(model)
 
 

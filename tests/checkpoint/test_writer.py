@@ -317,7 +317,7 @@ def test_a_failed_write_stops_the_replays_and_leaves_nothing_behind(tmp_path, mo
 
     made = []
 
-    def broken(f, tensor, dtype):
+    def broken(*args):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_safetensors_writer, "_write_tensor", broken)
@@ -447,3 +447,17 @@ def test_sparse_tensors_are_refused_before_anything_is_written(tmp_path, fmt):
     with pytest.raises(CheckpointWriteError, match="'sparse' .*plain dense"):
         torchdefer.save_state_dict(model, tmp_path / "s", format=fmt)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pieces_of_every_size_convert_as_one_whole_to(tmp_path, monkeypatch):
+    from torchdefer.checkpoint import _safetensors_writer
+
+    monkeypatch.setattr(_safetensors_writer, "_CHUNK_BYTES", 48)  # many pieces, odd tails
+    model = nn.Module()
+    model.register_buffer("a64", torch.randn(7, 5, dtype=torch.float64))
+    model.register_buffer("b32", torch.randn(29))
+    model.register_buffer("c16", torch.randn(3, 11).half())
+    out = torchdefer.save_state_dict(model, tmp_path / "p", dtype=torch.bfloat16)
+    loaded = safetensors_torch.load_file(out / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded[name], tensor.to(torch.bfloat16)), name

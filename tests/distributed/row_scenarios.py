@@ -51,7 +51,7 @@ class Mixed(nn.Module):
         self.plain = nn.Linear(12, 30)
         self.ortho = nn.Linear(12, 30)
         nn.init.orthogonal_(self.ortho.weight)
-        # a quarter sigma: the uniform loop (default and 3-sigma bounds come from rows)
+        # a quarter sigma: the uniform loop (rng.uniform_rejection), rows too
         self.trunc = nn.Parameter(
             nn.init.trunc_normal_(torch.empty(30, 8), std=0.02, a=-0.005, b=0.005)
         )
@@ -89,10 +89,10 @@ def fsdp2_mixing_init_falls_back_and_stays_bit_for_bit(rank: int, world: int) ->
     assert seen["titan"].rows, "trunc_normal_ with bounds normal_ cannot reach is its normal_"
     if trunc_normal_reads_data():
         assert seen["three_sigma"].rows, "a normal_ rejection loop comes from its own rows"
-    # Before torch 2.12 trunc_normal_ is erfinv of a uniform: elementwise, so rows.
-    for name in ("ortho.weight", "trunc") if trunc_normal_reads_data() else ("ortho.weight",):
-        assert not seen[name].rows, f"{name} cannot come from its rows"
-        assert seen[name].reason, f"{name}: the fallback names the op that stopped it"
+    # The uniform loop since torch 2.12, erfinv of a uniform before: rows either way.
+    assert seen["trunc"].rows, "trunc_normal_'s uniform loop comes from its own rows"
+    assert not seen["ortho.weight"].rows, "orthogonal_ cannot come from its rows"
+    assert seen["ortho.weight"].reason, "the fallback names the op that stopped it"
 
 
 def fsdp2_bf16_model_converted_after_init_matches_eager(rank: int, world: int) -> None:
@@ -166,11 +166,12 @@ def tensor_parallel_colwise_rows_and_rowwise_columns_match_eager(rank: int, worl
     parallelize_module(model, mesh, plan, src_data_rank=None)
     with observe() as seen:
         tdd.materialize_module(model)
-    paths = {s.name: s.rows for s in seen}
-    # Colwise shards rows (the row path); rowwise shards columns (the full parameter).
-    assert paths["0.weight"] and paths["0.bias"], seen
-    if world > 1:
-        assert not paths["2.weight"], seen
+    paths = {s.name: s for s in seen}
+    # Colwise shards rows (the row path); rowwise shards columns: chunks of whole rows,
+    # never the full parameter (distributed/columns.py).
+    assert all(s.rows for s in seen), seen
+    assert not paths["0.weight"].chunked and not paths["0.bias"].chunked, seen
+    assert paths["2.weight"].chunked == (world > 1), seen
     reference = parallelize_module(eager, mesh, plan)
     theirs = dict(reference.named_parameters())
     for name, param in model.named_parameters():

@@ -65,7 +65,7 @@ def test_hsdp_shards_come_from_their_own_rows_bit_for_bit(outcomes, world):
 
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
-def test_tensor_parallel_colwise_takes_rows_and_rowwise_falls_back_bit_for_bit(outcomes, world):
+def test_tensor_parallel_colwise_takes_rows_and_rowwise_row_chunks_bit_for_bit(outcomes, world):
     _check(outcomes, world, "tensor_parallel_colwise_rows_and_rowwise_columns_match_eager")
 
 

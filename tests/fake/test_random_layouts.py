@@ -5,6 +5,7 @@ import torch
 
 import torchdefer
 from parity import assert_same_tensor
+from torchdefer.recorder import RecordingError
 
 _aten = torch.ops.aten
 OPS = {
@@ -44,6 +45,11 @@ def test_random_op_outputs_are_row_major_as_eagers_for_any_input_layout(name, la
         eager = build()
         ref_state = torch.get_rng_state()
         torch.manual_seed(0)
+        if name == "standard_gamma" and not _has_meta("aten::_standard_gamma"):
+            # torch 2.8: no meta kernel, so recording it is refused, naming the op
+            with pytest.raises(RecordingError, match="aten._standard_gamma"):
+                torchdefer.deferred_init(build)
+            continue
         deferred = torchdefer.deferred_init(build)
         assert torch.equal(torch.get_rng_state(), ref_state), shape
         assert deferred[0].stride() == eager[0].stride(), shape  # what user code sees
@@ -115,3 +121,7 @@ def test_like_factories_of_an_empty_strided_tensor_keep_its_strides_as_eager(lik
     deferred = torchdefer.deferred_init(build)
     assert deferred.stride() == eager.stride()
     assert_same_tensor(torchdefer.materialize_tensor(deferred), eager)
+
+
+def _has_meta(op: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta")

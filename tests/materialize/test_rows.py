@@ -179,8 +179,6 @@ def test_explicit_generators_and_large_tensors_slice_from_their_own_stream():
 
 FALLBACKS = {
     "orthogonal": lambda w: nn.init.orthogonal_(w),
-    # a quarter sigma: the uniform loop, whose acceptance mixes log_ roundings
-    "trunc_normal": lambda w: nn.init.trunc_normal_(w, std=0.02, a=-0.005, b=0.005),
     "matmul": lambda w: w.copy_(torch.randn(w.shape[0], 3) @ torch.randn(3, w.shape[1])),
     "bernoulli_tensor": lambda w: w.bernoulli_(torch.full(w.shape, 0.3)),
     "strided_normal": lambda w: w.t().normal_(),
@@ -201,9 +199,6 @@ def test_ops_that_mix_elements_fall_back_and_stay_bit_for_bit(name):
     local = _slice(full, 10, 20, "clone")
     real, rows = _with_rows(local)
     assert torch.equal(real, eager[10:20])
-    if name == "trunc_normal" and not trunc_normal_reads_data():
-        assert rows.answered(local._value)  # before torch 2.12: erfinv of a uniform, elementwise
-        return
     assert not rows.answered(local._value)
     assert rows.why_not(local._value), "a fallback says which op stopped it"
 
@@ -238,6 +233,48 @@ def test_a_rejection_loop_shard_pays_its_own_rounds_from_its_own_rows(dtype):
     assert rows.answered(local._value), rows.why_not(local._value)
     # every round draws at most the range still waiting, plus two partial blocks
     assert rows.drawn < 61 * 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_uniform_loop_shard_pays_its_own_rounds_from_its_own_rows(dtype):
+    def build():
+        w = torch.empty(61, 6, dtype=dtype)
+        nn.init.trunc_normal_(w, std=0.02, a=-0.005, b=0.005)  # a quarter sigma: p <= 0.3
+        return w, torch.randn(3)
+
+    eager, (full, _) = _build_both(build)
+    local = _slice(full, 10, 20, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[0][10:20])
+    # Since torch 2.12 the uniform loop (rng.uniform_rejection); before, erfinv of a uniform.
+    assert rows.answered(local._value), rows.why_not(local._value)
+    if trunc_normal_reads_data():
+        assert rows.drawn < 2 * 61 * 6  # a round draws two uniforms a waiting element
+
+
+def test_a_uniform_loop_whose_decision_the_paths_round_differently_falls_back(monkeypatch):
+    from torchdefer.rng import uniform_rejection
+
+    if not trunc_normal_reads_data():
+        pytest.skip("before torch 2.12 trunc_normal_ has no uniform loop")
+    original = uniform_rejection._scalar
+
+    def other_log(values, op):
+        out = original(values, op)
+        return out.fill_(float("inf")) if op is torch.Tensor.log_ else out
+
+    def build():
+        w = torch.empty(29, 6)
+        nn.init.trunc_normal_(w, std=0.02, a=-0.005, b=0.005)
+        return w
+
+    eager, full = _build_both(build)
+    monkeypatch.setattr(uniform_rejection, "_scalar", other_log)
+    local = _slice(full, 10, 20, "clone")
+    real, rows = _with_rows(local)
+    assert torch.equal(real, eager[10:20])
+    assert not rows.answered(local._value)
+    assert "rounds differently" in rows.why_not(local._value)
 
 
 @pytest.mark.parametrize("rows_taken", [(0, 10), (3, 8), (8, 30), (40, 50), (0, 50)])

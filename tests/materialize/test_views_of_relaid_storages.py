@@ -144,3 +144,59 @@ def test_same_elements_ignores_only_strides_of_size_1_dimensions():
             assert torch.equal(base.as_strided(size, a), base.as_strided(size, b))
     assert not same_elements(meta((2, 3), (3, 1)), meta((2, 3), (1, 2)))
     assert not same_elements(meta((2, 1), (1, 1), 0), meta((2, 1), (1, 1), 1))
+
+
+def _x() -> torch.Tensor:
+    """A tensor with a size-1 dimension strided oddly (made while building)."""
+    return torch.arange(1.0, 9.0).reshape(2, 1, 4).permute(1, 0, 2)
+
+
+NEIGHBOURS = {
+    "size_0_abs": lambda: torch.ones(2, 0, 3).permute(1, 0, 2).abs(),
+    "empty_like_of_a_strided_view": lambda: torch.empty_like(torch.ones(4, 6)[:, ::2]).fill_(1),
+    "empty_like_of_an_expanded": lambda: torch.empty_like(torch.ones(4, 1).expand(4, 3)).fill_(1),
+    "contiguous_of_a_size_1_permute": lambda: _x().contiguous(),
+    "sum_keepdim": lambda: torch.ones(2, 3, 4).permute(2, 0, 1).sum(1, keepdim=True),
+    "amax_keepdim_channels_last": lambda: torch.ones(2, 3, 4, 5).to(
+        memory_format=torch.channels_last).amax(1, keepdim=True),
+    "expand_clone_add_": lambda: torch.ones(3, 1).expand(3, 4).clone().add_(1),
+    "channels_last_size_1_c": lambda: torch.ones(2, 1, 4, 5).to(
+        memory_format=torch.channels_last).abs(),
+    "channels_last_size_1_hw": lambda: torch.ones(2, 3, 1, 1).to(
+        memory_format=torch.channels_last).relu(),
+    "channels_last_size_1_w_times": lambda: torch.ones(2, 3, 4, 1).to(
+        memory_format=torch.channels_last) * 2,
+    "batch_norm_channels_last_size_1": lambda: F.batch_norm(
+        torch.arange(6.0).reshape(2, 3, 1, 1).to(memory_format=torch.channels_last),
+        None, None, training=True),
+    "layer_norm_size_1": lambda: F.layer_norm(_x(), (4,)),
+    "where_size_1": lambda: torch.where(_x() > 3, 1.0, 0.0),
+    "hardtanh_size_1": lambda: F.hardtanh(_x()),
+    "dropout_size_1": lambda: F.dropout(_x(), 0.5),
+    "half_size_1": lambda: _x().half(),
+    "pad_size_1": lambda: F.pad(_x(), (1, 1)),
+    "interpolate_channels_last": lambda: F.interpolate(torch.ones(2, 3, 1, 4).to(
+        memory_format=torch.channels_last), scale_factor=2),
+    "group_norm_channels_last": lambda: F.group_norm(torch.ones(2, 4, 3, 3).to(
+        memory_format=torch.channels_last), 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEIGHBOURS))
+def test_neighbours_share_storage_with_a_view_materialized_apart(name):
+    def build():
+        y = NEIGHBOURS[name]()
+        v = y.unsqueeze(0)
+        y.mul_(2)
+        return {"base": y, "view": v}
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    real = {k: torchdefer.materialize_tensor(deferred[k]) for k in ("base", "view")}
+    for key, want in eager.items():
+        assert (real[key].stride(), real[key].storage_offset()) == (
+            want.stride(), want.storage_offset()), key
+        assert torch.equal(real[key], want), key
+    assert _shares(real["base"], real["view"]) == _shares(eager["base"], eager["view"])

@@ -72,6 +72,9 @@ ACCEPTED = {
     "poisson_of_computed_rates": lambda: torch.poisson(torch.rand(4, 4) * 3),
     "uniform_of_a_large_tensor": lambda: torch.empty(BIG).uniform_(-1, 1),
     "mm_of_matching_shapes": lambda: torch.mm(torch.ones(2, 3), torch.ones(3, 5)),
+    # the weights read at the call stay writable afterwards, as any deferred tensor
+    "weights_written_after_multinomial": lambda: (lambda w: (
+        torch.multinomial(w, 2), w.mul_(2), torch.poisson(w), w.add_(1))[-1])(torch.rand(3) + 0.5),
 }
 
 

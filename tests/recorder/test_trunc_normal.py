@@ -241,15 +241,29 @@ def test_leaving_deferral_after_a_large_three_sigma_call_holds_no_tensor_of_its_
 
 
 @needs_loop
-def test_the_narrow_uniform_branch_is_still_run_to_learn_its_draws():
-    from torchdefer.recorder._trunc_normal import rejection_end
-    from torchdefer.rng.draws import TensorInfo
+@pytest.mark.parametrize("shape", [(1,), (5, 7), (300, 7)], ids=["one", "under-16", "large"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_narrow_uniform_branch_is_stepped_not_run_at_deferral(monkeypatch, shape, dtype):
+    from torchdefer.recorder.composite import Composite
 
-    info = TensorInfo((64,), (1,), torch.float32)
-    state = torch.Generator().manual_seed(0).get_state()
-    assert rejection_end(state, info, 0.0, 1.0, -0.2, 0.2) is None  # p <= 0.3: uniform loop
-    assert rejection_end(state, TensorInfo((8, 8), (1, 8), torch.float32), 0.0, 1.0, -1, 1) is None
-    assert rejection_end(state, info, 0.0, 1.0, -1.0, 1.0) is not None
+    def build():
+        w = torch.empty(shape, dtype=dtype)
+        nn.init.trunc_normal_(w, std=1.0, a=-0.25, b=0.3)  # p <= 0.3: the uniform loop
+        return w, torch.randn(4)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the composite ran whole at deferral")
+
+    with monkeypatch.context() as m:
+        m.setattr(Composite, "__call__", refuse)
+        torch.manual_seed(0)
+        got = torchdefer.deferred_init(build)
+        state = torch.get_rng_state()
+    torch.manual_seed(0)
+    eager = build()
+    assert torch.equal(torch.get_rng_state(), state)
+    for g, e in zip(got, eager, strict=True):
+        assert torch.equal(torchdefer.materialize_tensor(g), e)
 
 
 @needs_loop

@@ -8,9 +8,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parity import trunc_normal_reads_data
 from torchdefer.rng import bounds
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# Bits of a uniform rounded to the dtype (its significand with the implicit one).
+_DTYPE_DIGITS = {torch.float16: 11, torch.bfloat16: 8}
+
+
+def _uniforms_in_dtype(dtype) -> bool:
+    """torch 2.8's float16/bfloat16 fill path rounds its uniforms to the dtype, so ``|z|``
+    stops at sqrt(-2 ln 2**-digits) (3.90 and 3.33 sigma) instead of float32's 5.77.
+    Only before 2.12, where ``trunc_normal_`` has no rejection loop and nothing uses
+    the proof; the proof then refuses those dtypes (its premises do not hold)."""
+    if dtype not in _DTYPE_DIGITS or trunc_normal_reads_data():
+        return False
+    largest = max(bounds._extreme_z(dtype, p) for p in bounds._PATTERNS)
+    limit = math.sqrt(2 * _DTYPE_DIGITS[dtype] * math.log(2))
+    return abs(largest - limit) <= 2 * torch.finfo(dtype).eps * limit
 
 
 def test_crafted_states_give_python_mt19937_the_chosen_words():
@@ -25,6 +40,10 @@ def test_crafted_states_give_python_mt19937_the_chosen_words():
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_the_premises_hold_on_this_torch(dtype):
+    if _uniforms_in_dtype(dtype):
+        assert not bounds.premises_hold(dtype)
+        assert bounds.normal_limit(dtype, 4096, True) is None, "a limit without its premises"
+        return
     assert bounds.premises_hold(dtype)
 
 
@@ -32,10 +51,13 @@ def test_the_premises_hold_on_this_torch(dtype):
 def test_the_extreme_uniforms_reach_the_computed_limit_and_no_further(dtype):
     largest = max(bounds._extreme_z(dtype, p) for p in bounds._PATTERNS)
     digits = 53 if dtype == torch.float64 else 24
+    if _uniforms_in_dtype(dtype):
+        digits = _DTYPE_DIGITS[dtype]
     limit = math.sqrt(2 * digits * math.log(2))  # sqrt(-2 ln 2**-digits)
     assert largest <= limit * (1 + 2 * torch.finfo(dtype).eps)
     assert largest >= limit * (1 - 2 * torch.finfo(dtype).eps)
-    assert largest <= bounds.normal_limit(dtype, 16, True)
+    if not _uniforms_in_dtype(dtype):
+        assert largest <= bounds.normal_limit(dtype, 16, True)
 
 
 def test_cached_normal_paths_and_other_dtypes_are_not_proven():
@@ -53,7 +75,9 @@ def test_the_limit_covers_both_devices_kernels():
 
 def test_default_torchtitan_bounds_are_never_reached_and_three_sigma_ones_are():
     for dtype in FLOATS:
-        assert bounds.never_leaves(dtype, 4096, True, 0.0, 0.02, -2.0, 2.0)
+        # not proven where the premises fail (2.8's float16/bfloat16, before the loop existed)
+        proven = not _uniforms_in_dtype(dtype)
+        assert bounds.never_leaves(dtype, 4096, True, 0.0, 0.02, -2.0, 2.0) == proven
         assert not bounds.never_leaves(dtype, 4096, True, 0.0, 0.02, -0.06, 0.06)
     assert bounds.never_leaves(torch.float32, 64, True, 0.0, 1.0, -math.inf, math.inf)
 

@@ -63,7 +63,10 @@ def test_contiguous_float_draws_match_torch_prims_philox_rand_offset(fake_cuda_p
 def test_contiguous_float_draws_match_inductors_offset_for_the_device_they_run_on(
     fake_cuda_properties, index
 ):
-    from torch._inductor.fx_passes.replace_random import _shape_to_offset
+    replace_random = pytest.importorskip("torch._inductor.fx_passes.replace_random")
+    _shape_to_offset = getattr(replace_random, "_shape_to_offset", None)
+    if _shape_to_offset is None:  # torch 2.8: inductor computes no offset to compare with
+        pytest.skip(f"torch {torch.__version__}'s inductor has no _shape_to_offset")
 
     device = torch.device("cuda", index)
     shape = DeviceShape.of(device)
@@ -242,8 +245,13 @@ def test_sub_launches_cover_the_tensor_and_each_fits_32_bit_indexing(size, steps
     data=st.data(),
 )
 def test_dense_detection_agrees_with_eager(size, data):
-    from torch._prims_common import is_non_overlapping_and_dense_or_false
+    import torch._prims_common as prims_common
 
+    # torch 2.8 has only the plain name (2.15 only the new one): the same answer for
+    # sizes and strides that are ints.
+    is_non_overlapping_and_dense_or_false = getattr(
+        prims_common, "is_non_overlapping_and_dense_or_false", None
+    ) or prims_common.is_non_overlapping_and_dense
     stride = tuple(data.draw(st.integers(0, 30)) for _ in size)
     t = torch.empty(0, device="meta").as_strided(size, stride)
     assert cuda_increments._non_overlapping_and_dense(tuple(size), stride) == (

@@ -157,6 +157,7 @@ def write_shards(directory: Path, shards: list[Shard], pipeline: Pipeline) -> No
     if sys.byteorder != "little":
         raise CheckpointWriteError("safetensors files are little-endian; writing them on a "
                                    "big-endian machine is not supported.")
+    scratch: dict[torch.dtype, torch.Tensor] = {}  # one conversion buffer per written dtype
     for shard in shards:
         with open(directory / shard.filename, "wb") as f:
             f.write(shard.header)
@@ -165,28 +166,36 @@ def write_shards(directory: Path, shards: list[Shard], pipeline: Pipeline) -> No
                 if entry is not expected:
                     raise RuntimeError(f"torchdefer's writer got '{entry.name}' where "
                                        f"'{expected.name}' was due; this is a bug.")
-                _write_tensor(f, tensor, entry.dtype)
+                _write_tensor(f, tensor, entry.dtype, scratch)
                 del tensor
                 pipeline.done(entry)
             # No fsync, as save_pretrained: the directory appears (by rename) only
             # once every file is complete.
 
 
-def _write_tensor(f, tensor: torch.Tensor, dtype: torch.dtype) -> None:
-    """Append ``tensor``'s bytes in ``dtype``, C order, converting piece by piece."""
+def _write_tensor(f, tensor: torch.Tensor, dtype: torch.dtype,
+                  scratch: dict[torch.dtype, torch.Tensor]) -> None:
+    """Append ``tensor``'s bytes in ``dtype``, C order, converting piece by piece.
+
+    A piece that needs converting or moving to the CPU is copied into a buffer
+    reused for the whole run (``copy_`` rounds as ``.to`` does: ``.to`` is an
+    empty tensor and a ``copy_``), so no fresh memory is faulted in per piece.
+    """
     t = tensor.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
     flat = t.reshape(-1)  # a view when contiguous; else one copy (save_pretrained: .contiguous())
-    step = max(1, _CHUNK_BYTES // max(1, t.element_size()))
+    step = _CHUNK_BYTES // max(t.element_size(), dtype.itemsize)
     for start in range(0, flat.numel(), step):
         piece = flat[start:start + step]
-        if piece.dtype != dtype:
-            piece = piece.to(dtype)
-        if piece.device.type != "cpu":
-            piece = piece.cpu()
-        piece = piece.contiguous()
+        if piece.dtype != dtype or piece.device.type != "cpu":
+            buffer = scratch.get(dtype)
+            if buffer is None:
+                # The longest piece any source dtype gives (step <= this).
+                buffer = scratch[dtype] = torch.empty(_CHUNK_BYTES // dtype.itemsize,
+                                                      dtype=dtype)
+            piece = buffer[:piece.numel()].copy_(piece)
         nbytes = piece.numel() * piece.element_size()
         f.write((ctypes.c_char * nbytes).from_address(piece.data_ptr()))

@@ -10,10 +10,12 @@ The data is then read with ``torch.load(weights_only=True)``, memory-mapped
 exactly as long as the pickle declares: ``mmap`` reads the archive's bytes
 where the record starts, so a compressed record would come back as
 compressed bytes and a short one would read the next record's bytes. Any
-other archive is read plainly, where torch inflates and length-checks each
-record. Files in the pre-1.6 (non-zip) format are read as ``torch.load``
-reads them (``weights_only``, no ``mmap``). Tensors read through ``mmap`` are
-copied out of the mapping one at a time: a model must not keep a file's pages,
+other archive is read plainly, where torch inflates each record. A record
+shorter than declared is refused here, before torch reads it: torch 2.8 does
+not check and fills the rest from uninitialized memory. Files in the pre-1.6
+(non-zip) format are read as ``torch.load`` reads them (``weights_only``, no
+``mmap``). Tensors read through ``mmap`` are copied out of the mapping one at a
+time: a model must not keep a file's pages,
 which ``torch.save`` to the same path rewrites in place.
 """
 
@@ -139,6 +141,13 @@ def _exact_record(archive: zipfile.ZipFile, name: str, nbytes: int, path: Path) 
             f"{path}: data.pkl refers to the record {name}, which the archive lacks. The file "
             "is damaged; save it again."
         ) from None
+    if info.file_size < nbytes:
+        # torch 2.8's reader does not compare a record's length with the pickle's
+        # (later ones refuse): it returns the missing bytes from uninitialized memory.
+        raise CheckpointFormatError(
+            f"{path}: the record {name} holds {info.file_size} bytes where data.pkl declares "
+            f"{nbytes}. The file is truncated or damaged; save it again."
+        )
     if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
         return False
     if info.compress_size != info.file_size:

@@ -60,9 +60,11 @@ def save_state_dict(
     """Write ``model``'s state dict to the directory ``path``, one tensor at a time.
 
     For a deferred model the values are those eager construction gives (then
-    ``.to(dtype)``), bit for bit, and the model stays deferred; peak memory is
-    about the largest tensor (as replayed, before conversion) plus 256 MiB.
-    Replaying overlaps with writing (a writer thread).
+    ``.to(dtype)``), bit for bit, and the model stays deferred. Peak memory:
+    the largest tensor (as replayed, before conversion) plus 256 MiB for
+    safetensors; for DCP, which takes whole converted tensors and still holds
+    the previous one when it asks for the next, up to two consecutive tensors
+    and a converted copy. Replaying overlaps with writing (a writer thread).
 
     Args:
         model: a module, deferred (:func:`torchdefer.deferred_init`), materialized,

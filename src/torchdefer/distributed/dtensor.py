@@ -22,8 +22,9 @@ def materialize_dtensor(
 
     Each rank makes its slice for ``placements`` (``Shard(dim)``: its chunk,
     as ``torch.chunk`` splits it; ``Replicate()``: all of it): a ``Shard(0)``
-    chunk from its own rows where the tensor's history allows it, any other
-    by replaying the full tensor and keeping the slice. No data is sent
+    chunk from its own rows where the tensor's history allows it, a
+    ``Shard(1)`` chunk from chunks of whole rows (keeping its columns), any
+    other by replaying the full tensor and keeping the slice. No data is sent
     between ranks: every rank must have built ``tensor`` with the same seed,
     which makes the result the same as scattering the eager tensor from rank 0.
 

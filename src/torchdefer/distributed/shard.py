@@ -7,8 +7,11 @@ is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
 and every op of the parameter allows it, the replay computes only those
 elements (``torchdefer.materialize.rows``): random ops draw just the shard's
 numbers from generator states reached by jump-ahead, elementwise ops run on
-the shard. Otherwise (``Shard(1)``, ``orthogonal_``, ``trunc_normal_``'s
-rejection loop, a CUDA generator) the slice of the graph is replayed as
+the shard. A block of columns (``Shard(1)``: ``RowwiseParallel``, and FSDP2's
+shard of it under TP+FSDP2) is computed the same way from chunks of whole rows
+of the parameter, keeping its columns (``torchdefer.distributed.columns``).
+Otherwise (``orthogonal_``, ``trunc_normal_``'s narrow uniform branch, a CUDA
+generator) the slice of the graph is replayed as
 recorded: the full parameter is built, sliced and freed when the replay ends.
 Either way the values are bit for bit the eager parameter's slice, and a rank
 holds its shards plus at most one full parameter at a time.
@@ -33,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer.distributed.columns import ColumnRows
 from torchdefer.materialize import Replay, ReplayError
 from torchdefer.materialize.errors import with_context
-from torchdefer.materialize.rows import RowReplay
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local"]
@@ -46,10 +49,13 @@ class ShardReplay:
     """How one parameter's local tensors were made (reported by :func:`observe`)."""
 
     name: str
-    rows: bool  # computed from the shard's own elements, no full parameter
+    rows: bool  # no full parameter: from its own elements (or row chunks, see chunked)
     drawn: int  # elements its random ops drew on this rank
     numel: int  # elements of its local tensors (the largest, for FSDP2's padded shard)
     reason: str | None = None  # why not from its own elements (the op that stopped it)
+    # A column block (Shard(1)): whole rows of the parameter, chunk by chunk
+    # (distributed.columns), never the whole parameter at once.
+    chunked: bool = False
 
 
 _observers: contextvars.ContextVar[list[ShardReplay] | None] = contextvars.ContextVar(
@@ -93,7 +99,7 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     graph = fakes[0]._graph
     targets = [(f._value, f._value.storage.version) for f in fakes]
     replay = Replay(graph, None)
-    rows = RowReplay(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
+    rows = ColumnRows(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
     try:
         reals = replay.run(targets, [name] * len(fakes), substitute=rows)
     except ReplayError as e:
@@ -108,14 +114,14 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     return [real.detach().requires_grad_(f.requires_grad) for f, real in zip(fakes, reals)]
 
 
-def _report(name: str, fakes, reals, rows: RowReplay | None) -> ShardReplay:
+def _report(name: str, fakes, reals, rows: ColumnRows | None) -> ShardReplay:
     numel = max(r.numel() for r in reals)
     if rows is None:
         return ShardReplay(name, False, 0, numel, "TORCHDEFER_SHARD_ROWS=0")
     answered = all(rows.answered(f._value) for f in fakes)
     reasons = [rows.why_not(f._value) for f in fakes]
     reason = None if answered else next((r for r in reasons if r), "not asked")
-    return ShardReplay(name, answered, rows.drawn, numel, reason)
+    return ShardReplay(name, answered, rows.drawn, numel, reason, answered and rows.chunked)
 
 
 def owns_only_itself(real: torch.Tensor) -> bool:

@@ -33,6 +33,12 @@ LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
 restriding below changes nothing).
 
+A few binary elementwise ops have Python meta kernels that lay out their
+output contiguous where TensorIterator keeps the inputs' order
+(``copysign``, ``xlogy``, ``div`` with a rounding mode of a transposed
+tensor): a ``reshape`` of the fake output viewed what eager copied. Those
+take TensorIterator's rule (``fake/_iterator.py``).
+
 A convolution's output is laid out by the backend ATen picks for the real
 device (mkldnn gives a channels_last input a channels_last output); its meta
 kernel, which knows no device, gives a contiguous one. Recorded so, a later
@@ -48,6 +54,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.fake._iterator import iterator_strides
 from torchdefer.fake._state import STATE
 
 __all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
@@ -81,6 +88,14 @@ _SUGGESTED_FORMAT = frozenset(
 
 _CONVOLUTIONS = frozenset({_aten.convolution, _aten._convolution})
 
+# Overloads whose meta kernels lay out a fresh output otherwise than
+# TensorIterator beyond size-1 dimensions (found by sweeping every pointwise
+# aten op of two tensors over transposed, broadcast and 0-d partners).
+_ITERATED = frozenset({
+    _aten.copysign.Tensor, _aten.xlogy.Tensor, _aten.special_xlog1py.default,
+    _aten.div.Tensor_mode, _aten.floor_divide.default,
+})
+
 # Every packet eager_layout restrides (a rule added above must be added here).
 _RESTRIDED = frozenset(
     {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, *_CONVOLUTIONS,
@@ -99,10 +114,12 @@ def eager_layout(
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _RESTRIDED
+        special = packet in _RESTRIDED or func in _ITERATED
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
+    if func in _ITERATED:
+        return _iterated(args, out)
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
@@ -144,6 +161,17 @@ def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: An
     if output is source:  # the meta decomposition's shortcut at p=0
         output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
     return output, mask
+
+
+def _iterated(args: tuple, out: Any) -> Any:
+    """``out`` laid out as TensorIterator lays out a fresh output of ``args``' tensors."""
+    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+    if not isinstance(out, torch.Tensor) or len(tensors) != 2:
+        return out
+    stride = iterator_strides([(tuple(t.shape), t.stride()) for t in tensors], tuple(out.shape))
+    if stride == out.stride():
+        return out
+    return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
 
 
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",

@@ -168,7 +168,10 @@ def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int)
 
     def step(buf: torch.Tensor) -> None:
         rows.use(node)
-        rows.drawn += loop.rows(s, e, buf[at : at + e - s], state_at)
+        drawn = loop.rows(s, e, buf[at : at + e - s], state_at)
+        if drawn is None:  # rng.uniform_rejection: a decision the kernels' path could change
+            raise NotSliceable(node, "an acceptance test rounds differently along two paths")
+        rows.drawn += drawn
 
     return step
 

@@ -5,8 +5,10 @@ outside ``[a, b]`` (cast to the tensor's dtype). When ``rng.bounds`` proves
 that no value ``normal_`` can produce leaves ``[a, b]``, the loop draws exactly
 once, and the call *is* that ``normal_``: recorded as it, it is in the draw
 model, reached by jump-ahead, sliced by rows, skipped when overwritten, and
-never run while deferring. Every other call stays a composite (run to learn
-how far it moves the generator).
+never run while deferring. Every other call stays a composite, whose draws
+are stepped in bounded memory where :func:`rejection_loop` knows the loop
+(``rng.rejection``, ``rng.uniform_rejection``), else run to learn how far it
+moves the generator.
 
 What this module assumes of torch's function is checked on the installed torch
 once per process (:func:`_draws_one_normal`): with unreachable bounds it gives
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 
-from torchdefer.rng import bounds, draws, mt19937, rejection
+from torchdefer.rng import bounds, draws, mt19937, rejection, uniform_rejection
 
 __all__ = ["one_normal", "rejection_end", "rejection_loop"]
 
@@ -71,22 +73,29 @@ def _proven(fn, dtype, numel, contiguous, mean, std, a, b) -> bool:
 
 
 def rejection_loop(
-    tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any, generator: Any = None
-) -> rejection.NormalRejection | None:
-    """The ``normal_`` rejection loop ``trunc_normal_`` runs on ``tensor``, where it is
-    known to be stepped and sliced exactly (``rng.rejection``); None: run it.
+    tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any, generator: Any = None,
+    *, run: Callable[..., Any] | None = None,
+) -> rejection.NormalRejection | uniform_rejection.UniformRejection | None:
+    """The rejection loop ``trunc_normal_`` runs on ``tensor``, where it is known to be
+    stepped and sliced exactly (``rng.rejection``, ``rng.uniform_rejection``); None: run it.
 
-    Covers the ``normal_`` branch (``p > 0.3``) on 16 or more contiguous elements.
+    Covers the ``normal_`` branch (``p > 0.3``) on 16 or more contiguous
+    elements, and the uniform branch (``p <= 0.3``) on contiguous elements of
+    any number, when ``run`` (torch's function) is given to check it against.
     """
     if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
         return None
     mean, std, a, b = float(mean), float(std), float(a), float(b)
     if not (std > 0 and math.isfinite(std) and math.isfinite(mean)):
         return None
-    if math.isnan(a) or math.isnan(b) or _mass(mean, std, a, b) <= 0.3:
+    if math.isnan(a) or math.isnan(b):
         return None
     dtype, n = tensor.dtype, tensor.numel()
-    if dtype not in _DTYPES or n < 16 or not tensor.is_contiguous():
+    if dtype not in _DTYPES or not tensor.is_contiguous():
+        return None
+    if _mass(mean, std, a, b) <= 0.3:
+        return _uniform_loop(n, dtype, mean, std, a, b, run)
+    if n < 16:
         return None
     words = _normal_words(dtype)
     if words(n) is None or not rejection.chunks_match(dtype, words) or not _rows_match(dtype):
@@ -95,9 +104,19 @@ def rejection_loop(
     return rejection.NormalRejection(n, dtype, mean, std, lo, hi, words(n))
 
 
+def _uniform_loop(n, dtype, mean, std, a, b, run) -> uniform_rejection.UniformRejection | None:
+    """The uniform branch, where its premises hold on this torch (checked once per dtype)."""
+    if run is None or not (math.isfinite(a) and math.isfinite(b) and a <= b):
+        return None  # eager's uniform_ refuses infinite or reversed bounds: run it
+    words = _uniform_words(dtype)
+    if words(n) is None or not uniform_rejection.premises_hold(dtype, run, words):
+        return None
+    return uniform_rejection.UniformRejection(n, dtype, mean, std, a, b, words(n))
+
+
 def rejection_end(state: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     """The CPU state after ``trunc_normal_(*args, **kwargs)`` from ``state``, learnt in
-    bounded memory; None where that is not known to be exact."""
+    bounded memory; None where that is not known to be exact (``run=``: torch's function)."""
     loop = rejection_loop(*args, **kwargs)
     return None if loop is None else loop.end(state)
 
@@ -127,9 +146,19 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 @functools.cache
 def _normal_words(dtype: torch.dtype) -> Callable[[int], int | None]:
+    return _words_of(torch.ops.aten.normal_.default, dtype, (0.0, 1.0))
+
+
+@functools.cache
+def _uniform_words(dtype: torch.dtype) -> Callable[[int], int | None]:
+    return _words_of(torch.ops.aten.uniform_.default, dtype, (0.0, 1.0))
+
+
+def _words_of(op: Any, dtype: torch.dtype, scalars: tuple) -> Callable[[int], int | None]:
+    """The draw model's words of ``op`` on ``n`` contiguous elements (no cached normals)."""
     def words(n: int) -> int | None:
         info = draws.TensorInfo((n,), (1,), dtype)
-        effect = draws.effect(torch.ops.aten.normal_.default, (info, 0.0, 1.0), {}, info)
+        effect = draws.effect(op, (info, *scalars), {}, info)
         return None if effect is None or effect.normals else effect.words
 
     return words

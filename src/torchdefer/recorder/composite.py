@@ -12,13 +12,16 @@ runs it (``rng.stream``).
 :func:`composite` marks a user's own such function the same way. Library
 functions known to read data are marked for the time a recording runs
 (:func:`library_composites`), checked once per process by running them on a
-small real tensor.
+small real tensor. After ``deferred_init`` returned, ``trunc_normal_`` on a
+deferred tensor is recorded the same way (:func:`library_call_asking_is_meta`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -33,7 +36,7 @@ from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["Composite", "composite", "library_composites"]
+__all__ = ["Composite", "composite", "library_call_asking_is_meta", "library_composites"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -163,8 +166,9 @@ def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., A
     marked = composite(original, writes=(0,), random=True)
     if name != "_no_grad_trunc_normal_":
         return marked
-    marked.__torchdefer_composite__.steps = rejection_end
-    marked.__torchdefer_composite__.rows = rejection_loop
+    # `run`: the uniform branch's stepping is checked against torch's own function.
+    marked.__torchdefer_composite__.steps = functools.partial(rejection_end, run=original)
+    marked.__torchdefer_composite__.rows = functools.partial(rejection_loop, run=original)
 
     @functools.wraps(original)
     def trunc_normal(tensor, mean, std, a, b, generator=None):
@@ -226,3 +230,100 @@ def library_composites() -> Iterator[None]:
     finally:
         for module, name, original in reversed(saved):
             setattr(module, name, original)
+
+
+# ------------------------------------------------- calls after deferred_init returned
+
+_IS_META = torch.Tensor.is_meta.__get__
+_inside = threading.local()  # .active: this thread is recording such a call
+
+
+def library_call_asking_is_meta(tensor: DeferredTensor) -> bool | None:
+    """``tensor.is_meta``, asked of a deferred tensor outside a recording: True when
+    torch's ``trunc_normal_`` asks it, after recording the call here; None otherwise.
+
+    After ``deferred_init`` returned (torchtitan builds, then calls
+    ``model.init_weights()``), the library functions are no longer replaced,
+    and torch's rejection loop recorded op by op would materialize the tensor
+    at every ``mask.any()``. Its first question is ``tensor.is_meta``, and a
+    meta tensor makes it return at once: so the call is recorded as inside a
+    recording (one ``normal_`` where proven, else the composite), and the
+    answer True ends torch's function without a draw. Checked once per process
+    on the installed torch (:func:`_asks_is_meta_first`).
+    """
+    if getattr(_inside, "active", False):
+        return None  # the call is being recorded op by op (an eager refusal): plain answer
+    if tensor.fake_device.type == "meta":
+        return None  # its own answer, True: torch returns without a draw, as eager does
+    original = _library_original()
+    if original is None:
+        return None
+    local = _locals_of(original.__code__, tensor)
+    if local is None:
+        return None
+    _inside.active = True
+    try:
+        with torch.no_grad():
+            _after_recording_wrapper(original)(
+                tensor, local["mean"], local["std"], local["a"], local["b"],
+                generator=local.get("generator"),
+            )
+    finally:
+        _inside.active = False
+    return True
+
+
+def _library_original() -> Callable[..., Any] | None:
+    """torch's ``_no_grad_trunc_normal_`` where this hook applies to it, else None."""
+    fn = getattr(torch.nn.init, "_no_grad_trunc_normal_", None)
+    fn = getattr(fn, "__wrapped__", fn)  # another thread's recording may have wrapped it
+    if fn is None or getattr(fn, "__code__", None) is None:
+        return None
+    return fn if _hookable(fn) else None
+
+
+@functools.cache  # asked at every is_meta of a deferred tensor outside a recording
+def _hookable(fn: Callable[..., Any]) -> bool:
+    from torchdefer.recorder.mode import suspended
+
+    with suspended():  # torch < 2.12: op by op, no data read (or a function not read here)
+        return _reads_data(torch.nn.init, "_no_grad_trunc_normal_") and _asks_is_meta_first(fn)
+
+
+def _locals_of(code: Any, tensor: Any, depth: int = 6) -> dict[str, Any] | None:
+    """The arguments of the frame running ``code`` on ``tensor`` that asked, if any."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            local = frame.f_locals
+            return local if local.get("tensor") is tensor else None
+        frame = frame.f_back
+    return None
+
+
+@functools.cache
+def _asks_is_meta_first(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s first question of its tensor is ``is_meta`` and a meta tensor
+    makes it return that tensor at once (so answering True skips it whole)."""
+    mode = _Questions()
+    probe = torch.empty(64, dtype=torch.float32, device="meta")
+    with mode:
+        result = fn(probe, 0.0, 1.0, -2.0, 2.0)
+    return result is probe and mode.seen == [_IS_META]
+
+
+class _Questions(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _after_recording_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    return _library_wrapper("_no_grad_trunc_normal_", original)

@@ -29,6 +29,7 @@ _NO_CONTEXT = contextlib.nullcontext()
 _DATA_GET = torch.Tensor.data.__get__
 _DATA_SET = torch.Tensor.data.__set__
 _DETACH = torch.Tensor.detach
+_IS_META = torch.Tensor.is_meta.__get__
 
 
 class DeferredTensor(FakeTensor):
@@ -148,6 +149,14 @@ def _special_call(func: Any, args: tuple, kwargs: dict) -> Any:
     """A call on deferred tensors that is not simply recorded, answered; else _NOT_SPECIAL."""
     if func is torch.Tensor.__reduce_ex__:
         raise not_picklable(args[0])
+    if func == _IS_META:  # never ordinary: torch's trunc_normal_ asks it first
+        from torchdefer.recorder.composite import library_call_asking_is_meta
+
+        if not isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
+            answer = library_call_asking_is_meta(args[0])
+            if answer is not None:
+                return answer
+        return _NOT_SPECIAL
     if func is torch.Tensor.data_ptr:
         return fake_data_ptr(args[0])
     if func in DATA_READS:

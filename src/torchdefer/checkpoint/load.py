@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from torchdefer.checkpoint.assign import install, pick_tied, prepare
+from torchdefer.checkpoint.assign import pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
+from torchdefer.checkpoint.install import Installation
 from torchdefer.checkpoint.module_rules import kept_keys
 from torchdefer.checkpoint.plan import (
     LoadResult,
@@ -51,7 +52,7 @@ from torchdefer.checkpoint.plan import (
 )
 from torchdefer.checkpoint.source import CheckpointSource, Source, open_checkpoint
 from torchdefer.checkpoint.targets import tensor_groups
-from torchdefer.materialize.api import materialize_module, materialized_nbytes
+from torchdefer.materialize.api import deferred_reached, materialized_nbytes, replay_tensors
 from torchdefer.materialize.convert import check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
@@ -145,13 +146,41 @@ def load_state_dict(
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
-    ready = _prepare_all(work, checkpoint, device, dtype, progress)
-    for group, real in ready:
-        install(group, real)
-    del ready
-    if materialize_missing:
-        materialize_module(module, device, dtype=dtype, progress=progress)
+    changes = Installation()
+    for group, real in _prepare_all(work, checkpoint, device, dtype, progress):
+        changes.stage_loaded(group.tensor, real, group.path)
+    views = _stage_missing(module, changes, work, device, dtype, progress) \
+        if materialize_missing else {}
+    changes.commit(then=(lambda: _install_views(module, views, device, dtype)) if views else None)
     return result
+
+
+def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype,
+                   progress) -> dict[str, DeferredTensor]:
+    """Replay what the checkpoint lacks and stage it, before anything is installed
+    (a replay that fails changes nothing). Returns the missing tensors that are
+    views of loaded ones: eager's show the loaded values, so they are rebuilt
+    once those are in (:func:`_install_views`)."""
+    loaded = {id(g.tensor) for g, _ in work}
+    storages = {id(g.tensor._value.storage) for g, _ in work
+                if isinstance(g.tensor, DeferredTensor)}
+    found, grads = deferred_reached(module)
+    now, views = {}, {}
+    for name, fake in found.items():
+        if id(fake) not in loaded:
+            (views if id(fake._value.storage) in storages else now)[name] = fake
+    for name, fake, real in replay_tensors(module, now, device, dtype, progress):
+        changes.stage_replayed(fake, real, name)
+    changes.stage_grads(grads)
+    return views
+
+
+def _install_views(module: nn.Module, views: dict[str, DeferredTensor], device, dtype) -> None:
+    """The missing views of loaded tensors, over the loaded tensors now in place."""
+    inner = Installation()
+    for name, fake, real in replay_tensors(module, views, device, dtype, False):
+        inner.stage_replayed(fake, real, name)
+    inner.commit()
 
 
 def _check_arguments(device: torch.device | str | None,

@@ -63,15 +63,16 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     are copied.
     """
     cls = user_class(fake)  # type: ignore[arg-type]
+    requires_grad = _compat.TensorBase.requires_grad.__get__(fake)  # not a recorded call
     # suspended(): materialize_module may run inside deferred_init, whose
     # recording mode would otherwise record these ops on the real tensor.
     # An inference tensor (recorded under inference_mode) takes requires_grad
     # only inside inference mode, as eager's nn.Parameter(...) there did.
     with suspended(), torch.inference_mode(real.is_inference()):
         if cls is torch.Tensor:
-            out = real.detach().requires_grad_(fake.requires_grad)
+            out = real.detach().requires_grad_(requires_grad)
         else:
-            out = _compat.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
+            out = _compat.TensorBase._make_subclass(cls, real.detach(), requires_grad)
     out.__dict__.update(user_attributes(fake))
     return out
 

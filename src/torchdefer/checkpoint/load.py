@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from torchdefer.checkpoint import _pages
 from torchdefer.checkpoint.assign import pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
 from torchdefer.checkpoint.install import Installation
@@ -147,12 +148,28 @@ def load_state_dict(
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
     changes = Installation()
-    for group, real in _prepare_all(work, checkpoint, device, dtype, progress):
-        changes.stage_loaded(group.tensor, real, group.path)
-    views = _stage_missing(module, changes, work, device, dtype, progress) \
-        if materialize_missing else {}
-    changes.commit(then=(lambda: _install_views(module, views, device, dtype)) if views else None)
+    values, wait = _read_mapped(work, checkpoint)
+    try:
+        for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress):
+            changes.stage_loaded(group.tensor, real, group.path)
+        del values
+        views = _stage_missing(module, changes, work, device, dtype, progress) \
+            if materialize_missing else {}
+        changes.commit(then=(lambda: _install_views(module, views, device, dtype))
+                       if views else None)
+    finally:
+        wait()  # the pages are mapped when load_state_dict returns (or raises)
     return result
+
+
+def _read_mapped(work, checkpoint: CheckpointSource):
+    """A checkpoint whose tensors are views of mapped files (safetensors): every
+    tensor at once (no data is read), and their pages mapped by a thread while
+    the load goes on (``_pages``). Returns ``(values or None, wait)``."""
+    if not checkpoint.mapped:
+        return None, _pages.map_pages(())
+    values = {n: checkpoint.read(n) for _, names in work for n in names}
+    return values, _pages.map_pages(values.values())
 
 
 def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype,
@@ -192,12 +209,14 @@ def _check_arguments(device: torch.device | str | None,
         raise CheckpointUsageError(f"load_state_dict: {e}") from None
 
 
-def _prepare_all(work, checkpoint: CheckpointSource, device, dtype, progress):
-    """Read, check ties, convert and lay out every tensor; nothing is installed yet."""
+def _prepare_all(work, checkpoint: CheckpointSource, values, device, dtype, progress):
+    """Read, check ties, convert and lay out every tensor; nothing is installed yet.
+
+    ``values``: the tensors already read, if they were (:func:`_read_mapped`)."""
     ready = []
     taken: set = set()
-    values = checkpoint.read_many([n for _, names in work for n in names]) \
-        if checkpoint.read_all is not None else None
+    if values is None and checkpoint.read_all is not None:
+        values = checkpoint.read_many([n for _, names in work for n in names])
     total = sum(loaded_nbytes(g.tensor, dtype) for g, _ in work)
     with Progress("load", len(work), total, progress) as bar:
         for group, names in work:

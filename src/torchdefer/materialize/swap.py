@@ -63,7 +63,8 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     are copied.
     """
     cls = user_class(fake)  # type: ignore[arg-type]
-    requires_grad = _compat.TensorBase.requires_grad.__get__(fake)  # not a recorded call
+    with _compat.DisableTorchFunctionSubclass():  # a read, not a call to record
+        requires_grad = fake.requires_grad
     # suspended(): materialize_module may run inside deferred_init, whose
     # recording mode would otherwise record these ops on the real tensor.
     # An inference tensor (recorded under inference_mode) takes requires_grad

@@ -6,23 +6,28 @@ The everyday path for a deferred model::
     model = torchdefer.deferred_init(LlamaForCausalLM, config)   # nothing allocated
     torchdefer.load_state_dict(model, "checkpoint/")              # safetensors, DCP, dict
 
-Three steps, so that a bad checkpoint never half-loads a model:
+Four steps, so that a bad checkpoint never half-loads a model:
 
 1. *validate*: open the source and read what it declares (keys, shapes,
    dtypes; no tensor data), match it to the module's names, check every
    shape, every entry's readability and every device;
 2. *prepare*: read each tensor, check tied names agree, convert it as
    ``Module.load_state_dict`` would copy it (and to ``dtype=``), with eager's
-   layout and a storage of its own;
-3. *assign*: swap the prepared tensors in (``torch.utils.swap_tensors``
-   style: the deferred object itself becomes the loaded tensor, so ties and
-   earlier references hold) or copy them into tensors already real.
+   layout and a storage of its own (safetensors: the file's mapped pages
+   themselves, mapped ahead by a thread meanwhile: ``_pages``);
+3. *replay* what the checkpoint lacks (a new head, non-persistent buffers
+   such as rotary ``inv_freq``) from the recording, bit for bit as eager
+   built it, and check every swap the install will make
+   (:class:`~torchdefer.checkpoint.install.Installation`);
+4. *install*: swap the prepared and replayed tensors in
+   (``torch.utils.swap_tensors`` style: the deferred object itself becomes
+   the loaded tensor, so ties and earlier references hold), then copy into
+   tensors already real. Missing tensors that are views of loaded ones are
+   rebuilt over them last, as eager's views show the loaded values.
 
-A failure in steps 1 and 2 raises a :class:`~torchdefer.checkpoint.errors.CheckpointError`
-and leaves every tensor as it was. Afterwards only what the checkpoint lacks
-(a new head, non-persistent buffers such as rotary ``inv_freq``) is
-materialized from the recording. Peak memory: the checkpoint's tensors, plus
-the missing ones, plus one tensor being converted.
+A failure in steps 1-3 leaves every tensor as it was; a swap failing in
+step 4 anyway undoes the swaps made before it. Peak memory: the
+checkpoint's tensors, plus the missing ones, plus one tensor being converted.
 
 What this module deliberately does not do: run a file's code (pickles are read
 ``weights_only``, DCP metadata with an allowlist), run ``load_state_dict``

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torchdefer.checkpoint import load_state_dict, set_distributed_loader
+from torchdefer.checkpoint import load_state_dict, save_state_dict, set_distributed_loader
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
@@ -47,6 +47,7 @@ __all__ = [
     "materialize_module",
     "materialize_tensor",
     "save",
+    "save_state_dict",
     "script",
 ]
 

@@ -1,9 +1,11 @@
-"""``python -m torchdefer inspect``: build a model deferred and look at it.
+"""``python -m torchdefer inspect | save-init``: build a model deferred, look at it, write it.
 
-Builds ``PACKAGE.MODULE:CALLABLE`` with :func:`torchdefer.deferred_init`,
+``inspect`` builds ``PACKAGE.MODULE:CALLABLE`` with :func:`torchdefer.deferred_init`,
 prints what it would need, draws its recorded graph and explains parameters;
-``--materialize`` then creates its weights. The help text (``DESCRIPTION``,
-``EXAMPLES``) is plain text, as a terminal shows it.
+``--materialize`` then creates its weights. ``save-init`` builds it the same
+way and streams its initial weights to a checkpoint directory with
+:func:`torchdefer.save_state_dict`. The help texts are plain text, as a
+terminal shows them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,25 @@ examples:
       --dot llama.svg --explain model.layers.3.mlp.down_proj.weight"""
 
 
+SAVE_DESCRIPTION = """\
+Build PACKAGE.MODULE:CALLABLE with torchdefer.deferred_init (nothing is
+allocated) and write the initial weights eager construction would give
+(bit for bit, after --seed) to the directory --out, one tensor at a time:
+a Hugging Face safetensors directory (loadable by from_pretrained; with
+config.json for a transformers model) or a torch.distributed.checkpoint
+directory (a torchtitan seed checkpoint). Peak memory is about the largest
+tensor. A transformers model class finds its config class itself
+(--config-class is then optional); --config is JSON or a .json file."""
+
+SAVE_EXAMPLES = """\
+examples:
+  python -m torchdefer save-init transformers:LlamaForCausalLM --config cfg.json \\
+      --out llama-init --dtype bfloat16 --format safetensors --seed 0
+
+  python -m torchdefer save-init torch.nn:Linear \\
+      --kwargs '{"in_features": 4, "out_features": 2}' --out seed --format dcp"""
+
+
 class CliError(Exception):
     """A mistake in the command line; the message says what to change."""
 
@@ -57,9 +78,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     args = _parser().parse_args(argv)
     try:
+        if args.command == "save-init":
+            return _save_init(args, out)
         return _inspect(args, out)
     except CliError as e:
-        print(f"torchdefer inspect: error: {e}", file=sys.stderr)
+        print(f"torchdefer {args.command}: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -99,43 +122,49 @@ def _parser() -> argparse.ArgumentParser:
                    help="then materialize the model on DEVICE (e.g. cpu) and report the time")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar while materializing (default: when stderr is a terminal)")
+    _save_parser(commands)
     return parser
+
+
+def _save_parser(commands: Any) -> None:
+    p = commands.add_parser(
+        "save-init",
+        help="build a model with deferred_init and write its initial weights, tensor by tensor",
+        description=SAVE_DESCRIPTION,
+        epilog=SAVE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", metavar="PACKAGE.MODULE:CALLABLE",
+                   help="what builds the model, e.g. transformers:LlamaForCausalLM")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the directory to write (new or empty)")
+    p.add_argument("--format", default="safetensors", choices=["safetensors", "dcp"],
+                   help="safetensors (Hugging Face directory, default) or dcp "
+                   "(torch.distributed.checkpoint)")
+    p.add_argument("--dtype", help="write floating point tensors in this dtype "
+                   "(e.g. bfloat16), as model.to(dtype) would")
+    p.add_argument("--max-shard-size", default="50GB", metavar="SIZE",
+                   help="safetensors: bytes per file, e.g. 5GB (default 50GB, as save_pretrained)")
+    p.add_argument("--config", metavar="JSON|FILE",
+                   help="config keyword arguments, as JSON or a .json file")
+    p.add_argument("--config-class", metavar="PACKAGE.MODULE:CLASS",
+                   help="the config class (default: the target's config_class, if it has one)")
+    p.add_argument("--kwargs", default="{}", metavar="JSON",
+                   help="keyword arguments for the callable, as a JSON object")
+    p.add_argument("--seed", type=int, help="torch.manual_seed before building")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar while writing (default: when stderr is a terminal)")
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     import torchdefer
     from torchdefer.viz.summary import memory_table, module_tree
 
-    fn = _load(args.target, "--target")
-    call_args = []
-    if args.config_class is not None:
-        config_cls = _load(args.config_class, "--config-class")
-        call_args.append(config_cls(**_json(args.config or "{}", "--config")))
-    elif args.config is not None:
-        raise CliError("--config needs --config-class to say which class to build it with")
-    kwargs = _json(args.kwargs, "--kwargs")
     start = time.perf_counter()
-
-    def build() -> Any:
-        # The defaults are set inside the recording and restored before it
-        # ends, so they apply to the build only.
-        with _defaults(args.dtype, args.device):
-            return fn(*call_args, **kwargs)
-
-    if args.seed is not None:
-        torch.manual_seed(args.seed)
-    try:
-        model = torchdefer.deferred_init(build)
-    except CliError:
-        raise
-    except Exception as e:
-        traceback.print_exc()
-        print(f"torchdefer inspect: building {args.target} with deferred_init failed: "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
+    model = _build(args, "inspect", args.dtype, args.device)
+    if model is None:
         return 1
     took = time.perf_counter() - start
-    if not isinstance(model, nn.Module):
-        raise CliError(f"{args.target} returned {type(model).__name__}, not an nn.Module")
     explained = [(name, _tensor_named(model, name)) for name in args.explain]  # fail early
     ops = _op_count(model)
     print(f"Built {type(model).__name__} with deferred_init in {took:.2f} s: {ops} ops "
@@ -153,6 +182,94 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     if args.materialize:
         _materialize(model, args.materialize, args.progress, out)
     return status
+
+
+def _build(args: argparse.Namespace, command: str, dtype: str | None = None,
+           device: str | None = None) -> nn.Module | None:
+    """The model ``args`` describe, built with deferred_init; None (reported) if it raised."""
+    import torchdefer
+
+    fn = _load(args.target, "--target")
+    call_args = []
+    config_cls = None
+    if args.config_class is not None:
+        config_cls = _load(args.config_class, "--config-class")
+    elif args.config is not None:
+        # A transformers model class names its config class.
+        config_cls = getattr(fn, "config_class", None)
+        if not isinstance(config_cls, type):
+            raise CliError("--config needs --config-class to say which class to build it "
+                           f"with ({args.target} has no config_class)")
+    if config_cls is not None:
+        call_args.append(config_cls(**_json(_config_text(args.config), "--config")))
+    kwargs = _json(args.kwargs, "--kwargs")
+
+    def build() -> Any:
+        # The defaults are set inside the recording and restored before it
+        # ends, so they apply to the build only.
+        with _defaults(dtype, device):
+            return fn(*call_args, **kwargs)
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    try:
+        model = torchdefer.deferred_init(build)
+    except CliError:
+        raise
+    except Exception as e:
+        traceback.print_exc()
+        print(f"torchdefer {command}: building {args.target} with deferred_init failed: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if not isinstance(model, nn.Module):
+        raise CliError(f"{args.target} returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def _config_text(config: str | None) -> str:
+    """--config as JSON text: read from the file it names, if it names one."""
+    if config is None:
+        return "{}"
+    if not config.lstrip().startswith("{"):
+        try:
+            with open(config, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise CliError(f"--config {config!r} is neither a JSON object nor a readable "
+                           f"file: {e}") from e
+    return config
+
+
+def _save_init(args: argparse.Namespace, out: TextIO) -> int:
+    import torchdefer
+
+    dtype = None
+    if args.dtype is not None:
+        dtype = getattr(torch, args.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise CliError(f"--dtype {args.dtype!r} is not a torch dtype (e.g. bfloat16)")
+    size: int | str = args.max_shard_size
+    if size.isdigit():
+        size = int(size)
+    start = time.perf_counter()
+    model = _build(args, "save-init")
+    if model is None:
+        return 1
+    built = time.perf_counter() - start
+    try:
+        path = torchdefer.save_state_dict(model, args.out, format=args.format, dtype=dtype,
+                                          max_shard_size=size, progress=args.progress)
+    except torchdefer.TorchdeferError as e:
+        print(f"torchdefer save-init: {e}", file=sys.stderr)
+        return 1
+    took = time.perf_counter() - start - built
+    files = sorted(p.name for p in path.iterdir())
+    nbytes = sum((path / f).stat().st_size for f in files)
+    seed = "the default seed" if args.seed is None else f"seed {args.seed}"
+    print(f"Built {type(model).__name__} with deferred_init in {built:.2f} s ({seed}); wrote "
+          f"{nbytes / 2**20:,.1f} MiB in {len(files)} files to {path.resolve()} "
+          f"({args.format}) in {took:.2f} s.", file=out)
+    return 0
 
 
 def _materialize(model: nn.Module, device: str, progress: bool | None, out: TextIO) -> None:

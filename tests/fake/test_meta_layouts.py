@@ -71,3 +71,45 @@ def test_like_factories_keep_the_strides_of_size_one_dims_as_eager():
     for e, d in zip(eager, deferred, strict=True):
         assert d.stride() == e.stride()
         assert_same_tensor(torchdefer.materialize_tensor(d), e)
+
+
+CONVOLUTIONS = {
+    "conv2d": lambda x: torch.nn.functional.conv2d(x, torch.ones(4, 3, 3, 3, dtype=x.dtype)),
+    "conv2d_stride_bias": lambda x: torch.nn.functional.conv2d(
+        x, torch.ones(4, 3, 2, 2, dtype=x.dtype), torch.ones(4, dtype=x.dtype), stride=2),
+    "conv2d_1x1": lambda x: torch.nn.functional.conv2d(x, torch.ones(4, 3, 1, 1, dtype=x.dtype)),
+    "conv2d_groups": lambda x: torch.nn.functional.conv2d(x, torch.ones(6, 1, 3, 3, dtype=x.dtype), groups=3),
+    "conv_transpose2d": lambda x: torch.nn.functional.conv_transpose2d(x, torch.ones(3, 2, 3, 3, dtype=x.dtype)),
+    "conv1d_of_a_row": lambda x: torch.nn.functional.conv1d(x[:, :, 0], torch.ones(4, 3, 2, dtype=x.dtype)),
+    "conv3d": lambda x: torch.nn.functional.conv3d(x.unsqueeze(2), torch.ones(4, 3, 1, 3, 3, dtype=x.dtype)),
+    "conv2d_module": lambda x: torch.nn.Conv2d(3, 5, 3, dtype=x.dtype).to(
+        memory_format=torch.channels_last)(x),
+}
+INPUTS = {
+    "channels_last": lambda: torch.arange(150.0).reshape(2, 3, 5, 5).contiguous(
+        memory_format=torch.channels_last),
+    "contiguous": lambda: torch.arange(150.0).reshape(2, 3, 5, 5),
+    "transposed": lambda: torch.arange(150.0).reshape(2, 3, 5, 5).transpose(2, 3),
+    "double_channels_last": lambda: torch.arange(150.0, dtype=torch.float64).reshape(
+        2, 3, 5, 5).contiguous(memory_format=torch.channels_last),
+    "bfloat16_channels_last": lambda: torch.arange(150.0, dtype=torch.bfloat16).reshape(
+        2, 3, 5, 5).contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("conv", sorted(CONVOLUTIONS))
+@pytest.mark.parametrize("layout", sorted(INPUTS))
+def test_a_convolution_reports_the_layout_eagers_backend_gives(conv, layout):
+    def build():
+        torch.manual_seed(0)
+        out = CONVOLUTIONS[conv](INPUTS[layout]())
+        return out, out.reshape(-1)  # a view where eager's layout allows one, else a copy
+
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    assert deferred[0].stride() == eager[0].stride()
+    real = [torchdefer.materialize_tensor(t) for t in deferred]
+    for got, want in zip(real, eager):
+        assert_same_tensor(got, want.detach() if not want.requires_grad else want)
+    shares = real[0].untyped_storage().data_ptr() == real[1].untyped_storage().data_ptr()
+    assert shares == (eager[0].untyped_storage().data_ptr() == eager[1].untyped_storage().data_ptr())

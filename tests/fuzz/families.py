@@ -21,7 +21,7 @@ from torch import nn
 from ambient_families import ambient, refused, thread
 from context import FLOATS, Ctx, with_no_grad
 from random_families import custom_random, random_on, random_op, rng_state
-from storage_families import grow
+from storage_families import grow, relaid
 
 __all__ = ["FAMILIES"]
 
@@ -395,4 +395,5 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "thread": thread,
     "refused": refused,
     "grow": grow,
+    "relaid": relaid,
 }

@@ -1,4 +1,4 @@
-"""Storage growth under live views (issue 24, class 0): one family, ``grow``.
+"""Storages under live views: ``grow`` (issue 24, class 0) and ``relaid``.
 
 A line takes a view of a tensor of the program (of some kind: transposed,
 strided, expanded, ``as_strided``, another dtype ...), grows the storage under
@@ -9,6 +9,13 @@ object: the view sees the growth and the tensor sees the view's write.
 
 The grown region is always written before anything can read it: eager
 leaves it uninitialized, so a program reading it would compare garbage.
+
+``relaid``: a kernel whose output strides differ from its meta kernel's (an
+elementwise op on a tensor with a size-1 dimension strided oddly, a
+convolution of a channels_last input), a view of its output, a write after
+the view. Materialized apart, the output and the view must share storage
+and have eager's strides (the fuzz seed 20261125 found `abs` of a permuted
+size-1 view materialized apart from its view as two storages).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch
 
 from context import Ctx
 
-__all__ = ["grow"]
+__all__ = ["grow", "relaid"]
 
 # A view of `x` and the dimensions `x` needs for it.
 _VIEWS = [
@@ -82,3 +89,47 @@ def _growth(ctx: Ctx, x: str, e: torch.Tensor) -> str:
     # An out= argument resized from nothing: every element written.
     return (f"{old}; {t} = torch.empty(0, dtype={x}.dtype).set_({x}.untyped_storage(), o_, (0,)); "
             f"torch.full(({k},), {fill}, dtype={x}.dtype, out={t})")
+
+
+# Layouts of `x` whose elementwise outputs the meta kernels lay out otherwise
+# than TensorIterator in some size-1 dimension.
+_ODD_LAYOUTS = [
+    "{x}.unsqueeze(0).movedim(0, 1)", "{x}.unsqueeze(-1).movedim(-1, 0)",
+    "{x}.unsqueeze(1).unsqueeze(0).permute(2, 1, 0, *range(3, {x}.dim() + 2))",
+]
+_ELEMENTWISE = [
+    "{a}.abs()", "{a}.neg()", "{a}.sigmoid()", "torch.nn.functional.hardtanh({a})",
+    "{a}.relu()", "{a}.exp()", "{a} * 2", "{a} + 1", "torch.where({a} > 0, {a}, 0.0)",
+    "torch.nn.functional.silu({a})", "{a}.clamp(-1, 1)", "torch.nn.functional.gelu({a})",
+    "{a}.to(torch.float64)", "{a}.clone()", "torch.nn.functional.softplus({a})",
+]
+_CONVS = [
+    "torch.nn.functional.conv2d({a}, torch.ones(4, 3, 3, 3))",
+    "torch.nn.functional.conv2d({a}, torch.ones(4, 3, 2, 2), stride=2)",
+    "torch.nn.functional.conv_transpose2d({a}, torch.ones(3, 2, 3, 3))",
+    "torch.nn.functional.max_pool2d({a}, 2)", "torch.nn.functional.avg_pool2d({a}, 2)",
+]
+_RELAID_VIEWS = [
+    "{y}.transpose(0, 1)", "{y}[0]", "{y}.unsqueeze(0)", "{y}.reshape(-1)", "{y}.flatten(1)",
+    "{y}.data", "{y}[..., 1:]", "{y}.squeeze()", "{y}.permute(*range({y}.dim() - 1, -1, -1))",
+]
+_RELAID_WRITES = ["{y}.mul_(2)", "{v}.fill_(1.5)", "{y}.copy_({y})", "{v}.add_(1)",
+                  "{y}.zero_()", "{v}.normal_()"]
+
+
+def relaid(ctx: Ctx) -> str | None:
+    x = ctx.pick(lambda t: t.dtype == torch.float32 and t.dim() >= 1 and not t.requires_grad
+                 and t.numel() > 0)
+    if x is None:
+        return None
+    e, y, v = ctx.env[x], ctx.new(), ctx.new()
+    if e.dim() == 2 and min(e.shape) >= 4 and ctx.rng.random() < 0.4:
+        a = (f"{x}.reshape(1, 1, *{x}.shape).expand(2, 3, *{x}.shape)"
+             ".to(memory_format=torch.channels_last)")
+        op = ctx.rng.choice(_CONVS)
+    else:
+        a = ctx.rng.choice(_ODD_LAYOUTS).format(x=x)
+        op = ctx.rng.choice(_ELEMENTWISE)
+    view = ctx.rng.choice(_RELAID_VIEWS).format(y=y)
+    write = ctx.rng.choice(_RELAID_WRITES).format(y=y, v=v)
+    return f"{y} = {op.format(a=a)}; {v} = {view}; {write}"

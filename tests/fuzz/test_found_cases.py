@@ -239,6 +239,30 @@ CASES: dict[str, Program] = {
         "t3 = __import__('ambient_families').worker().run(lambda: torch.rand(5)).clone()",
         "t4 = torch.randn(4, 4)",
     )), eager_draw_between=(False,)),
+    # issue 24, seed 20261125: storage sharing where the kernel's strides differ
+    # from the meta kernel's in a size-1 dimension, and a .data swap under a view
+    "a_view_of_abs_of_a_permuted_size_1_view_shares_after_a_write": Program(20261537, ((
+        "t1 = torch.full((2, 3, 4), 2)",
+        "t2 = t1.unsqueeze(0)",
+        "t4 = t2.permute(1, 0, *range(2, 4))",
+        "t5 = t4.abs()",
+        "t10 = t5.permute(1, 0, *range(2, 4))",
+        "t5.copy_(t5)",
+    ),)),
+    "an_expanded_view_of_a_flipped_strided_view_shares_after_a_write": Program(20261295, ((
+        "t1 = torch.ones((2, 16))",
+        "t2 = t1[::2]",
+        "t6 = t2.flip(0)",
+        "t12 = t6.expand(2, *t6.shape)",
+        "t6[0] = 1.5",
+    ),)),
+    "an_int_view_of_a_base_given_float_data_that_requires_grad": Program(20261159, ((
+        "t1 = torch.ones((4, 4))",
+        "t3 = torch.multinomial(torch.ones(3, 100), 2)",
+        "t4 = t3.flatten()",
+        "t3.data = t1.clone()",
+        "t3.requires_grad_()",
+    ),)),
 }
 
 

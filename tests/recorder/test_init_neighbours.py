@@ -15,8 +15,8 @@ from torch import nn
 
 import torchdefer
 from parity import check_program
-from torchdefer.recorder import states
 from torchdefer.recorder.composite import Composite
+from torchdefer.rng import states
 
 
 # timm.layers.weight_init (timm is not installed here), as written there.

@@ -16,9 +16,10 @@ from torch import nn
 
 import torchdefer
 from torchdefer.materialize.errors import DeviceUnavailableError
-from torchdefer.recorder.stream import call_effect, meta_call
+from torchdefer.recorder.rng import NODE_READER, meta_call
 from torchdefer.rng import cuda_increments, philox
 from torchdefer.rng.philox import DeviceShape
+from torchdefer.rng.stream import call_effect
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
@@ -172,7 +173,7 @@ def test_randint_like_with_a_tensor_high_is_an_anchor_for_cuda_and_replays_like_
     node = stream.epochs[0].calls[0]
     with monkeypatch.context() as patched:  # as on a CUDA host, where the model is asked
         patched.setattr(torch.cuda, "is_available", lambda: True)
-        assert call_effect(node, CUDA0) is None  # run, not counted (was a TypeError)
+        assert call_effect(node, CUDA0, NODE_READER) is None  # run, not counted (was a TypeError)
     for i in (1, 0):
         assert torch.equal(torchdefer.materialize_tensor(deferred[i]), eager[i])
 
@@ -204,7 +205,7 @@ def test_randint_like_with_a_tensor_high_onto_cuda_is_run_there_and_replays_like
     (stream,) = streams(deferred[0])
     with monkeypatch.context() as patched:
         patched.setattr(torch.cuda, "is_available", lambda: True)
-        assert call_effect(stream.epochs[0].calls[0], CUDA0) is None
+        assert call_effect(stream.epochs[0].calls[0], CUDA0, NODE_READER) is None
     for i in (1, 0):
         assert torch.equal(torchdefer.materialize_tensor(deferred[i], device="cpu"), eager[i])
 
@@ -240,7 +241,7 @@ def test_a_restore_inside_a_cpu_recording_placed_for_cuda_restores_there_and_war
     # markers, in the generator: a restore of one is still known as a restore.
     import threading
 
-    from torchdefer.recorder.states import CrossDeviceRestoreWarning
+    from torchdefer.rng.states import CrossDeviceRestoreWarning
 
     release = threading.Event()
     waiter = threading.Thread(target=release.wait)

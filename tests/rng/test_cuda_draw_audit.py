@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 
 import torchdefer
-from torchdefer.recorder.stream import call_effect
+from torchdefer.recorder.rng import NODE_READER
+from torchdefer.rng.stream import call_effect
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -127,7 +128,7 @@ def test_every_random_op_replays_from_fake_cuda_and_the_philox_model_copes(
             for stream in deferred[1]._graph.rng.streams.values():
                 for epoch in stream.epochs:
                     for node in epoch.calls:
-                        count = call_effect(node, cuda0)
+                        count = call_effect(node, cuda0, NODE_READER)
                         assert count is None or count >= 0, (name, dtype, layout)
             checked += 1
     assert checked, f"eager accepted no case of {name}"

@@ -9,7 +9,8 @@ which releases need it, so it can be dropped when the floor passes them.
 
 The bindings below are plain aliases (no wrapper: several sit on the
 per-op hot path); ``export.py`` holds the ones only the descriptors use
-(torch.export's serializer, ShapeEnv, dynamo). Outside this package the code
+(torch.export's serializer, ShapeEnv, dynamo); ``generator.py`` sees every read
+of a generator's state while a recording runs. Outside this package the code
 uses no ``torch._*`` name; ``tests/test_compat.py`` checks that by parsing
 every module. The exceptions are the two documented extension points
 ``torch.utils._pytree`` and ``TorchDispatchMode``.
@@ -27,7 +28,9 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
+    "AMBIENT_GETTERS",
     "BCOMPLEX32",
+    "CONV_MEMORY_FORMAT",
     "FAKE_MODE_KEY",
     "DisableTorchDispatch",
     "DisableTorchFunctionSubclass",
@@ -75,6 +78,20 @@ meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 storage_id = torch._C._storage_id
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
+AMBIENT_GETTERS: tuple[Any, ...] = (
+    torch.get_default_dtype,
+    getattr(torch._C, "_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+    getattr(torch._C, "_get_deterministic_algorithms_warn_only",
+            torch.is_deterministic_algorithms_warn_only_enabled),
+    getattr(torch._C, "_get_deterministic_fill_uninitialized_memory",
+            lambda: torch.utils.deterministic.fill_uninitialized_memory),
+    getattr(torch._C, "_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+    torch.is_inference_mode_enabled,
+)
+"""The readers of ``recorder.ambient.Ambient``'s settings, in its field order: the C
+functions the public getters wrap (read for every recorded op; the public
+Python wrappers, and ``torch.utils.deterministic``'s module property, cost as
+much again), the public ones where a torch lacks them."""
 OpOverload = torch._ops.OpOverload
 # Batch and instance norms' base, whose _load_from_state_dict supplies an absent
 # num_batches_tracked for old checkpoints (checkpoint/module_rules.py).
@@ -84,6 +101,30 @@ parse_to = torch._C._nn._parse_to
 """``Tensor.to``'s argument parser: ``(device, dtype, non_blocking, memory_format)``."""
 swap_tensor_impl = torch._C._swap_tensor_impl
 neg_view = torch._neg_view
+
+
+def _conv_memory_format() -> Any:
+    select = getattr(torch._C, "_select_conv_backend", None)
+    determine = getattr(torch._C, "_conv_determine_backend_memory_format", None)
+    if select is None or determine is None:
+        return None
+
+    def memory_format(input: Any, weight: Any, bias: Any, stride: Any, padding: Any,
+                      dilation: Any, transposed: bool, output_padding: Any,
+                      groups: int) -> torch.memory_format:
+        backend = select(input, weight, bias, stride, padding, dilation, transposed,
+                         output_padding, groups, None)
+        return determine(input, weight, backend)
+
+    return memory_format
+
+
+CONV_MEMORY_FORMAT = _conv_memory_format()
+"""``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+groups) -> memory_format``: the layout eager's convolution gives its output on
+the tensors' devices (the backend ATen picks, and its format; what PyTorch's
+FakeTensor asks too), or None on a torch without these bindings. Reads only
+metadata, so fake tensors reporting their device answer for it."""
 
 
 _eval_frame_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)

@@ -8,7 +8,9 @@ refused with an error naming the file and key, and a refused load changes
 nothing. One module per noun: ``source`` (what a checkpoint declares),
 ``safetensors_files`` / ``torch_save`` / ``dcp`` (the readers), ``targets``
 (the module's tensors), ``plan`` (validation), ``assign`` (preparing and
-installing tensors), ``load`` (the entry point).
+installing tensors), ``load`` (the entry point). Writing: ``write`` (the
+entry point, :func:`save_state_dict`), ``write_plan`` (what is written under
+which names), ``write_errors``, and the private format writers.
 """
 
 from torchdefer.checkpoint.errors import (
@@ -23,17 +25,22 @@ from torchdefer.checkpoint.errors import (
 )
 from torchdefer.checkpoint.load import load_state_dict, set_distributed_loader
 from torchdefer.checkpoint.plan import LoadResult
+from torchdefer.checkpoint.write import save_state_dict
+from torchdefer.checkpoint.write_errors import CheckpointExistsError, CheckpointWriteError
 
 __all__ = [
     "CheckpointDeviceError",
     "CheckpointError",
+    "CheckpointExistsError",
     "CheckpointFormatError",
     "CheckpointKeyError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointUsageError",
+    "CheckpointWriteError",
     "LoadResult",
     "UnsafeCheckpointError",
     "load_state_dict",
+    "save_state_dict",
     "set_distributed_loader",
 ]

@@ -77,9 +77,35 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     answer = leafness(func, args, kwargs)
     if answer is not NOT_HANDLED:
         return answer
+    try:
+        rerouted = func in _REROUTED
+    except TypeError:  # an unhashable callable: ask each case
+        rerouted = True
+    if rerouted:
+        answer, call = _reroute(func, args, kwargs)
+        if call is None:
+            return answer
+        func, args, kwargs = call
+    if (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in flat_tensors(args, kwargs))
+        and touches_missing_device(args, kwargs)
+    ):
+        return call_without_autograd(func, args, kwargs)
+    try:
+        return func(*args, **kwargs)
+    except (RuntimeError, IndexError) as e:  # IndexError: a view's dim gone after resize_
+        if not _lost_view_history(e, func, args, kwargs):
+            raise
+        raise _view_history_error(func, e) from e
+
+
+def _reroute(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """For a function of ``_REROUTED`` (or an unhashable one): ``(answer, None)``, or
+    ``(None, (func, args, kwargs))``, the call ``call_grad_safe`` makes instead."""
     transpose = _TRANSPOSE_GETTERS.get(func)
     if transpose is not None and torch.is_inference_mode_enabled():
-        return transpose(args[0])
+        return transpose(args[0]), None
     # The Python bindings of copy_ and to() take a device guard before they
     # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
     # FakeTensorMode fails the same way); the ops themselves take none on the
@@ -99,25 +125,20 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if rerouted is not None:
             func, args, kwargs = rerouted
     elif func is torch.Tensor.new_tensor and not device_available(args[0].fake_device):
-        return _new_tensor(*args, **kwargs)  # a new leaf: no autograd involved
+        return _new_tensor(*args, **kwargs), None  # a new leaf: no autograd involved
     elif func in GUARDED and not STATE.guarded:
         STATE.guarded = True
         try:
-            return call_grad_safe(func, args, kwargs)
+            return call_grad_safe(func, args, kwargs), None
         finally:
             STATE.guarded = False
-    if (
-        torch.is_grad_enabled()
-        and any(t.requires_grad for t in flat_tensors(args, kwargs))
-        and touches_missing_device(args, kwargs)
-    ):
-        return call_without_autograd(func, args, kwargs)
-    try:
-        return func(*args, **kwargs)
-    except (RuntimeError, IndexError) as e:  # IndexError: a view's dim gone after resize_
-        if not _lost_view_history(e, func, args, kwargs):
-            raise
-        raise _view_history_error(func, e) from e
+    return None, (func, args, kwargs)
+
+
+# What call_grad_safe reroutes or answers itself (anything else is called as
+# is): one set lookup, not seven tests, for the other calls.
+_REROUTED = frozenset({torch.Tensor.copy_, torch.Tensor.type, torch.Tensor.to, torch.Tensor.cuda,
+                       torch.Tensor.new_tensor, *GUARDED, *_TRANSPOSE_GETTERS})
 
 
 def _lost_view_history(error: Exception, func: Callable[..., Any], args: tuple,

@@ -32,6 +32,13 @@ write to the output reached the input, unlike eager's.
 LAPACK writes ``linalg_eig``'s eigenvectors column-major per matrix; torch
 2.8's meta kernel gives row-major ones (fixed in later releases, where the
 restriding below changes nothing).
+
+A convolution's output is laid out by the backend ATen picks for the real
+device (mkldnn gives a channels_last input a channels_last output); its meta
+kernel, which knows no device, gives a contiguous one. Recorded so, a later
+``reshape`` viewed what eager copied, and a random init drew in the wrong
+order (``draw model is wrong`` at replay). The backend and its format are
+asked of ATen with the fake tensors, which report the real device.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from torchdefer import _compat
+from torchdefer.fake._state import STATE
 
 __all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
 
@@ -69,9 +79,12 @@ _SUGGESTED_FORMAT = frozenset(
 )  # fmt: skip
 
 
+_CONVOLUTIONS = frozenset({_aten.convolution, _aten._convolution})
+
 # Every packet eager_layout restrides (a rule added above must be added here).
 _RESTRIDED = frozenset(
-    {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, _aten.native_dropout}
+    {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, *_CONVOLUTIONS,
+     _aten.native_dropout}
 )
 
 # id(op) -> (op, whether its packet is in _RESTRIDED): asked for every op, and
@@ -95,6 +108,8 @@ def eager_layout(
         return _in_suggested_format(args[0], out)
     if packet in _ROW_MAJOR:
         return _row_major(func, out)
+    if packet in _CONVOLUTIONS:
+        return _convolution(args, kwargs, out, device)
     if packet in _COLUMN_MAJOR and isinstance(out, tuple):
         return tuple(_column_major(o) if i in _COLUMN_MAJOR[packet] else o
                      for i, o in enumerate(out))
@@ -129,6 +144,44 @@ def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: An
     if output is source:  # the meta decomposition's shortcut at p=0
         output = torch.mul(source, torch.empty_like(mask, dtype=source.dtype))
     return output, mask
+
+
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",
+              "output_padding", "groups")
+
+
+def _convolution(args: tuple, kwargs: dict, out: Any, device: torch.device | None) -> Any:
+    """``out`` laid out as the convolution backend of the input's device lays it out.
+
+    Only where this process's ATen picks the backend eager would: the CPU, or
+    CUDA when it is there (on a host without it, ATen would answer for a GPU
+    without cuDNN; the layout replay gives is then taken as it comes).
+    """
+    if _compat.CONV_MEMORY_FORMAT is None or not isinstance(out, torch.Tensor):
+        return out
+    if device is not None and device.type != "cpu" and not (
+            device.type == "cuda" and torch.cuda.is_available()):
+        return out
+    bound = dict(zip(_CONV_ARGS, args))
+    bound.update((k, v) for k, v in kwargs.items() if k in _CONV_ARGS)
+    # ATen views a 1-d convolution's tensors as 2-d (contiguous) to choose, an op
+    # fake tensors cannot run without dispatch; its output stays contiguous.
+    source, weight = bound.get("input"), bound.get("weight")
+    if not isinstance(source, torch.Tensor) or not isinstance(weight, torch.Tensor) or (
+            source.dim() not in (4, 5) or weight.dim() != source.dim()):
+        return out
+    in_kernel, STATE.in_kernel = STATE.in_kernel, False  # the tensors report their device
+    try:
+        fmt = _compat.CONV_MEMORY_FORMAT(*(bound[name] for name in _CONV_ARGS))
+    except (KeyError, RuntimeError, TypeError):  # arguments ATen refuses: meta's answer
+        return out
+    finally:
+        STATE.in_kernel = in_kernel
+    if (fmt == torch.channels_last and out.dim() != 4) or (
+            fmt == torch.channels_last_3d and out.dim() != 5):
+        return out
+    wanted = torch.empty(out.shape, dtype=out.dtype, device="meta", memory_format=fmt)
+    return out if wanted.stride() == out.stride() else wanted
 
 
 def _preserved(source: Any, out: Any) -> Any:

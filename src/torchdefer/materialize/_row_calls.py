@@ -15,8 +15,9 @@ from torchdefer.materialize.plan import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.stream import Position, call_effect, meta_call
+from torchdefer.recorder.rng import NODE_READER, meta_call
 from torchdefer.rng import draws, ranges
+from torchdefer.rng.stream import Position, call_effect
 
 if TYPE_CHECKING:
     from torchdefer.materialize.rows import RowReplay, Span, Step
@@ -113,7 +114,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     if device.type != "cpu":
         # Philox streams: per-thread offsets, not per element
         raise NotSliceable(node, f"draws from the {device.type} generator")
-    effect = call_effect(node, "cpu")
+    effect = call_effect(node, "cpu", NODE_READER)
     if not isinstance(effect, draws.Effect) or effect.normals:
         raise NotSliceable(node, "its draws are not modeled per element (or use cached normals)")
     call = _LocalCall(node, device)

@@ -11,6 +11,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
+from torchdefer.materialize._derive import same_elements, through_views
 from torchdefer.materialize.errors import ReplayError
 from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
 
@@ -49,17 +50,23 @@ class ReplayCache:
 
     A value the replay computed is rebuilt with the layout it really had. Any
     other view is rebuilt from its recorded sizes and strides, which are the
-    meta kernels'; where a replayed tensor of the storage came out with another
+    meta kernels'. Where a replayed tensor of the storage came out with another
     layout than recorded (a kernel whose layout the meta kernel does not know,
-    or a tensor recorded on CUDA replayed on the CPU), those cannot be trusted
-    and such a view is replayed from scratch.
+    or a tensor recorded on CUDA replayed on the CPU), those cannot be trusted:
+    such a view is taken again from its base, as eager took it
+    (``_derive.through_views``). Where no chain of views leads to a value of
+    known layout, it is rebuilt from the recorded layout if every difference
+    was in dimensions of size 1 (the same elements), else replayed from
+    scratch when only its contents are wanted, and refused when it is wanted
+    as a view of the user's tensor (a copy would not see the user's writes).
     """
 
     def __init__(self) -> None:
         # (storage, device key) -> what is cached of it
         self._storages: dict[tuple[int, str], _Entry] = {}
-        # (storage, device key) -> storage record: a replayed layout differed
-        self._diverged: dict[tuple[int, str], Storage] = {}
+        # (storage, device key) -> (storage record, whether every replayed layout
+        # that differed from the recorded one still addressed the same elements)
+        self._diverged: dict[tuple[int, str], tuple[Storage, bool]] = {}
         # id(storage) -> record: its tensor was replaced by a loaded one that
         # is not all of it as recorded (keep_loaded), so its views cannot be placed
         self._replaced: dict[int, Storage] = {}
@@ -107,15 +114,29 @@ class ReplayCache:
             return None
         if not alias and value.storage.materialized and entry.call != self._call:
             return None  # the user's since its call returned: maybe changed
+        storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
         known = entry.layouts.get(id(value))
         if known is not None:
-            meta = known[1]
-        elif key in self._diverged:
-            return None
-        else:
-            meta = value.meta
-        storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
-        return rebuild(meta, storage, device)
+            return rebuild(known[1], storage, device)
+        diverged = self._diverged.get(key)
+        if diverged is None:
+            return rebuild(value.meta, storage, device)
+        real = through_views(value, entry.layouts, lambda meta: rebuild(meta, storage, device))
+        if real is not None:
+            return real
+        if diverged[1]:  # only size-1 strides differed: the recorded layout is right
+            return rebuild(value.meta, storage, device)
+        if alias:
+            raise ReplayError(
+                f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
+                "shares its storage with a tensor materialized earlier, which replay laid "
+                "out otherwise than recording saw (a kernel whose output strides the meta "
+                f"kernel does not know), and {value.node.name} does not take it from that "
+                "tensor by views alone, so it cannot be rebuilt as eager's view of it. "
+                "Materialize both in one call (materialize_module, or materialize the "
+                "view first), or clone() the view while building if sharing is not needed."
+            )
+        return None
 
     def store(
         self,
@@ -145,8 +166,12 @@ class ReplayCache:
         if not isinstance(real, torch.Tensor):
             return
         meta = value.meta
-        if real.stride() != meta.stride or real.storage_offset() != meta.offset:
-            self._diverged[(id(value.storage), device_key)] = value.storage
+        if real.stride() == meta.stride and real.storage_offset() == meta.offset:
+            return
+        key = (id(value.storage), device_key)
+        kept = same_elements(TensorMeta.of(real, real.device), meta)
+        before = self._diverged.get(key)
+        self._diverged[key] = (value.storage, kept and (before is None or before[1]))
 
 
 def rebuild(meta: TensorMeta, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:

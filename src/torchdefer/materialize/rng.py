@@ -1,6 +1,6 @@
 """Replaying random ops from exact private generator states; the global RNG is untouched.
 
-Each random node starts from the state ``recorder.states`` computes for its
+Each random node starts from the state ``rng.states`` computes for its
 position (jumping over the draws of everything not materialized), and the
 state it ends in is remembered as the start of the next call of its stream,
 so materializing in recording order draws each number once and jumps never.
@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer._compat.generator import get_state
 from torchdefer.materialize.errors import UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.rng import default_generator
-from torchdefer.recorder.states import set_call_runner
-from torchdefer.recorder.stream import Stream, meta_call, model_of
+from torchdefer.recorder.rng import meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
+from torchdefer.rng.ledger import default_generator
+from torchdefer.rng.states import set_call_runner
+from torchdefer.rng.stream import Stream, model_of
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
@@ -124,11 +126,11 @@ def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.
         generator = default_generator(device)
         if generator is None:
             raise RuntimeError(f"no default generator for {device}")
-        saved = generator.get_state()
+        saved = get_state(generator)  # as it is: a marker while recording
         try:
             generator.set_state(state)
             out = node.op(*args, **kwargs)
-            return out, generator.get_state()
+            return out, get_state(generator)
         finally:
             generator.set_state(saved)
     private = torch.Generator(device=device)
@@ -139,7 +141,7 @@ def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.
         args = tuple(private if isinstance(x, torch.Generator) else x for x in args)
         kwargs = {k: private if isinstance(x, torch.Generator) else x for k, x in kwargs.items()}
     out = node.op(*args, **kwargs)
-    return out, private.get_state()
+    return out, get_state(private)
 
 
 def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
@@ -153,9 +155,9 @@ def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
     if getattr(node.op, "namespace", None) in TRUSTED_NAMESPACES:
         return node.op(*args, **kwargs)
     generators = _default_generators()
-    before = [g.get_state() for g in generators]
+    before = [get_state(g) for g in generators]
     out = node.op(*args, **kwargs)
-    moved = [g for g, s in zip(generators, before) if not torch.equal(g.get_state(), s)]
+    moved = [g for g, s in zip(generators, before) if not torch.equal(get_state(g), s)]
     for g, s in zip(generators, before):
         g.set_state(s)
     if moved:

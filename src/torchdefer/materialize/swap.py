@@ -70,12 +70,35 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     # An inference tensor (recorded under inference_mode) takes requires_grad
     # only inside inference mode, as eager's nn.Parameter(...) there did.
     with suspended(), torch.inference_mode(real.is_inference()):
-        if cls is torch.Tensor:
+        if cls is torch.Tensor and requires_grad and not _can_require_grad(real):
+            out = _view_of_a_base_requiring_grad(real)
+        elif cls is torch.Tensor:
             out = real.detach().requires_grad_(requires_grad)
         else:
             out = _compat.TensorBase._make_subclass(cls, real.detach(), requires_grad)
     out.__dict__.update(user_attributes(fake))
     return out
+
+
+def _can_require_grad(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _view_of_a_base_requiring_grad(real: torch.Tensor) -> torch.Tensor:
+    """``real`` as an integer tensor that reports ``requires_grad=True``, as eager's did.
+
+    Eager has such tensors: a view taken of ``t`` before ``t.data = <float
+    tensor>; t.requires_grad_()`` keeps its dtype and answers ``requires_grad``
+    from its autograd base. No tensor of its dtype can be given the flag
+    itself, so it is made the same way: a view of a base that then gets float
+    data and requires grad (the base keeps an empty float tensor).
+    """
+    base = real.detach()
+    with torch.enable_grad():
+        view = base.as_strided(real.size(), real.stride(), real.storage_offset())
+    base.data = torch.empty(0, device=real.device)
+    base.requires_grad_()
+    return view
 
 
 def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:

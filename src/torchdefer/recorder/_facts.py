@@ -18,6 +18,7 @@ import torch
 
 from torchdefer.fake._questions import is_question
 from torchdefer.recorder._alias import AliasPlan, alias_plan
+from torchdefer.recorder._real_targets import collective_name
 from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["OpFacts", "facts_of"]
@@ -54,6 +55,11 @@ class OpFacts:
     # Schema positions of Generator arguments: a generator can reach an op
     # only through one of them (empty for nearly every op).
     generators: tuple[tuple[int, str], ...]
+    # The name of a collective (refused: see recorder/_real_targets.py), else "".
+    collective: str
+    # Not simply recorded (record_call's first branches): a collective, aten.to,
+    # lift_fresh, _local_scalar_dense. One flag: other ops pay one test for all.
+    special: bool
 
 
 _facts: dict[int, OpFacts] = {}
@@ -69,6 +75,7 @@ def facts_of(func: Any) -> OpFacts:
 
 def _compute(func: Any) -> OpFacts:
     schema = func._schema
+    collective = collective_name(func)
     return OpFacts(
         func=func,
         plan=alias_plan(func),
@@ -80,7 +87,13 @@ def _compute(func: Any) -> OpFacts:
         generators=tuple(
             (i, a.name) for i, a in enumerate(schema.arguments) if "Generator" in str(a.type)
         ),
+        collective=collective,
+        special=bool(collective) or func.overloadpacket is torch.ops.aten.to or func in _SPECIAL,
     )
+
+
+_SPECIAL = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default,
+            torch.ops.aten._local_scalar_dense.default)
 
 
 def _needs_data(func: Any) -> int:

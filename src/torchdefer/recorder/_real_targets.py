@@ -26,7 +26,8 @@ from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.source import user_frame
 
-__all__ = ["refuse_collective", "write_real", "writes_in_place", "writes_real"]
+__all__ = ["collective_name", "refuse_collective", "write_real", "writes_in_place",
+           "writes_real"]
 
 _FAKE_SLOT = _compat.FAKE_MODE_KEY
 # Namespaces of the collective ops (c10d: process-group ops; the functional
@@ -43,12 +44,12 @@ def refuse_collective(func: Any) -> None:
     if type(func) is _OP_OVERLOAD:  # by id: OpOverload.__hash__ is Python code
         entry = _ops.get(id(func))
         if entry is None:
-            entry = _ops[id(func)] = (func, _collective_name(func))
+            entry = _ops[id(func)] = (func, collective_name(func))
         known = entry[1]
     else:
         known = _collectives.get(func)
         if known is None:
-            known = _collectives[func] = _collective_name(func)
+            known = _collectives[func] = collective_name(func)
     if known:
         raise _collective_error(known)
 
@@ -60,7 +61,8 @@ _ops: dict[int, tuple[Any, str]] = {}
 _OP_OVERLOAD = _compat.OpOverload
 
 
-def _collective_name(func: Any) -> str:
+def collective_name(func: Any) -> str:
+    """``func``'s name if it is a collective, else ``""``."""
     namespace = getattr(func, "namespace", None)
     if namespace is not None:  # an aten-level op
         return str(func) if namespace in _COLLECTIVE_NAMESPACES else ""

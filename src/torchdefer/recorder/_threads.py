@@ -5,10 +5,13 @@ the default CPU generator and the default dtype. Eager code shares them with
 every thread too, so a program whose threads are sequenced (one waits for
 another) is deterministic, and must stay so when one of them records:
 
-* ``torch.get_rng_state()`` and ``threading.Thread.start`` called by a
-  recording thread first put the exact state in the generators, where a lazy
-  marker may stand (``recorder.rng``); other threads never see a marker,
-  since markers are only used while the recording thread is alone.
+* every read of a generator's state by a recording thread
+  (``Generator.get_state`` and its neighbours, so ``torch.get_rng_state()``
+  and ``fork_rng`` too: ``_compat.generator``), ``threading.Thread.start``
+  and ``os.fork`` (so ``multiprocessing``'s fork) first put the exact state
+  in the generators, where a lazy marker may stand (``rng.ledger``); other
+  threads never see a marker, since markers are only used while the
+  recording thread is alone.
 * ``torch.set_default_dtype`` and ``torch.set_default_tensor_type`` called by
   a recording thread are logged per thread, so a block restores the default
   dtype only if its own thread changed it, and not a change another thread
@@ -23,6 +26,7 @@ blocks, ending in another order than they began, leave a patch behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -30,11 +34,14 @@ from typing import Any
 import torch
 import torch.random
 
-__all__ = ["dtype_log", "recording_thread"]
+from torchdefer._compat import generator as _generator
+
+__all__ = ["dtype_log", "reads_seen", "recording_thread"]
 
 _lock = threading.Lock()
-_syncs: dict[int, Any] = {}  # thread id -> its outermost recording's sync()
+_syncs: dict[int, Any] = {}  # thread id -> its outermost recording's sync(generator=None)
 _saved: dict[str, Any] = {}  # the originals while the patches are in
+_forks: list[bool] = []  # whether the fork hook is registered
 
 
 class _Log(threading.local):
@@ -50,9 +57,15 @@ def dtype_log() -> list[torch.dtype]:
     return _log.dtypes
 
 
+def reads_seen() -> bool:
+    """Whether every read of a generator's state is seen now (a marker may stand in it)."""
+    return bool(_saved.get("reads"))
+
+
 @contextlib.contextmanager
 def recording_thread(sync: Any) -> Iterator[None]:
-    """While inside, this thread records; ``sync()`` puts exact states in the generators."""
+    """While inside, this thread records; ``sync(generator=None)`` puts exact states in
+    the generators (that one's, or all)."""
     thread = threading.get_ident()
     with _lock:
         _syncs[thread] = sync
@@ -67,22 +80,26 @@ def recording_thread(sync: Any) -> Iterator[None]:
                 _remove()
 
 
-def _sync_mine() -> None:
+def _sync_mine(generator: torch.Generator | None = None) -> None:
     sync = _syncs.get(threading.get_ident())
     if sync is not None:
-        sync()
+        sync(generator)
+
+
+def _fork_hook() -> None:
+    """Register, once per process, a sync before ``os.fork`` (a child must not inherit a
+    marker: it would draw numbers no eager program draws). Hooks cannot be removed;
+    outside a recording it does nothing."""
+    if not _forks and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_sync_mine)
+        _forks.append(True)
 
 
 def _install() -> None:
-    get_rng_state = _saved["get_rng_state"] = torch.random.get_rng_state
+    _fork_hook()
     start = _saved["start"] = threading.Thread.start
     set_dtype = _saved["set_default_dtype"] = torch.set_default_dtype
     set_type = _saved["set_default_tensor_type"] = torch.set_default_tensor_type
-    _saved["torch.get_rng_state"] = torch.get_rng_state
-
-    def exact_get_rng_state() -> torch.Tensor:
-        _sync_mine()
-        return get_rng_state()
 
     def exact_start(self: threading.Thread) -> None:
         _sync_mine()
@@ -96,11 +113,11 @@ def _install() -> None:
         set_type(t)
         _note_dtype()
 
-    for new, old in ((exact_get_rng_state, get_rng_state), (exact_start, start),
+    for new, old in ((exact_start, start),
                      (logged_set_default_dtype, set_dtype),
                      (logged_set_default_tensor_type, set_type)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
-    torch.get_rng_state = torch.random.get_rng_state = exact_get_rng_state
+    _saved["reads"] = _generator.intercept_reads(_sync_mine)
     threading.Thread.start = exact_start  # type: ignore[method-assign]
     torch.set_default_dtype = logged_set_default_dtype
     torch.set_default_tensor_type = logged_set_default_tensor_type
@@ -112,8 +129,7 @@ def _note_dtype() -> None:
 
 
 def _remove() -> None:
-    torch.get_rng_state = _saved["torch.get_rng_state"]
-    torch.random.get_rng_state = _saved["get_rng_state"]
+    _generator.restore_reads()
     threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
     torch.set_default_dtype = _saved["set_default_dtype"]
     torch.set_default_tensor_type = _saved["set_default_tensor_type"]

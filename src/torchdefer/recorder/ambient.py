@@ -31,6 +31,8 @@ from types import TracebackType
 
 import torch
 
+from torchdefer import _compat
+
 __all__ = ["Ambient", "AmbientSwitch", "current_ambient", "in_inference_mode"]
 
 
@@ -47,16 +49,13 @@ class Ambient:
 _interned: dict[tuple, Ambient] = {}
 
 
+_dtype, _deterministic, _warn_only, _fill, _precision, _inference = _compat.AMBIENT_GETTERS
+
+
 def current_ambient() -> Ambient:
     """The settings active now (the same object for the same settings)."""
-    key = (
-        torch.get_default_dtype(),
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.utils.deterministic.fill_uninitialized_memory,
-        torch.get_float32_matmul_precision(),
-        torch.is_inference_mode_enabled(),
-    )
+    # Read for every recorded op: the C getters, bound once (see _compat).
+    key = (_dtype(), _deterministic(), _warn_only(), _fill(), _precision(), _inference())
     ambient = _interned.get(key)
     if ambient is None:
         ambient = _interned[key] = Ambient(*key)

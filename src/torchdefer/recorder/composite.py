@@ -7,7 +7,7 @@ layer of a large model). Recorded as one node instead, nothing is allocated:
 replay calls the function on the real tensor, with its generator at the
 position eager code had. How far the function moves the generator depends on
 the data, so its end is an *anchor* of its stream: reaching a later position
-runs it (``recorder.stream``).
+runs it (``rng.stream``).
 
 :func:`composite` marks a user's own such function the same way. Library
 functions known to read data are marked for the time a recording runs

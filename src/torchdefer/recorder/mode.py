@@ -13,7 +13,7 @@ from torchdefer.fake.tensor import FakeTensor, reported_device
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
-__all__ = ["RecordingMode", "recording", "suspended"]
+__all__ = ["RecordingMode", "recorder_entry", "recording", "suspended"]
 
 _FAKE = _compat.FAKE_MODE_KEY
 
@@ -36,18 +36,36 @@ class RecordingMode(FakeSlotMode):
         return out  # type: ignore[return-value]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        if func is torch.ops.prim.device.default:
+        if func is _DEVICE:
             return reported_device(args[0])
-        from torchdefer.recorder.record import record_call
-
-        refuse_collective(func)
         if not _any_fake(types) and _real_meta_only(args, kwargs):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
+            refuse_collective(func)
             with suspended():
                 return func(*args, **(kwargs or {}))
-        return record_call(self.graph, func, args, kwargs or {})
+        record_call = _record_call or _bind_record_call()
+        return record_call(self.graph, func, args, kwargs or {})  # refuses collectives
+
+
+_DEVICE = torch.ops.prim.device.default
+# recorder.record imports this module: bound at the first recorded op. Not an
+# import statement in __torch_dispatch__, which costs ~1 µs on every op.
+_record_call: Any = None
+
+
+def _bind_record_call() -> Any:
+    global _record_call
+    from torchdefer.recorder.record import record_call
+
+    _record_call = record_call
+    return record_call
+
+
+def recorder_entry() -> Any:
+    """``recorder.record.record_call`` (which imports this module), bound once."""
+    return _record_call or _bind_record_call()
 
 
 def _any_fake(types: Any) -> bool:

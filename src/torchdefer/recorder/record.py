@@ -14,7 +14,13 @@ from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._refusals import rare_dtypes, refuse_as_eager, writes_inference
+from torchdefer.recorder._real_targets import refuse_collective
+from torchdefer.recorder._refusals import (
+    eager_error,
+    rare_dtypes,
+    refuse_as_eager,
+    writes_inference,
+)
 from torchdefer.recorder._storage import (
     StorageArgs,
     is_storage,
@@ -34,31 +40,17 @@ from torchdefer.recorder.tensor import DeferredTensor
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
-_ITEM = torch.ops.aten._local_scalar_dense.default
 _TO = torch.ops.aten.to
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
-    if func.overloadpacket is _TO:
-        # Reaches dispatch undecomposed only for inference tensors (no autograd
-        # key); its device argument may be positional: decomposed as eager does.
-        return func.decompose(*args, **kwargs)
-    if func in _LIFT:
-        if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
-            return args[0]
-        if not args[0].untyped_storage().resizable():
-            # Memory torch does not own (from_numpy, as_tensor, frombuffer): eager
-            # tensors alias it and see later writes, so reference it, checked at
-            # replay, rather than copy it.
-            return _external(graph, args[0])
-        return record_constant(graph, args[0])
-    if func is _ITEM:
-        if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
-            return func(*args, **kwargs)
-        return data_read(torch.Tensor.item, args, kwargs)
     facts = facts_of(func)
+    if facts.special:
+        if facts.collective:
+            refuse_collective(func)
+        return _special_op(graph, func, args, kwargs)
     plan = facts.plan
     flat, spec = flatten_call(args, kwargs)
     leaves = list(flat)
@@ -96,7 +88,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
     targets = list(_written_tensors(written, writes)) if writes else []
-    before = {id(t): _storage_id(t) for t in targets}
+    before = {id(t): _storage_id(t) for t in targets} if targets else _NO_STORAGES
     # Only a write (an out= argument, resize_, set_) can grow a storage.
     resizable = resizable_by(plan, tensors + owners, targets) if targets else []
     sizes = {id(t): _storage_id(t) for t in resizable}
@@ -115,6 +107,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # these messages mean the op has no way to run without data.
         if any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
+        eager = eager_error(func, args, kwargs, e, _where)  # eager's words, if they differ
+        if eager is not None:
+            raise eager from e
         raise
     if facts.takes_dtype and kwargs.get("dtype") is None and isinstance(out, torch.Tensor):
         # No dtype means "the default dtype now": replay must not depend on the
@@ -143,6 +138,27 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if node.kind == NodeKind.RANDOM:
         graph.rng.place(node, generator, device)
     return out
+
+
+def _special_op(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """The ops that are not simply recorded (``OpFacts.special``)."""
+    if func.overloadpacket is _TO:
+        # Reaches dispatch undecomposed only for inference tensors (no autograd
+        # key); its device argument may be positional: decomposed as eager does.
+        return func.decompose(*args, **kwargs)
+    if func in _LIFT:
+        if isinstance(args[0], DeferredTensor):  # torch.tensor lifts twice
+            return args[0]
+        if not args[0].untyped_storage().resizable():
+            # Memory torch does not own (from_numpy, as_tensor, frombuffer): eager
+            # tensors alias it and see later writes, so reference it, checked at
+            # replay, rather than copy it.
+            return _external(graph, args[0])
+        return record_constant(graph, args[0])
+    # _ITEM, the one op left (see _facts._SPECIAL)
+    if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
+        return func(*args, **kwargs)
+    return data_read(torch.Tensor.item, args, kwargs)
 
 
 def _with_dtype(leaves: list[Any], spec: Any, dtype: torch.dtype) -> tuple[list[Any], Any]:
@@ -367,6 +383,7 @@ def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before
 
 
 _NO_IDS: frozenset[int] = frozenset()
+_NO_STORAGES: dict[int, int] = {}  # read only
 
 
 def _nbytes(t: torch.Tensor) -> int:

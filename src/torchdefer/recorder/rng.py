@@ -1,125 +1,106 @@
-"""Random ops in their generator's stream, and generators left where eager code leaves them.
+"""Random ops of a recording in their generator's stream (``rng.ledger`` does the accounting).
 
 Recording never draws (kernels run on meta), yet eager code would have moved
-the generator by every draw. So each random op is given its logical position
-(``recorder.stream``), and the generator itself is moved to where eager
-construction would have left it (``recorder.states`` computes the state by
-jump-ahead, without drawing):
+the generator by every draw. The ledger gives each random node its position
+and keeps the real generator where eager code would have left it. What the
+recorder adds is *when* a marker may stand in for the exact state:
 
-* after each recorded random op, when recording outside ``deferred_init``
-  (``model.apply(init_fn)`` on a deferred model): at once;
-* inside ``deferred_init``: when it returns, and whenever the state is read
-  through ``torch.get_rng_state()`` (``fork_rng`` uses it). In between, the CPU
-  generator holds a *marker*: a unique state standing for "the logical
-  position after op k". A marker read with ``Generator.get_state()`` and
-  restored later is recognised and resolved to its position, and any other
-  change of the state (``manual_seed``, ``set_rng_state``) starts a new epoch
-  from it. A jump per op would cost ~10-50 ms; a marker ~20 us.
+* outside ``deferred_init`` (``model.apply(init_fn)`` on a deferred model):
+  never; each recorded random op moves the generator at once;
+* inside it: while the recording thread is the only Python thread and every
+  read of a generator's state is seen (``_compat.generator`` intercepts
+  ``Generator.get_state`` and its neighbours while a recording runs, and
+  ``recorder._threads`` routes each read to the reading thread's recording,
+  which syncs first). The block's end syncs too.
 
-CUDA generators (Philox) are moved at once (an addition). A default CUDA
-generator on a host without CUDA does not exist: its stream starts from its
-seed and is replayed on the CPU.
+It also tells rng how to read a node's arguments (:data:`NODE_READER`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from torchdefer import _compat
-from torchdefer.recorder._threads import recording_thread
+from torchdefer._compat.generator import get_state
+from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder._threads import reads_seen, recording_thread
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import NodeKind
-from torchdefer.recorder.states import RngStates
-from torchdefer.recorder.stream import Epoch, Position, Stream, model_of
-from torchdefer.rng import mt19937
-from torchdefer.rng.gf2 import tensor_bytes
+from torchdefer.recorder.graph import NodeKind, Value
+from torchdefer.rng.draws import TensorInfo
+from torchdefer.rng.ledger import RngLedger, cuda_states
+from torchdefer.rng.stream import CallReader
 
-__all__ = ["RngRecorder", "default_generator"]
-
-_KEY_AT = mt19937.ARRAY.start  # byte offset of the array's first word
-_KEY_BYTES = 16  # two int64 words
-_COUNT = struct.Struct("=q")  # the first word, as array_of's int64 view holds it
+__all__ = ["NODE_READER", "RngRecorder", "meta_call"]
 
 
-def _marker_key(state: torch.Tensor) -> bytes:
-    """What tells markers apart: the first two words of the array (a count, a random word)."""
-    if _plain_state(state):  # read in place: this runs for every random op
-        return ctypes.string_at(state.data_ptr() + _KEY_AT, _KEY_BYTES)
-    return tensor_bytes(mt19937.array_of(state)[:2])
+def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
+    """``node``'s call with the metadata of its tensors, and of the tensor it draws into."""
+
+    def meta(leaf: Any) -> Any:
+        if isinstance(leaf, Value):
+            m = leaf.meta
+            return TensorInfo(m.size, m.stride, m.dtype)
+        return leaf
+
+    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
+    drawn = meta(node.outputs[0]) if node.outputs else None
+    return args, kwargs, drawn
 
 
-def _plain_state(state: torch.Tensor) -> bool:
-    """A contiguous CPU byte tensor long enough to hold the marker's words."""
-    return (state.dtype == torch.uint8 and state.device.type == "cpu" and state.is_contiguous()
-            and state.numel() >= _KEY_AT + _KEY_BYTES)
+# Argument types whose value (with its type) is the whole of what the model reads.
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})
 
 
-def _set_count(marker: torch.Tensor, count: int) -> None:
-    """Write ``count`` as the array's first word (int64, as ``array_of`` reads it)."""
-    if _plain_state(marker):
-        ctypes.c_int64.from_address(marker.data_ptr() + _KEY_AT).value = count
-    else:
-        mt19937.array_of(marker)[0] = count
+def _signature(node: Any) -> tuple | None:
+    """What the draw model reads of ``node``'s call, hashable; None if unsure."""
+    parts: list[Any] = [node.op, node.spec]
+    for leaf in node.leaves:
+        kind = type(leaf)
+        if kind is Value:
+            m = leaf.meta
+            parts.append((m.size, m.stride, m.dtype))
+        elif kind in _PLAIN:
+            parts.append((kind, leaf))
+        elif kind is torch.Generator:  # which one does not change the draws
+            parts.append(kind)
+        else:
+            return None
+    if node.outputs:
+        m = node.outputs[0].meta
+        parts.append((m.size, m.stride, m.dtype))
+    return tuple(parts)
 
 
-def _same(left: torch.Tensor | None, current: torch.Tensor) -> bool:
-    """Whether the generator's state ``current`` is still the one the recorder left."""
-    return left is not None and left.shape == current.shape and torch.equal(current, left)
+NODE_READER = CallReader(describe=meta_call, signature=_signature)
+"""How rng reads a recorded node's arguments."""
 
 
-def default_generator(device: torch.device) -> torch.Generator | None:
-    """The default generator of ``device``, or None if this host has none."""
-    if device.type == "cpu":
-        return torch.default_generator
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.default_generators[device.index or 0]
-    return None
-
-
-def _cuda_states() -> dict[int, torch.Tensor]:
-    """The CUDA generators' states where CUDA is initialized (never initializes it)."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return {}
-    return {i: g.get_state() for i, g in enumerate(torch.cuda.default_generators)}
-
-
-class RngRecorder:
-    """Assigns stream positions to random ops and keeps the real generators in step."""
+class RngRecorder(RngLedger):
+    """The ledger of one recording, with the recording's rules for markers."""
 
     def __init__(self) -> None:
         from torchdefer.recorder.mode import suspended
 
-        self.streams: dict[Any, Stream] = {}
         # The states kept here are written in place later, maybe outside the
         # inference mode a recording began in: never inference tensors.
         with suspended(), torch.inference_mode(False):
-            # CPU state when recording began: where streams recorded for a
-            # device of another type start when replayed on the CPU.
-            self.cpu_start = torch.default_generator.get_state()
-            cuda_start = _cuda_states()
-        self.states = RngStates(self.cpu_start, torch.initial_seed(), cuda_start)
+            cpu_start = get_state(torch.default_generator)
+            cuda_start = cuda_states()
+        super().__init__(NODE_READER, cpu_start, cuda_start)
         self._deferring = 0  # nesting depth of deferred_init blocks
         self._thread: int | None = None
-        # marker key -> (stream, epoch, position) it stands for
-        self._markers: dict[bytes, tuple[Stream, Epoch, Position]] = {}
-        # exact state (bytes) a sync left in a generator -> the position it stands for
-        self._exact: dict[bytes, tuple[Stream, Epoch, Position]] = {}
-        self._marker_count = 0
-        # id(marker tensor) -> (it, its second array word): the markers this
-        # recorder made (a stream's `left` is one of them or an exact state).
-        self._own: dict[int, tuple[torch.Tensor, bytes]] = {}
 
-    # ----------------------------------------------------------- placing
+    def unknown_generator(self, device: torch.device) -> Exception:
+        return RecordingError(str(super().unknown_generator(device)))
 
-    def place(self, node: Any, generator: torch.Generator | None, device: torch.device) -> None:
-        """Give ``node`` its ``(stream, epoch, index)`` and move the real generator past it.
+    def place(self, node: Any, generator: torch.Generator | None,  # type: ignore[override]
+              device: torch.device) -> None:
+        """Give ``node`` its place in its stream; move the real generator past it.
 
         On meta nothing is drawn (eager's kernels there touch no generator):
         the node is an ordinary write, replayed as one.
@@ -127,142 +108,21 @@ class RngRecorder:
         if device.type == "meta":
             node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
             return
-        # The generator states and the tensors below are real: no mode may see
-        # them, and they are kept across inference-mode blocks (see __init__).
-        with _compat.DisableTorchDispatch(), torch.inference_mode(False):
-            stream = self._stream(generator, device)
-            real = self._real(stream)
-            current = None if real is None else real.get_state()
-            # Whether the generator still holds what the recorder left in it.
-            same = current is not None and _same(stream.left, current)
-            epoch = self._epoch(stream, current, same)
-            if stream.model is not None:
-                self.states.layout(stream, epoch, stream.model)
-            node.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
-            epoch.calls.append(node)
-            if stream.model is not None:
-                self.states.append(stream, epoch, stream.model, node)
-            if real is None:
-                return
-            if self._lazy() and stream.model == "cpu":
-                self._leave_marker(stream, epoch, real, current, same)
-            else:
-                self._sync(stream, epoch, real)
+        super().place(node, generator, device, self._lazy())
 
-    def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
-        if generator is not None:
-            # By the C++ generator: the dispatcher hands ops a new Python wrapper of
-            # the generator the user passed, so the wrapper identity differs.
-            key: Any = ("explicit", generator._cdata)
-            device = generator.device
-        else:
-            key = ("default", device.type, device.index or 0)
-        stream = self.streams.get(key)
-        if stream is None:
-            real = generator if generator is not None else default_generator(device)
-            model = model_of(device) if real is not None else None
-            if real is not None and model is None:
-                raise RecordingError(
-                    f"A random op draws from the {device.type} generator, which torchdefer "
-                    "cannot position (it knows the CPU and CUDA generators). Draw on the CPU "
-                    "or CUDA, or create this tensor after materialization."
-                )
-            stream = self.streams[key] = Stream(device, generator, model)
-        return stream
-
-    def _real(self, stream: Stream) -> torch.Generator | None:
-        if stream.generator is not None:
-            return stream.generator
-        return default_generator(stream.device)
-
-    def _epoch(self, stream: Stream, current: torch.Tensor | None, same: bool) -> Epoch:
-        """The epoch the next op belongs to; a new one if user code moved the generator.
-
-        ``same``: ``current`` equals the state the recorder left (``stream.left``).
-        """
-        if current is None:  # a default CUDA generator on a host without CUDA
-            seed = torch.initial_seed()
-            if not stream.epochs or stream.seed_seen != seed:
-                stream.epochs.append(Epoch(("seed", seed)))
-                stream.seed_seen = seed
-            return stream.epochs[-1]
-        if stream.epochs and same:
-            return stream.epochs[-1]
-        restored = self._markers.get(_marker_key(current))
-        if restored is not None:
-            stream.epochs.append(Epoch(restored))
-        else:  # a state eager code set; maybe one a sync handed out (fork_rng)
-            stream.epochs.append(Epoch(current, origin=self._exact.get(tensor_bytes(current))))
-        return stream.epochs[-1]
-
-    # ----------------------------------------------------------- syncing
-
-    def _leave_marker(
-        self, stream: Stream, epoch: Epoch, real, current: torch.Tensor, same: bool
-    ) -> None:
-        """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump).
-
-        ``same``: the generator holds the marker left last (its fields are current).
-        """
-        marker = stream.left
-        own = self._own.get(id(marker)) if marker is not None else None
-        if own is None or own[0] is not marker:  # the generator holds no marker of ours
-            # A new marker tensor for this stream: the real state's seed and
-            # fields, random words for the array.
-            marker = current.clone()
-            source = torch.Generator()
-            source.seed()
-            words = torch.randint(
-                0, 1 << 32, (624,), dtype=torch.int64, device="cpu", generator=source
-            )
-            mt19937.array_of(marker).copy_(words)
-            own = self._own[id(marker)] = (marker, _marker_key(marker)[_COUNT.size:])
-        elif not same:  # the seed, position fields and cached samples of the real state
-            marker[mt19937.ENGINE] = current[mt19937.ENGINE]
-            marker[mt19937.CACHES] = current[mt19937.CACHES]
-        self._marker_count += 1
-        _set_count(marker, self._marker_count)  # unique per position
-        layout = epoch.layouts[stream.model]  # type: ignore[index]
-        # _marker_key(marker), from what was just written
-        self._markers[_COUNT.pack(self._marker_count) + own[1]] = (stream, epoch, layout.end)
-        real.set_state(marker)
-        stream.left = marker
-
-    def _sync(self, stream: Stream, epoch: Epoch, real) -> None:
-        exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
-        real.set_state(exact)
-        stream.left = real.get_state()
-        # A state user code may read and restore (fork_rng): known by its bytes,
-        # so a restore of it is the restore of this position on any device. On
-        # the CPU too: with other threads alive no marker stands in for it.
-        end = epoch.layouts[stream.model].end  # type: ignore[index]
-        self._exact[tensor_bytes(stream.left)] = (stream, epoch, end)
-
-    def sync(self) -> None:
-        """Put the exact logical state in every generator that holds a marker.
-
-        The marker may be the one left after the last recorded op, or one
-        user code read with ``Generator.get_state()`` and restored since.
-        """
+    def sync(self, generator: torch.Generator | None = None) -> None:
         from torchdefer.recorder.mode import suspended
 
+        if generator is not None and not self.tracks(generator):
+            return  # a generator no recorded op drew from (torchdefer's own, often)
         with suspended(), torch.inference_mode(False):
-            for stream in self.streams.values():
-                real = self._real(stream)
-                if real is None or stream.model != "cpu":
-                    continue
-                ref = self._markers.get(_marker_key(real.get_state()))
-                if ref is None:  # an exact state: ours, or one user code set
-                    continue
-                origin, epoch, position = ref
-                real.set_state(self.states.state_at(origin, epoch, "cpu", position))
-                stream.left = real.get_state()
-                self._exact[tensor_bytes(stream.left)] = ref
+            super().sync(generator)
 
     def _lazy(self) -> bool:
         """Whether a marker may stand in for the exact state after this op.
 
-        Only while the recording thread is the only Python thread: a marker is
+        Only while every read of a generator's state is seen (``_compat.generator``)
+        and the recording thread is the only Python thread: a marker is
         a state of the process-wide generator, and another thread drawing from
         it would get numbers no eager program gives (nor leave the generator
         where eager would). With other threads alive, every op moves the
@@ -273,6 +133,7 @@ class RngRecorder:
             self._deferring > 0
             and threading.get_ident() == self._thread
             and threading.active_count() == 1
+            and reads_seen()
         )
 
     @contextlib.contextmanager

@@ -19,7 +19,7 @@ from torchdefer.recorder._real_targets import (
     writes_real,
 )
 from torchdefer.recorder.graph import Graph, NodeKind, Value
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.mode import RecordingMode, recorder_entry
 from torchdefer.recorder.reach import reached_tensors
 
 __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
@@ -58,9 +58,16 @@ class DeferredTensor(FakeTensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         try:
-            ordinary = func in _ordinary and "out" not in kwargs
+            # detach() of a plain deferred tensor is ordinary; of a subclass (a
+            # parameter), answered below. Every nn.Parameter(...) detaches.
+            ordinary = (func in _ordinary or (func is _DETACH and type(args[0]) is DeferredTensor)
+                        ) and "out" not in kwargs
         except TypeError:  # an unhashable callable
             ordinary = False
+        if ordinary and isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
+            # The common case inside deferred_init: nothing before or after the call.
+            with _compat.DisableTorchFunctionSubclass():
+                return call_grad_safe(func, args, kwargs)
         if not ordinary:
             if func is _DETACH and type(args[0]) is not DeferredTensor:
                 from torchdefer.recorder.subclasses import detach_for_parameter
@@ -84,11 +91,10 @@ class DeferredTensor(FakeTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from torchdefer.recorder.record import record_call
-
+        record_call = recorder_entry()
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
-        refuse_collective(func)
+        # record_call refuses collectives (OpFacts.collective)
         return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
     # A deferred parameter is an instance of a deferred class that derives from
@@ -101,10 +107,8 @@ class DeferredTensor(FakeTensor):
 
     @_is_param.setter
     def _is_param(self, value: bool) -> None:
-        from torchdefer.recorder.subclasses import make_parameter
-
-        if value:
-            make_parameter(self)
+        if value:  # every nn.Parameter(...) ends here: no import statement per call
+            (_make_parameter or _bind_make_parameter())(self)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         from torchdefer.recorder._copy import deepcopy_deferred
@@ -120,9 +124,22 @@ class DeferredTensor(FakeTensor):
         raise not_picklable(self)
 
 
-# Functions that need none of _special_call's cases whatever their arguments
-# (all but in-place writes, detach, data reads and a few more): the ~3000
-# calls of a large model's construction skip its checks after the first.
+# recorder.subclasses imports this module: bound at the first parameter made.
+_make_parameter: Any = None
+
+
+def _bind_make_parameter() -> Any:
+    global _make_parameter
+    from torchdefer.recorder.subclasses import make_parameter
+
+    _make_parameter = make_parameter
+    return make_parameter
+
+
+# Functions that need none of _special_call's cases whatever their arguments,
+# nor __torch_function__'s after the call (all but in-place writes, detach,
+# data reads, .data, storage getters and a few more): the ~3000 calls of a
+# large model's construction skip those checks after the first.
 _ordinary: set[Any] = set()
 _NOT_SPECIAL = object()
 
@@ -150,9 +167,9 @@ def _special_call(func: Any, args: tuple, kwargs: dict) -> Any:
         pass
     elif writes_real(func, args, kwargs):
         return write_real(func, args, kwargs)
-    elif not writes_in_place(func):
+    elif not writes_in_place(func) and func != _DATA_GET and func not in STORAGE_GETTERS:
         with contextlib.suppress(TypeError):
-            _ordinary.add(func)
+            _ordinary.add(func)  # with nothing to do after the call either
     return _NOT_SPECIAL
 
 

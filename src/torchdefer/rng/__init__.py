@@ -1,14 +1,38 @@
-"""Generator arithmetic: where a random op leaves a generator, and getting there fast.
+"""The generators: where each random call draws, and getting a generator there fast.
 
+The one home of RNG accounting. ``ledger`` places each random call in its
+generator's stream and keeps the real generators where eager code leaves
+them; ``stream`` holds the streams, epochs and positions (words past an
+anchor); ``states`` gives the exact state at a position. Underneath:
 ``mt19937`` moves the CPU generator any number of words ahead by GF(2)
 polynomial jump-ahead (``gf2``); ``philox`` computes CUDA offsets and
 ``cuda_increments`` is the table of how far each random op moves them (from
 PyTorch's CUDA kernels); ``draws`` is the measured model of how far each
-random op moves the CPU generator. This
-package knows nothing of recordings: ``recorder`` and ``materialize`` use it.
+random op moves the CPU generator.
+
+This package imports neither ``recorder`` nor ``materialize``: what it needs of
+them comes in as small types (``stream.RandomCall``, ``stream.CallReader``,
+``states.set_call_runner``). ``recorder`` places calls; ``materialize`` asks
+for states and replays.
 """
 
 from torchdefer.rng.draws import Effect, effect, known_random_op
+from torchdefer.rng.ledger import RngLedger
 from torchdefer.rng.mt19937 import advance, layout_known
+from torchdefer.rng.states import CrossDeviceRestoreWarning, RngStates
+from torchdefer.rng.stream import CallReader, Position, RandomCall, Stream
 
-__all__ = ["Effect", "advance", "effect", "known_random_op", "layout_known"]
+__all__ = [
+    "CallReader",
+    "CrossDeviceRestoreWarning",
+    "Effect",
+    "Position",
+    "RandomCall",
+    "RngLedger",
+    "RngStates",
+    "Stream",
+    "advance",
+    "effect",
+    "known_random_op",
+    "layout_known",
+]

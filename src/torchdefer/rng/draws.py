@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from torchdefer._compat.generator import get_state
 from torchdefer.rng import mt19937
 
 __all__ = [
@@ -311,11 +312,11 @@ def _call_with_state(key: _Key, n: int, state: torch.Tensor) -> torch.Tensor:
         key.func(*call_args, **call_kwargs)
         return generator.get_state()
     default = torch.default_generator
-    saved = default.get_state()
+    saved = get_state(default)  # as it is: a recording's marker stays one
     try:
         default.set_state(state)
         key.func(*call_args, **call_kwargs)
-        return default.get_state()
+        return get_state(default)
     finally:
         default.set_state(saved)
 

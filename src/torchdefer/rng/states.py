@@ -7,8 +7,9 @@ epoch's base, or one a replay left behind), the engine jumps ahead
 sample is set as the position says. A cached sample that some earlier call
 left is re-created by drawing one float64 normal at the word its pair
 started, which is exactly what that call did. An anchor that is the end of a
-call the model cannot count is reached by running that call (``run_call``,
-injected by ``torchdefer.materialize``, which owns replay).
+call the model cannot count is reached by running that call (the runner
+``torchdefer.materialize`` installs with :func:`set_call_runner`: it owns
+replay, and this package imports it not).
 
 Known states are kept per epoch (a bounded number), so a tensor materialized
 after its neighbour starts where the neighbour's draws ended.
@@ -39,8 +40,10 @@ from typing import Any
 
 import torch
 
-from torchdefer.recorder.stream import (
+from torchdefer.rng import mt19937, philox
+from torchdefer.rng.stream import (
     ANCHOR,
+    CallReader,
     Epoch,
     Layout,
     Position,
@@ -48,7 +51,6 @@ from torchdefer.recorder.stream import (
     call_effect,
     kind_of,
 )
-from torchdefer.rng import mt19937, philox
 
 __all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
 
@@ -59,6 +61,8 @@ _runner: list[Callable[[Any, torch.Tensor, str], torch.Tensor]] = []
 
 
 def set_call_runner(runner: Callable[[Any, torch.Tensor, str], torch.Tensor]) -> None:
+    """Install how a call the model cannot count is run: ``runner(call, state, model)``
+    gives the state after it (``torchdefer.materialize`` installs its replay)."""
     _runner[:] = [runner]
 
 
@@ -93,10 +97,12 @@ class RngStates:
 
     def __init__(
         self,
+        reader: CallReader,
         cpu_start: torch.Tensor,
         start_seed: int | None = None,
         cuda_start: dict[int, torch.Tensor] | None = None,
     ) -> None:
+        self.reader = reader  # how the calls' arguments are read (rng.stream.CallReader)
         # The generators when recording began: where a stream replayed on the
         # other kind of device starts. CUDA states only where CUDA was
         # initialized (else a CUDA generator is still at (its seed, 0)).
@@ -127,7 +133,7 @@ class RngStates:
         layout = epoch.layouts[model]
         start = layout.end
         layout.starts.append(start)
-        after = advance(start, call_effect(node, model), layout.anchor_cache)
+        after = advance(start, call_effect(node, model, self.reader), layout.anchor_cache)
         if after is None:  # not countable: the end of this call is the new anchor
             after = Position(len(layout.starts) - 1, 0)
             layout.anchor_cache = None

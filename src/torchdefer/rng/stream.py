@@ -9,6 +9,11 @@ is the epoch's base, or the end of the last call whose draws the model cannot
 count (see ``torchdefer.rng.draws``); such a call must run before anything
 after it can be placed exactly.
 
+A call is anything with the few fields :class:`RandomCall` names (the
+recorder's ``Node`` is one); what its arguments are, rng asks a
+:class:`CallReader` the recorder gives it, so this package imports neither
+``recorder`` nor ``materialize``.
+
 Positions are counted per *model* of generator (:func:`model_of`): ``"cpu"``
 (mt19937: 32-bit words plus the cached normal sample) or a CUDA device
 (Philox offset, whose increments depend on the launch grid of the device the
@@ -20,26 +25,26 @@ calls when first needed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.graph import Value
 from torchdefer.rng import cuda_increments, draws, philox
 from torchdefer.rng.draws import Effect, TensorInfo
 
 __all__ = [
     "ANCHOR",
+    "CallReader",
     "Epoch",
     "Layout",
     "Position",
+    "RandomCall",
     "Stream",
     "advance",
     "call_effect",
     "kind_of",
-    "meta_call",
     "model_of",
 ]
 
@@ -47,6 +52,33 @@ __all__ = [
 # the anchor's state had), or an int w: the second normal of the pair drawn
 # at word w past the anchor.
 ANCHOR = "anchor"
+
+
+class RandomCall(Protocol):
+    """What the RNG accounting needs of one recorded random call (``recorder.Node`` is one)."""
+
+    op: Any  # an OpOverload, or a composite (a Python function; ``steps`` maybe)
+    rng: tuple[Any, int, int] | None  # (Stream, epoch index, index in the epoch)
+
+    @property
+    def name(self) -> str: ...
+
+    def where(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallReader:
+    """How rng reads a call's arguments: given by whoever records the calls.
+
+    ``describe(call)``: ``(args, kwargs, drawn)`` with every tensor as a
+    :class:`~torchdefer.rng.draws.TensorInfo` (``drawn``: the tensor it draws
+    into, or None). ``signature(call)``: a hashable key of everything
+    ``describe`` would show the draw model (the generator's identity aside),
+    or None; calls with equal keys draw alike.
+    """
+
+    describe: Callable[[Any], tuple[tuple, dict, TensorInfo | None]]
+    signature: Callable[[Any], tuple | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,25 +153,14 @@ class Stream:
     # The state this process's generator was left in by the recorder (a
     # synced state or a marker); anything else means user code changed it.
     left: torch.Tensor | None = None
+    # The first two array words of `left` if it is a marker (what tells it
+    # apart, rng.ledger); None if `left` is an exact state.
+    left_key: bytes | None = None
     seed_seen: int | None = None  # default CUDA generator on a host without CUDA
 
     def __repr__(self) -> str:
         who = "default" if self.generator is None else f"Generator@{id(self.generator):x}"
         return f"Stream({who} on {self.device})"
-
-
-def meta_call(node: Any) -> tuple[tuple, dict, TensorInfo | None]:
-    """``node``'s call with the metadata of its tensors, and of the tensor it draws into."""
-
-    def meta(leaf: Any) -> Any:
-        if isinstance(leaf, Value):
-            m = leaf.meta
-            return TensorInfo(m.size, m.stride, m.dtype)
-        return leaf
-
-    args, kwargs = unflatten_call([meta(leaf) for leaf in node.leaves], node.spec)
-    drawn = meta(node.outputs[0]) if node.outputs else None
-    return args, kwargs, drawn
 
 
 def model_of(device: torch.device) -> Any:
@@ -165,16 +186,16 @@ def kind_of(model: Any) -> str | None:
     return "cpu" if model == "cpu" else "cuda"
 
 
-def call_effect(node: Any, model: Any) -> draws.Effect | int | None:
-    """What ``node`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
-    func = node.op
+def call_effect(call: Any, model: Any, reader: CallReader) -> draws.Effect | int | None:
+    """What ``call`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
+    func = call.op
     if not hasattr(func, "_schema"):  # a composite node (a Python function)
         return None
     if model == "cpu":
-        return _cpu_effect(node, func)
+        return _cpu_effect(call, func, reader)
     if model is None:  # a device without a generator model: run the call
         return None
-    args, kwargs, drawn = meta_call(node)
+    args, kwargs, drawn = reader.describe(call)
     if drawn is None:
         return None
     return cuda_increments.increment(func, args, kwargs, drawn, philox.DeviceShape.of(model))
@@ -186,41 +207,19 @@ def call_effect(node: Any, model: Any) -> draws.Effect | int | None:
 # and TORCHDEFER_RNG_JUMPS; asking it costs ~20 µs a call, a lookup ~2.
 _effects: dict[tuple, Any] = {}
 _EFFECTS_KEPT = 4096
-# Argument types whose value (with its type) is the whole of what the model reads.
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-                    torch.memory_format})
 _MISSING = object()
 
 
-def _cpu_effect(node: Any, func: Any) -> draws.Effect | None:
-    key = _signature(node, func)
+def _cpu_effect(call: Any, func: Any, reader: CallReader) -> draws.Effect | None:
+    signature = reader.signature(call)
+    key = None if signature is None else (os.environ.get("TORCHDEFER_RNG_JUMPS"), signature)
     known = _effects.get(key, _MISSING) if key is not None else _MISSING
     if known is not _MISSING:
         return known
-    args, kwargs, drawn = meta_call(node)
+    args, kwargs, drawn = reader.describe(call)
     effect = None if drawn is None else draws.effect(func, args, kwargs, drawn)
     if key is not None:
         if len(_effects) >= _EFFECTS_KEPT:
             _effects.clear()
         _effects[key] = effect
     return effect
-
-
-def _signature(node: Any, func: Any) -> tuple | None:
-    """What the draw model reads of ``node``'s call, hashable; None if unsure."""
-    parts: list[Any] = [os.environ.get("TORCHDEFER_RNG_JUMPS"), func, node.spec]
-    for leaf in node.leaves:
-        kind = type(leaf)
-        if kind is Value:
-            m = leaf.meta
-            parts.append((m.size, m.stride, m.dtype))
-        elif kind in _PLAIN:
-            parts.append((kind, leaf))
-        elif kind is torch.Generator:  # which one does not change the draws
-            parts.append(kind)
-        else:
-            return None
-    if node.outputs:
-        m = node.outputs[0].meta
-        parts.append((m.size, m.stride, m.dtype))
-    return tuple(parts)

@@ -17,6 +17,7 @@ from _crafted import deferred, eager, raw_safetensors, sharded_safetensors, trai
 import torchdefer
 from parity import assert_same_module
 from torchdefer.checkpoint import (
+    CheckpointError,
     CheckpointFormatError,
     CheckpointKeyError,
     CheckpointNotFoundError,
@@ -177,3 +178,22 @@ def test_two_indexes_in_one_directory_are_an_error(tmp_path):
     (directory / "other.safetensors.index.json").write_text('{"weight_map": {}}')
     with pytest.raises(CheckpointFormatError, match="2 safetensors indexes"):
         torchdefer.load_state_dict(deferred(), directory)
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["good", "refused"])
+def test_the_thread_mapping_file_pages_is_done_when_load_state_dict_returns(tmp_path, bad):
+    import threading
+
+    state = trained_state()
+    if bad:
+        state["2.bias"] = torch.zeros(4)  # a shape mismatch, refused before anything changes
+    safetensors_torch.save_file(state, tmp_path / "model.safetensors")
+    model = deferred()
+    try:
+        torchdefer.load_state_dict(model, tmp_path / "model.safetensors")
+    except CheckpointError:
+        assert bad
+    else:
+        assert not bad
+        assert_same_module(model, _expected(state))
+    assert not [t for t in threading.enumerate() if t.name == "torchdefer-map-pages"]

@@ -39,6 +39,16 @@ def _nodes(graph):
     return graph["graph_module"]["graph"]["nodes"]
 
 
+def _node(graph, name):
+    """The node called ``name``: by its own field (torch >= 2.9's format) or, where
+    the format has none (torch 2.8), by its first tensor output's name."""
+    def name_of(n):
+        if "name" in n:
+            return n["name"]
+        return next((o["as_tensor"]["name"] for o in n["outputs"] if "as_tensor" in o), None)
+    return next(n for n in _nodes(graph) if name_of(n) == name)
+
+
 def _edit_graph(path, edit, member="graph0.json"):
     members = _members(path)
     graph = json.loads(members[member])

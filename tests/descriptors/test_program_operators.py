@@ -14,7 +14,7 @@ import zipfile
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from crafting import _edit_graph, _filled, _from_file, _nodes
+from crafting import _edit_graph, _filled, _from_file, _node, _nodes
 
 import torchdefer
 from torchdefer.descriptors import MetaTensorType, ProgramFileError
@@ -84,7 +84,7 @@ def test_torch_export_load_runs_the_same_from_file_graph(tmp_path):
 ])
 def test_graph_calling_anything_but_tensor_math_is_refused_naming_node_and_operator(target, why, filled_file):
     def edit(graph):
-        next(n for n in _nodes(graph) if n["name"] == "fill_")["target"] = target
+        _node(graph, "fill_")["target"] = target
 
     _edit_graph(filled_file, edit)
     shown = target.removeprefix("torch.ops.")
@@ -95,7 +95,7 @@ def test_graph_calling_anything_but_tensor_math_is_refused_naming_node_and_opera
 
 def test_pin_memory_argument_is_refused(filled_file):
     def edit(graph):
-        node = next(n for n in _nodes(graph) if n["name"] == "zeros")
+        node = _node(graph, "zeros")
         node["inputs"].append({"name": "pin_memory", "arg": {"as_bool": True}, "kind": 2})
 
     _edit_graph(filled_file, edit)
@@ -105,7 +105,7 @@ def test_pin_memory_argument_is_refused(filled_file):
 
 def test_operator_passed_as_an_argument_is_refused(filled_file):
     def operator_argument(graph):
-        next(n for n in _nodes(graph) if n["name"] == "fill_")["inputs"].append(
+        _node(graph, "fill_")["inputs"].append(
             {"name": "op", "arg": {"as_operator": "torch.ops.aten.from_file.default"}, "kind": 2})
 
     _edit_graph(filled_file, operator_argument)
@@ -115,7 +115,7 @@ def test_operator_passed_as_an_argument_is_refused(filled_file):
 
 def test_torchbind_object_argument_is_refused(filled_file):
     def torchbind(graph):
-        next(n for n in _nodes(graph) if n["name"] == "fill_")["inputs"].append(
+        _node(graph, "fill_")["inputs"].append(
             {"name": "obj", "arg": {"as_custom_obj": {"name": "obj0", "class_fqn": "__torch__.torch.classes.x.Y"}}, "kind": 2})
 
     _edit_graph(filled_file, torchbind)

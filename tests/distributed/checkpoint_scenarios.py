@@ -22,6 +22,7 @@ ALL = [
     "dcp_checkpoint_into_fsdp2_model_matches_eager",
     "safetensors_into_fsdp2_model_matches_eager",
     "a_failed_load_into_fsdp2_model_changes_nothing",
+    "tied_names_in_a_dcp_checkpoint_are_all_read_and_compared",
 ]
 
 
@@ -155,3 +156,46 @@ def a_failed_load_into_fsdp2_model_changes_nothing(rank: int, world: int) -> Non
     result = torchdefer.load_state_dict(model, state)
     assert result.missing_keys == (), result.missing_keys
     _check(model, eager, result.missing_keys)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int32)
+
+
+def tied_names_in_a_dcp_checkpoint_are_all_read_and_compared(rank: int, world: int) -> None:
+    """Both names of the tied embedding are read into shards and compared on every
+    rank: equal values holding a NaN load (bit for bit); values differing in one
+    element of the last row (one rank's shard only) are refused on every rank,
+    naming both keys and the checkpoint, and every shard stays deferred."""
+    _, state = _expected(tie=True, drop=None)
+    embed = state["model.embed_tokens.weight"].clone()
+    embed[0, 0] = float("nan")
+    changed = embed.clone()
+    changed[-1, -1] += 1  # the last row: held by the last rank alone
+    root = Path(os.environ["TORCHDEFER_TEST_CHECKPOINTS"])
+    good, bad = root / f"dcp-tied-{world}", root / f"dcp-tied-bad-{world}"
+    if rank == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for path, head in ((good, embed.clone()), (bad, changed)):
+                tied = dict(state, **{"model.embed_tokens.weight": embed.clone(),
+                                      "lm_head.weight": head})
+                dcp.save(tied, checkpoint_id=path, no_dist=True)
+    dist.barrier()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_llama, True)
+    _shard(model)
+    try:
+        torchdefer.load_state_dict(model, bad)
+    except torchdefer.checkpoint.CheckpointMismatchError as e:
+        text = str(e)
+        assert "lm_head.weight" in text and "model.embed_tokens.weight" in text, text
+        assert str(bad) in text and "tied" in text, text
+    else:
+        raise AssertionError(f"rank {rank}: tied names with different values were loaded")
+    assert _all_deferred(model), "a refused tie changed shards"
+    result = torchdefer.load_state_dict(model, good)
+    assert result.missing_keys == (), result.missing_keys
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    full = model.model.embed_tokens.weight.full_tensor()
+    assert torch.equal(_bits(full), _bits(embed)), "the tied embedding is not the stored one"

@@ -48,3 +48,8 @@ def test_a_safetensors_checkpoint_loads_into_an_fsdp2_deferred_model(outcomes):
 def test_a_failed_load_into_an_fsdp2_deferred_model_changes_nothing(outcomes):
     assert not outcomes["a_failed_load_into_fsdp2_model_changes_nothing"], "\n".join(
         outcomes["a_failed_load_into_fsdp2_model_changes_nothing"])
+
+
+def test_tied_names_in_a_dcp_checkpoint_are_all_read_and_compared_on_every_rank(outcomes):
+    name = "tied_names_in_a_dcp_checkpoint_are_all_read_and_compared"
+    assert not outcomes[name], "\n".join(outcomes[name])

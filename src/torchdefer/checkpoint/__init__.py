@@ -7,8 +7,9 @@ allowlist). Nothing in a file is ever run, a damaged or mismatched file is
 refused with an error naming the file and key, and a refused load changes
 nothing. One module per noun: ``source`` (what a checkpoint declares),
 ``safetensors_files`` / ``torch_save`` / ``dcp`` (the readers), ``targets``
-(the module's tensors), ``plan`` (validation), ``assign`` (preparing and
-installing tensors), ``load`` (the entry point). Writing: ``write`` (the
+(the module's tensors), ``plan`` (validation), ``assign`` (preparing
+tensors), ``install`` (every change to the module, checked first, then made
+all together), ``load`` (the entry point). Writing: ``write`` (the
 entry point, :func:`save_state_dict`), ``write_plan`` (what is written under
 which names), ``write_errors``, and the private format writers.
 """

@@ -6,23 +6,28 @@ The everyday path for a deferred model::
     model = torchdefer.deferred_init(LlamaForCausalLM, config)   # nothing allocated
     torchdefer.load_state_dict(model, "checkpoint/")              # safetensors, DCP, dict
 
-Three steps, so that a bad checkpoint never half-loads a model:
+Four steps, so that a bad checkpoint never half-loads a model:
 
 1. *validate*: open the source and read what it declares (keys, shapes,
    dtypes; no tensor data), match it to the module's names, check every
    shape, every entry's readability and every device;
 2. *prepare*: read each tensor, check tied names agree, convert it as
    ``Module.load_state_dict`` would copy it (and to ``dtype=``), with eager's
-   layout and a storage of its own;
-3. *assign*: swap the prepared tensors in (``torch.utils.swap_tensors``
-   style: the deferred object itself becomes the loaded tensor, so ties and
-   earlier references hold) or copy them into tensors already real.
+   layout and a storage of its own (safetensors: the file's mapped pages
+   themselves, mapped ahead by a thread meanwhile: ``_pages``);
+3. *replay* what the checkpoint lacks (a new head, non-persistent buffers
+   such as rotary ``inv_freq``) from the recording, bit for bit as eager
+   built it, and check every swap the install will make
+   (:class:`~torchdefer.checkpoint.install.Installation`);
+4. *install*: swap the prepared and replayed tensors in
+   (``torch.utils.swap_tensors`` style: the deferred object itself becomes
+   the loaded tensor, so ties and earlier references hold), then copy into
+   tensors already real. Missing tensors that are views of loaded ones are
+   rebuilt over them last, as eager's views show the loaded values.
 
-A failure in steps 1 and 2 raises a :class:`~torchdefer.checkpoint.errors.CheckpointError`
-and leaves every tensor as it was. Afterwards only what the checkpoint lacks
-(a new head, non-persistent buffers such as rotary ``inv_freq``) is
-materialized from the recording. Peak memory: the checkpoint's tensors, plus
-the missing ones, plus one tensor being converted.
+A failure in steps 1-3 leaves every tensor as it was; a swap failing in
+step 4 anyway undoes the swaps made before it. Peak memory: the
+checkpoint's tensors, plus the missing ones, plus one tensor being converted.
 
 What this module deliberately does not do: run a file's code (pickles are read
 ``weights_only``, DCP metadata with an allowlist), run ``load_state_dict``
@@ -39,8 +44,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from torchdefer.checkpoint.assign import install, pick_tied, prepare
+from torchdefer.checkpoint import _pages
+from torchdefer.checkpoint.assign import pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
+from torchdefer.checkpoint.install import Installation
 from torchdefer.checkpoint.module_rules import kept_keys
 from torchdefer.checkpoint.plan import (
     LoadResult,
@@ -51,7 +58,7 @@ from torchdefer.checkpoint.plan import (
 )
 from torchdefer.checkpoint.source import CheckpointSource, Source, open_checkpoint
 from torchdefer.checkpoint.targets import tensor_groups
-from torchdefer.materialize.api import materialize_module, materialized_nbytes
+from torchdefer.materialize.api import deferred_reached, materialized_nbytes, replay_tensors
 from torchdefer.materialize.convert import check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
@@ -145,13 +152,57 @@ def load_state_dict(
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
-    ready = _prepare_all(work, checkpoint, device, dtype, progress)
-    for group, real in ready:
-        install(group, real)
-    del ready
-    if materialize_missing:
-        materialize_module(module, device, dtype=dtype, progress=progress)
+    changes = Installation()
+    values, wait = _read_mapped(work, checkpoint)
+    try:
+        for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress):
+            changes.stage_loaded(group.tensor, real, group.path)
+        del values
+        views = _stage_missing(module, changes, work, device, dtype, progress) \
+            if materialize_missing else {}
+        changes.commit(then=(lambda: _install_views(module, views, device, dtype))
+                       if views else None)
+    finally:
+        wait()  # the pages are mapped when load_state_dict returns (or raises)
     return result
+
+
+def _read_mapped(work, checkpoint: CheckpointSource):
+    """A checkpoint whose tensors are views of mapped files (safetensors): every
+    tensor at once (no data is read), and their pages mapped by a thread while
+    the load goes on (``_pages``). Returns ``(values or None, wait)``."""
+    if not checkpoint.mapped:
+        return None, _pages.map_pages(())
+    values = {n: checkpoint.read(n) for _, names in work for n in names}
+    return values, _pages.map_pages(values.values())
+
+
+def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype,
+                   progress) -> dict[str, DeferredTensor]:
+    """Replay what the checkpoint lacks and stage it, before anything is installed
+    (a replay that fails changes nothing). Returns the missing tensors that are
+    views of loaded ones: eager's show the loaded values, so they are rebuilt
+    once those are in (:func:`_install_views`)."""
+    loaded = {id(g.tensor) for g, _ in work}
+    storages = {id(g.tensor._value.storage) for g, _ in work
+                if isinstance(g.tensor, DeferredTensor)}
+    found, grads = deferred_reached(module)
+    now, views = {}, {}
+    for name, fake in found.items():
+        if id(fake) not in loaded:
+            (views if id(fake._value.storage) in storages else now)[name] = fake
+    for name, fake, real in replay_tensors(module, now, device, dtype, progress):
+        changes.stage_replayed(fake, real, name)
+    changes.stage_grads(grads)
+    return views
+
+
+def _install_views(module: nn.Module, views: dict[str, DeferredTensor], device, dtype) -> None:
+    """The missing views of loaded tensors, over the loaded tensors now in place."""
+    inner = Installation()
+    for name, fake, real in replay_tensors(module, views, device, dtype, False):
+        inner.stage_replayed(fake, real, name)
+    inner.commit()
 
 
 def _check_arguments(device: torch.device | str | None,
@@ -163,12 +214,14 @@ def _check_arguments(device: torch.device | str | None,
         raise CheckpointUsageError(f"load_state_dict: {e}") from None
 
 
-def _prepare_all(work, checkpoint: CheckpointSource, device, dtype, progress):
-    """Read, check ties, convert and lay out every tensor; nothing is installed yet."""
+def _prepare_all(work, checkpoint: CheckpointSource, values, device, dtype, progress):
+    """Read, check ties, convert and lay out every tensor; nothing is installed yet.
+
+    ``values``: the tensors already read, if they were (:func:`_read_mapped`)."""
     ready = []
     taken: set = set()
-    values = checkpoint.read_many([n for _, names in work for n in names]) \
-        if checkpoint.read_all is not None else None
+    if values is None and checkpoint.read_all is not None:
+        values = checkpoint.read_many([n for _, names in work for n in names])
     total = sum(loaded_nbytes(g.tensor, dtype) for g, _ in work)
     with Progress("load", len(work), total, progress) as bar:
         for group, names in work:

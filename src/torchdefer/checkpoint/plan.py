@@ -132,6 +132,8 @@ def few(names: tuple[str, ...]) -> str:
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    if isinstance(t, DeferredTensor):
+        return tuple(t._value.meta.size)  # recorded: no call on the deferred tensor
     return tuple(t.shape)
 
 

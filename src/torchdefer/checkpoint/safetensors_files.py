@@ -98,7 +98,7 @@ def open_files(files: list[Path], where: str, index: dict[str, Path] | None = No
                 "download or save it again."
             ) from e
 
-    return CheckpointSource(where, entries, read, kind="safetensors")
+    return CheckpointSource(where, entries, read, kind="safetensors", mapped=True)
 
 
 def _open_indexed(directory: Path, index_path: Path) -> CheckpointSource:

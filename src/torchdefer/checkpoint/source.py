@@ -61,6 +61,9 @@ class CheckpointSource:
     # modules' own load logic reads; None where the checkpoint keeps none
     # (safetensors, DCP, a plain dict): as for eager, every version is None.
     versions: Mapping[str, Any] | None = None
+    # Tensors ``read`` returns are views of files mapped into memory (no copy):
+    # their pages can be mapped ahead of their first read (``checkpoint._pages``).
+    mapped: bool = False
 
     def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
         if self.read_all is not None:

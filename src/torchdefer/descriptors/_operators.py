@@ -113,7 +113,7 @@ def check_graph_json(graph: Any) -> None:
         if {"target", "inputs", "outputs"} <= node.keys():
             reason = _refusal(node["target"], known) or _argument_refusal(node["inputs"])
             if reason:
-                raise ForbiddenOperator(f"node {_short(node.get('name'))} calls "
+                raise ForbiddenOperator(f"node {_short(_node_name(node))} calls "
                                         f"{_op_text(node['target'])}{_source(node)}, which "
                                         f"{reason}; {_RULE}")
         if "as_operator" in node and (reason := _refusal(node["as_operator"], known)):
@@ -226,6 +226,18 @@ def _dicts(data: Any) -> Iterator[dict[str, Any]]:
             stack += item.values()
         elif isinstance(item, list):
             stack += item
+
+
+def _node_name(node: dict[str, Any]) -> Any:
+    """A JSON node's name: its own field (torch >= 2.9's format) or, where the format
+    has none (torch 2.8), the name of its first tensor output."""
+    if "name" in node:
+        return node["name"]
+    for out in node.get("outputs") or ():
+        tensor = out.get("as_tensor") if isinstance(out, dict) else None
+        if isinstance(tensor, dict) and "name" in tensor:
+            return tensor["name"]
+    return None
 
 
 def _short(text: Any, limit: int = 120) -> str:

@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchdefer.checkpoint.assign import install as install_plain
-from torchdefer.checkpoint.assign import pick_tied, prepare
+from torchdefer.checkpoint.assign import pick_tied, prepare, same_values, tie_mismatch
 from torchdefer.checkpoint.errors import CheckpointUsageError
 from torchdefer.checkpoint.load import loaded_nbytes, open_source
 from torchdefer.checkpoint.module_rules import kept_keys
@@ -137,16 +137,19 @@ def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
         tensor = group.tensor
         if _is_sharded(tensor):
             local, finish = _empty_shard(tensor, fsdp)
-            targets[names[0]] = DTensor.from_local(
-                local, tensor.device_mesh, tensor.placements, run_check=False,
-                shape=tensor.shape, stride=tensor.stride(),
-            )
+            for name in names:  # tied names: each read into a shard of its own, compared below
+                own = local if name == names[0] else torch.empty_like(local)
+                targets[name] = DTensor.from_local(
+                    own, tensor.device_mesh, tensor.placements, run_check=False,
+                    shape=tensor.shape, stride=tensor.stride(),
+                )
             sharded.append((names[0], finish, local))
         else:
             for name in names:
                 entry = checkpoint.entries[name]
                 targets[name] = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")
     load_into(targets, Path(checkpoint.where), checkpoint.handle, no_dist=False)
+    _check_sharded_ties(work, targets, checkpoint.where)
     ready: list = []
     taken: set = set()
     for group, names in work:
@@ -160,6 +163,24 @@ def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
         ready.append(finish)
         bar.advance(name, local.nbytes)
     return ready
+
+
+def _check_sharded_ties(work: Work, targets: dict[str, torch.Tensor], where: str) -> None:
+    """Tied names of sharded tensors hold the same values, NaN-equal as ``pick_tied``
+    compares: each rank compares its shards, and all ranks learn of any mismatch
+    (one ``all_reduce``), so all refuse together."""
+    pairs = [(names[0], other) for group, names in work if _is_sharded(group.tensor)
+             for other in names[1:]]
+    if not pairs:
+        return  # the same on every rank: the module and checkpoint are
+    differ = torch.tensor(
+        [not same_values(targets[a].to_local(), targets[b].to_local()) for a, b in pairs],
+        dtype=torch.int32, device=targets[pairs[0][0]].to_local().device,
+    )
+    torch.distributed.all_reduce(differ)
+    for (first, other), count in zip(pairs, differ.tolist()):
+        if count:
+            raise tie_mismatch(first, other, where)
 
 
 def _installer(group: TensorGroup, real: torch.Tensor):

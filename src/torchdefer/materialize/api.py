@@ -19,12 +19,14 @@ from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
 from torchdefer.recorder._hooks import set_value_reader
+from torchdefer.recorder.graph import Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 from torchdefer.recorder.ties import warn_broken_ties
 
-__all__ = ["materialize_module", "materialize_tensor", "set_sharded_materializer"]
+__all__ = ["deferred_reached", "mark_materialized", "materialize_module", "materialize_tensor",
+           "replay_tensors", "set_sharded_materializer"]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -178,6 +180,53 @@ def materialize_module(
     return module
 
 
+def deferred_reached(
+    module: nn.Module,
+) -> tuple[dict[str, DeferredTensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """What :func:`materialize_module` would make real (``{first path: tensor}``,
+    each object once), and the ``(parameter, grad)`` pairs to put back after."""
+    return _deferred_reached(module, False, None)
+
+
+def replay_tensors(
+    module: nn.Module,
+    found: dict[str, DeferredTensor],
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+    progress: ProgressSpec = None,
+) -> list[tuple[str, DeferredTensor, torch.Tensor]]:
+    """The real tensors of ``found`` as ``materialize_module`` makes them, not swapped in.
+
+    For callers that change a module all at once or not at all (a checkpoint
+    load): ``[(path, deferred tensor, real tensor)]``. Nothing is marked
+    materialized (:func:`mark_materialized` does, once swapped); a failure
+    leaves every tensor deferred. The results stay alive together, so a
+    later replay finds the storages it shares in the cache, as
+    ``materialize_module`` finds them through the module.
+    """
+    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
+    done = []
+    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
+            contextlib.ExitStack() as one_call:
+        for graph in {id(f._graph): f._graph for f in found.values()}.values():
+            one_call.enter_context(cache_for(graph).call())
+        for name, fake in found.items():
+            warn_broken_ties(fake, name, module)
+            real = _replay(fake, device, name)
+            with suspended():
+                real = cast(real, dtype)
+            done.append((name, fake, real))
+            bar.advance(name, sizes[name])
+    return done
+
+
+def mark_materialized(value: Value, real: torch.Tensor) -> None:
+    """Record that ``value``'s storage is real now (``real``): later recorded
+    writes are refused. A meta tensor has no data: nothing to refuse."""
+    if not real.is_meta:
+        value.storage.materialized = True
+
+
 def materialized_nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
     """The bytes ``t`` takes once real and cast to ``dtype`` (floating/complex only).
 
@@ -267,14 +316,19 @@ def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Mo
 def _materialize(fake: DeferredTensor, device: torch.device | None,
                  name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark its storage materialized."""
+    real = _replay(fake, device, name)
+    mark_materialized(fake._value, real)
+    return real
+
+
+def _replay(fake: DeferredTensor, device: torch.device | None, name: str | None) -> torch.Tensor:
+    """Replay ``fake``'s value; mark nothing."""
     value = fake._value
     with torch.inference_mode(recorded_inference(fake)):
         if (device or value.meta.device).type == "meta":
             return _on_meta(value, device)
-        real = Replay(fake._graph, device).run([(value, value.storage.version)],
+        return Replay(fake._graph, device).run([(value, value.storage.version)],
                                                None if name is None else [name])[0]
-    value.storage.materialized = True
-    return real
 
 
 def _on_meta(value, device: torch.device | None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,22 +191,54 @@ def cache_for(graph: Graph) -> ReplayCache:
     return graph.replay_cache
 
 
-def keep_loaded(value: Value, real: torch.Tensor) -> None:
+def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
     """Keep ``real`` (a loaded checkpoint tensor now standing for ``value``) as its
     storage, so deferred views of it (``row = m.weight[0]`` held outside the
     module) are rebuilt over the loaded values, as eager views see what
     ``Module.load_state_dict`` copied in. Only where ``real`` is all of the
     recorded storage, laid out as recorded; otherwise such views are refused
     (``lookup``) rather than replayed from construction.
+
+    Returns what undoes it (a load rolled back: the tensor is deferred again,
+    and ``real`` may live on in the caller's state dict).
     """
-    meta, graph = value.meta, value.node.graph
+    graph = value.node.graph
     if graph is None:
-        return
+        return _nothing
+    cache, sid = cache_for(graph), id(value.storage)
+    keys = _loaded_keys(value, real)
+    before = {k: cache._storages.get((sid, k)) for k in keys}
+    replaced = cache._replaced.get(sid)
+    if keys:
+        for key in keys:
+            cache.store(value, value.storage.version, key, real)
+    else:
+        cache._replaced[sid] = value.storage
+
+    def undo() -> None:
+        for key, entry in before.items():
+            if entry is None:
+                cache._storages.pop((sid, key), None)
+            else:
+                cache._storages[(sid, key)] = entry
+        if replaced is None:
+            cache._replaced.pop(sid, None)
+
+    return undo
+
+
+def _nothing() -> None:
+    pass
+
+
+def _loaded_keys(value: Value, real: torch.Tensor) -> set[str]:
+    """The device keys a loaded tensor is kept under; none where it cannot stand
+    for the recorded storage (another dtype or layout, or part of it)."""
+    meta = value.meta
     if (real.dtype != meta.dtype or real.stride() != meta.stride
             or meta.offset != 0 or real.storage_offset() != 0
             or real.untyped_storage().nbytes() != value.storage.nbytes):
-        cache_for(graph)._replaced[id(value.storage)] = value.storage
-        return
+        return set()
     # Under the keys of a later materialize_tensor(view): without device= (if
     # loaded where it was recorded), with the device named either way.
     keys = {str(real.device)}
@@ -214,5 +246,4 @@ def keep_loaded(value: Value, real: torch.Tensor) -> None:
         keys.add(real.device.type)
     if real.device == meta.device:
         keys.add("recorded")
-    for key in keys:
-        cache_for(graph).store(value, value.storage.version, key, real)
+    return keys

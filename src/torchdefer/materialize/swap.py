@@ -38,7 +38,8 @@ from torchdefer.recorder._copy import user_attributes
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.subclasses import user_class
 
-__all__ = ["real_tensor", "recorded_inference", "swap_in"]
+__all__ = ["check_swap", "exchange", "real_tensor", "recorded_inference", "shell_for",
+           "swap_in", "undo"]
 
 
 def recorded_inference(fake: Any) -> bool:
@@ -62,17 +63,19 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     are copied.
     """
     cls = user_class(fake)  # type: ignore[arg-type]
+    with _compat.DisableTorchFunctionSubclass():  # a read, not a call to record
+        requires_grad = fake.requires_grad
     # suspended(): materialize_module may run inside deferred_init, whose
     # recording mode would otherwise record these ops on the real tensor.
     # An inference tensor (recorded under inference_mode) takes requires_grad
     # only inside inference mode, as eager's nn.Parameter(...) there did.
     with suspended(), torch.inference_mode(real.is_inference()):
-        if cls is torch.Tensor and fake.requires_grad and not _can_require_grad(real):
+        if cls is torch.Tensor and requires_grad and not _can_require_grad(real):
             out = _view_of_a_base_requiring_grad(real)
         elif cls is torch.Tensor:
-            out = real.detach().requires_grad_(fake.requires_grad)
+            out = real.detach().requires_grad_(requires_grad)
         else:
-            out = _compat.TensorBase._make_subclass(cls, real.detach(), fake.requires_grad)
+            out = _compat.TensorBase._make_subclass(cls, real.detach(), requires_grad)
     out.__dict__.update(user_attributes(fake))
     return out
 
@@ -109,6 +112,15 @@ def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
     Raises:
         SwapError: PyTorch refused the exchange; nothing was changed.
     """
+    exchange(fake, shell_for(fake, real, path), path)
+
+
+def shell_for(fake: torch.Tensor, real: torch.Tensor, path: str) -> torch.Tensor:
+    """The tensor object ``fake`` exchanges everything with (:func:`real_tensor`).
+
+    Raises:
+        SwapError: the classes' ``__slots__`` differ, so the exchange cannot be made.
+    """
     shell = real_tensor(fake, real)
     if set(copyreg._slotnames(type(fake))) != set(copyreg._slotnames(type(shell))):  # type: ignore[attr-defined]
         raise SwapError(
@@ -117,8 +129,44 @@ def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
             "without __slots__, or materialize with torchdefer.materialize_tensor and "
             "assign the result."
         )
+    return shell
+
+
+def check_swap(fake: torch.Tensor, shell: torch.Tensor, path: str) -> None:
+    """Raise the :class:`SwapError` :func:`exchange` would raise; change nothing.
+
+    With :func:`shell_for` (``__slots__``), every refusal is found: PyTorch's
+    own check in ``torch._C._swap_tensor_impl`` (no C++ weak reference to
+    either ``TensorImpl``) is asked by exchanging the impls and exchanging
+    them back, nothing running in between. Python ``weakref``s, views alive
+    and use counts, which ``torch.utils.swap_tensors`` refuses too, are fine
+    here (see the module doc).
+    """
+    _swap_impls(fake, shell, path)
+    _compat.swap_tensor_impl(fake, shell)  # back; it refuses only before a first exchange
+
+
+def exchange(fake: torch.Tensor, shell: torch.Tensor, path: str) -> None:
+    """Exchange impl, class, ``__dict__`` and slots of ``fake`` and ``shell``.
+
+    Its own inverse: exchanging again puts both back (:func:`undo`).
+    """
+    _swap_impls(fake, shell, path)  # first, so that nothing has changed if PyTorch refuses
+    fake.__class__, shell.__class__ = shell.__class__, fake.__class__
+    fake.__dict__, shell.__dict__ = shell.__dict__, fake.__dict__
+    for slot in copyreg._slotnames(type(fake)):  # type: ignore[attr-defined]
+        _swap_slot(fake, shell, slot)
+    with suspended():
+        _reinstall_hooks(fake)
+
+
+def undo(fake: torch.Tensor, shell: torch.Tensor, path: str) -> None:
+    """Undo :func:`exchange`: ``fake`` is the deferred tensor again, ``shell`` the real one."""
+    exchange(fake, shell, path)
+
+
+def _swap_impls(fake: torch.Tensor, shell: torch.Tensor, path: str) -> None:
     try:
-        # First, so that nothing has changed if PyTorch refuses.
         _compat.swap_tensor_impl(fake, shell)
     except RuntimeError as e:
         raise SwapError(
@@ -128,12 +176,6 @@ def swap_in(fake: torch.Tensor, real: torch.Tensor, path: str) -> None:
             "materialize_module again (tensors already done are kept), or take the real "
             "tensor with torchdefer.materialize_tensor and assign it yourself."
         ) from e
-    fake.__class__, shell.__class__ = shell.__class__, fake.__class__
-    fake.__dict__, shell.__dict__ = shell.__dict__, fake.__dict__
-    for slot in copyreg._slotnames(type(fake)):  # type: ignore[attr-defined]
-        _swap_slot(fake, shell, slot)
-    with suspended():
-        _reinstall_hooks(fake)
 
 
 def _swap_slot(a: object, b: object, slot: str) -> None:

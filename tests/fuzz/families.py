@@ -20,6 +20,7 @@ from torch import nn
 
 from ambient_families import ambient, refused, thread
 from context import FLOATS, Ctx, with_no_grad
+from cover_families import cover
 from random_families import custom_random, random_on, random_op, rng_state
 from storage_families import grow, relaid
 
@@ -395,5 +396,6 @@ FAMILIES: dict[str, Callable[[Ctx], str | None]] = {
     "thread": thread,
     "refused": refused,
     "grow": grow,
+    "cover": cover,
     "relaid": relaid,
 }

@@ -37,6 +37,7 @@ FOCUS: dict[str, dict] = {
     "multi_output_views": {"families": {**_BASE, "multi_view": 4, "multi_view_init": 3}},
     "set_": {"families": {**_BASE, "set_": 4}},
     "storage_growth": {"families": {**_BASE, "grow": 4, "set_": 1}},
+    "dead_writes": {"families": {**_BASE, "cover": 5, "random": 1}},
     "relaid_storages": {"families": {**_BASE, "relaid": 4, "set_": 1}},
     "default_dtype": {"families": {**_BASE, "default_dtype": 3, "promote": 5, "int_factory": 2}},
     "random_ops": {"families": {**_BASE, "random": 6, "random_on": 4}},

@@ -46,6 +46,7 @@ from torchdefer.checkpoint.source import CheckpointSource
 from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
 from torchdefer.distributed.module import _fsdp2_params
 from torchdefer.distributed.module import materialize_module as materialize_sharded
+from torchdefer.fake import _pinned
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder import DeferredTensor
 
@@ -146,7 +147,7 @@ def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
         else:
             for name in names:
                 entry = checkpoint.entries[name]
-                targets[name] = torch.empty(entry.shape, dtype=entry.dtype)
+                targets[name] = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")
     load_into(targets, Path(checkpoint.where), checkpoint.handle, no_dist=False)
     _check_sharded_ties(work, targets, checkpoint.where)
     ready: list = []
@@ -203,10 +204,14 @@ def _empty_shard(dtensor: DTensor, fsdp: dict[int, Any]):
         # FSDP2: the padded flat shard, with the local tensor a view into it
         # (padding zeroed, as fully_shard's new_zeros left it).
         real_flat = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.fake_device)
+        if flat._value.storage.pinned:  # CPUOffloadPolicy(pin_memory=True) pinned it
+            real_flat = _pinned.pin(real_flat)
         real = real_flat.as_strided(local.shape, local.stride(), local.storage_offset())
     else:
         real_flat = None
         real = torch.empty(local.shape, dtype=local.dtype, device=local.fake_device)
+        if local._value.storage.pinned:
+            real = _pinned.pin(real)
 
     def install() -> None:
         real.requires_grad_(local.requires_grad)  # after the in-place load

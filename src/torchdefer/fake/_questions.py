@@ -6,8 +6,10 @@ These are not:
 
 * ``is_set_to`` has no meta kernel: it compares storages, offsets, sizes and
   strides, which fake tensors have (their meta storages alias as real ones do);
-* ``is_pinned`` says True on meta; pinning is refused while recording
-  (``pin_memory=True``, ``t.pin_memory()``), so a fake tensor is never pinned.
+* ``is_pinned`` on meta says nothing of the storage a fake tensor stands for:
+  a deferred tensor's recorded storage knows whether it was pinned
+  (``fake._pinned``); ``_pin_memory``, which has no meta kernel, is answered
+  there too (eager's checks, then an output of the input's layout).
 
 Ops that need data (``equal``, ``is_nonzero``, ``item``) are not answered here:
 the recorder computes them from materialized values.
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.fake._pinned import is_pinned, pin_memory_output
 
 __all__ = ["ANSWERS", "is_question"]
 
@@ -37,13 +40,10 @@ def _is_set_to(self: torch.Tensor, src: torch.Tensor) -> bool:
     )
 
 
-def _is_pinned(self: torch.Tensor, device: Any = None) -> bool:
-    return False
-
-
 ANSWERS: dict[Any, Callable[..., Any]] = {
     aten.is_set_to.default: _is_set_to,
-    aten.is_pinned.default: _is_pinned,
+    aten.is_pinned.default: is_pinned,
+    aten._pin_memory.default: pin_memory_output,  # a tensor, on the CPU, as run_on_meta says
 }
 
 _questions: dict[Any, bool] = {}

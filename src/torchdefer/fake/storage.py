@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.fake._pinned import storage_is_pinned
 from torchdefer.fake.tensor import FakeTensorError
 
 __all__ = ["STORAGE_GETTERS", "FakeTypedStorage", "FakeUntypedStorage", "adopt", "storage_owner"]
@@ -87,8 +88,9 @@ def _storage_class(base: type, name: str) -> type:
     if base is torch.UntypedStorage:  # TypedStorage asks its untyped storage
         namespace["device"] = property(_device)
         namespace["data_ptr"] = address
-        # Pinning is refused while recording, so a fake storage never is.
-        namespace["is_pinned"] = lambda self, device=None: False
+        # Pinned if the recorded storage of a tensor using it was (fake._pinned).
+        namespace["is_pinned"] = lambda self, device=None: storage_is_pinned(
+            self, storage_owner(self))
     for method in _READS:
         if hasattr(base, method):
             namespace[method] = _refuse(method, writes=False)

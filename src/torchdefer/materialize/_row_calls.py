@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.materialize.plan import writes_first_argument
+from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
@@ -79,13 +79,23 @@ def creator_step(rows: RowReplay, node: Node, created: Value, span: Span) -> Ste
             buf.copy_(payload.reshape(-1)[span.lo : span.hi])
 
         return constant
+    if node.kind == NodeKind.EXTERNAL:  # a real tensor (what dcp.load read), change-checked
+
+        def external(buf: torch.Tensor) -> None:
+            buf.copy_(rows.replay.external(node).reshape(-1)[span.lo : span.hi])
+
+        return external
     if node.kind == NodeKind.CALL and len(node.outputs) == 1 and _elementwise(node):
         return _elementwise_creator(rows, node, created, span)
+    if node.op is _aten._pin_memory.default:  # a copy; RowReplay pins what it computed
+        return _elementwise_creator(rows, node, created, span, copy=True)
     raise NotSliceable(node, "creates a tensor from more than its own elements")
 
 
-def _elementwise_creator(rows: RowReplay, node: Node, created: Value, span: Span) -> Step:
-    """An out-of-place elementwise op applied to the spans of its inputs."""
+def _elementwise_creator(rows: RowReplay, node: Node, created: Value, span: Span,
+                         copy: bool = False) -> Step:
+    """An out-of-place elementwise op applied to the spans of its inputs (``copy``: the
+    op copies its first argument)."""
     inputs = rows.elementwise_inputs(
         node, skip=None, shape=created.meta.size, ordered=True, shift=(span.lo, span.hi)
     )
@@ -96,7 +106,7 @@ def _elementwise_creator(rows: RowReplay, node: Node, created: Value, span: Span
         leaves = rows.real_leaves(node, inputs, None)
         args, kwargs = unflatten_call(leaves, node.spec)
         rows.use(node)
-        buf.copy_(node.op(*args, **kwargs))
+        buf.copy_(args[0] if copy else node.op(*args, **kwargs))
 
     return step
 

@@ -15,18 +15,23 @@ own elements that way (``materialize.rows``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from torchdefer.fake.layout import non_overlapping_and_dense
+from torchdefer.materialize._overwrites import (
+    COPY,
+    FILLS,
+    live_writers,
+    sets_regardless,
+    writes_first_argument,
+    writes_in_place,
+)
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder.graph import Node, NodeKind, Storage, Value
 
-__all__ = ["Plan", "Substitute", "make_plan"]
+__all__ = ["COPY", "FILLS", "Plan", "Substitute", "make_plan", "writes_first_argument"]
 
 # (value, version) -> its real tensor, or None to replay it as recorded
 Substitute = Callable[[Value, int], torch.Tensor | None]
@@ -40,6 +45,12 @@ class Plan:
     # ids of in-place nodes whose write a later write hides: replay passes
     # their first argument through (the tensor object) without running them.
     passthrough: set[int] = field(default_factory=set)
+    # (id(node), input index) whose tensor only lends its dtype and device
+    # (new_zeros' template): replay passes an empty stand-in.
+    standins: set[tuple[int, int]] = field(default_factory=set)
+    # ids of factory nodes whose every element later writes set again
+    # (nn.Parameter(torch.randn(...)), then dcp.load): replay only allocates.
+    allocate: set[int] = field(default_factory=set)
 
 
 def make_plan(
@@ -56,129 +67,147 @@ def make_plan(
     (or a view of it) as it is now where it was materialized before; else
     they are inputs, wanted with what construction gave them.
     """
-    needed: dict[int, Node] = {}
-    must_run: set[int] = set()  # nodes whose effect is needed, not only their output object
-    cached: dict[tuple[int, int], torch.Tensor] = {}
-    expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
-    # (value, version, whether its contents are needed or only the tensor object)
-    work: list[tuple[Value, int, bool]] = [(v, version, True) for v, version in targets]
+    walk = _Walk(cache, device_key, device, substitute)
     # A target is the user's tensor (or a view of it) as it is now, and so is
     # any value of its storage the walk meets (the base a view of it is rebuilt
     # from, the tensor set_ made it share); any other input is what
     # construction gave it (ReplayCache.lookup).
-    as_is = {id(v.storage) for v, _ in targets} if aliases else set()
-    while work:
-        value, version, contents = work.pop()
+    walk.as_is = {id(v.storage) for v, _ in targets} if aliases else set()
+    walk.work = [(v, version, True) for v, version in targets]
+    return walk.run()
+
+
+class _Walk:
+    """One walk back from the targets (see the module docstring)."""
+
+    def __init__(self, cache: ReplayCache, device_key: str, device: torch.device,
+                 substitute: Substitute | None) -> None:
+        self.cache, self.device_key, self.device = cache, device_key, device
+        self.substitute = substitute
+        self.as_is: set[int] = set()
+        # (value, version, whether its contents are needed or only the tensor object)
+        self.work: list[tuple[Value, int, bool]] = []
+        self.needed: dict[int, Node] = {}
+        self.must_run: set[int] = set()  # nodes whose effect is needed, not only their output
+        self.cached: dict[tuple[int, int], torch.Tensor] = {}
+        self.expanded: dict[int, set[int]] = {}  # id(storage) -> indices of the writers added
+        self.standins: set[tuple[int, int]] = set()
+        # Factories whose storage's elements may all be overwritten: decided at the end.
+        self.pending: dict[int, Storage] = {}
+        self.creator_read: set[int] = set()  # ids of storages whose creator's elements show
+
+    def run(self) -> Plan:
+        while True:
+            while self.work:
+                self._visit(*self.work.pop())
+            # A factory whose elements no needed version shows only allocates;
+            # the others run, and what they read (a pinned copy's input) is walked.
+            shown = [s for s in self.pending.values() if id(s) in self.creator_read]
+            if not shown:
+                break
+            for storage in shown:
+                del self.pending[id(storage)]
+                self._need(storage.creator, effect=True)
+        allocate = {id(s.creator) for s in self.pending.values()}
+        self.must_run |= allocate
+        nodes = sorted(self.needed.values(), key=lambda n: n.seq)
+        return Plan(nodes, self.cached, set(self.needed) - self.must_run, self.standins, allocate)
+
+    def _visit(self, value: Value, version: int, contents: bool) -> None:
         key = (id(value), version)
-        if key in cached:
-            continue
-        real = cache.lookup(value, version, device_key, device or value.meta.device,
-                            alias=id(value.storage) in as_is)
-        if real is None and substitute is not None and contents:
-            real = substitute(value, version)
+        if key in self.cached:
+            return
+        real = self.cache.lookup(value, version, self.device_key,
+                                 self.device or value.meta.device,
+                                 alias=id(value.storage) in self.as_is)
+        if real is None and self.substitute is not None and contents:
+            real = self.substitute(value, version)
         if real is not None:
-            cached[key] = real
-            continue
+            self.cached[key] = real
+            return
         storage = value.storage
-        # The node that made this value: only its output object is needed if
-        # it is an in-place write (of contents no one reads, or hidden later).
-        in_place = _writes_in_place(value.node)
-        _need(value.node, needed, must_run, work, effect=not in_place)
-        done = expanded.get(id(storage))
+        creator = storage.creator
+        deferred = _factory(creator)
+        if value.node is not creator or not deferred:
+            # The node that made this value: only its output object is needed if
+            # it is an in-place write (of contents no one reads, or hidden later).
+            self._need(value.node, effect=not writes_in_place(value.node))
+        done = self.expanded.get(id(storage))
         if done is None:
-            _need(storage.creator, needed, must_run, work, effect=True)
-            done = expanded[id(storage)] = set()
+            done = self.expanded[id(storage)] = set()
+            if deferred:
+                self.needed.setdefault(id(creator), creator)
+                self.pending[id(storage)] = storage
+            else:
+                self._need(creator, effect=True)
         if not contents:
-            continue
-        for i in range(_last_overwrite(storage, version), version):
+            return
+        live, shows_creator = live_writers(storage, version)
+        if shows_creator:
+            self.creator_read.add(id(storage))
+        for i in live:
             if i not in done:
                 done.add(i)
-                _need(storage.writers[i], needed, must_run, work, effect=True)
-    passthrough = set(needed) - must_run
-    return Plan(sorted(needed.values(), key=lambda n: n.seq), cached, passthrough)
+                self._need(storage.writers[i], effect=True)
+
+    def _need(self, node: Node, effect: bool) -> None:
+        """Add ``node`` and queue what it reads.
+
+        Without ``effect`` only its output object is wanted (an in-place write
+        whose contents no one reads): replay passes its first argument through.
+        A node that sets the elements of its first argument without reading
+        them (``copy_``, ``fill_``, ``normal_``) needs that argument's object,
+        not its contents; so does a view of the storage it aliases, whose
+        contents are the storage's at the version the view is read at. The
+        template of ``new_zeros`` and the like is not needed at all: replay
+        gives it a stand-in of its dtype and device (``standins``).
+        """
+        first = id(node) not in self.needed
+        if first:
+            self.needed[id(node)] = node
+        if effect and id(node) not in self.must_run:
+            self.must_run.add(id(node))
+            hides = writes_in_place(node) and sets_regardless(node)
+            aliased = _aliased_inputs(node)
+            template = (getattr(node.op, "overloadpacket", None) in _TEMPLATES
+                        and bool(node.inputs) and node.leaves[0] is node.inputs[0])
+            for i, (value, version) in enumerate(zip(node.inputs, node.reads)):
+                if template and i == 0:
+                    self.standins.add((id(node), 0))
+                    continue
+                object_only = (hides and i == 0) or id(value.storage) in aliased
+                self.work.append((value, version, not object_only))
+        elif first and not effect:
+            self.work.append((node.inputs[0], node.reads[0], False))
 
 
-def _need(node: Node, needed: dict[int, Node], must_run: set[int], work: list, effect: bool):
-    """Add ``node`` and queue what it reads.
-
-    Without ``effect`` only its output object is wanted (an in-place write
-    whose contents no one reads): replay passes its first argument through.
-    A node that overwrites all of its first argument needs that argument's
-    object, not its contents.
-    """
-    first = id(node) not in needed
-    if first:
-        needed[id(node)] = node
-    if effect and id(node) not in must_run:
-        must_run.add(id(node))
-        hides = _writes_in_place(node) and _overwrites(node, node.writes[0][0])
-        for i, (value, version) in enumerate(zip(node.inputs, node.reads)):
-            work.append((value, version, not (hides and i == 0)))
-    elif first and not effect:
-        work.append((node.inputs[0], node.reads[0], False))
-
-
-def _writes_in_place(node: Node) -> bool:
-    """An in-place node whose first argument is the one tensor it writes and returns,
-    with its layout unchanged (not ``t_``, ``set_``, ``resize_``)."""
-    if len(node.writes) != 1 or len(node.outputs) != 1 or not node.leaves:
+def _factory(node: Node) -> bool:
+    """A node that makes one tensor from no tensor, writing nothing else (``empty``,
+    ``randn``), or a pinned copy (FSDP2's CPU offload): its layout is the recorded
+    one, so replay can allocate it instead when its elements do not show."""
+    if len(node.outputs) != 1 or node.writes:
         return False
-    first, out = node.leaves[0], node.outputs[0]
-    return (
-        isinstance(first, Value)
-        and first.storage is node.writes[0][0]
-        and out.storage is first.storage
-        and out.meta == first.meta
-    )
-
-
-# In-place ops that set every element they write whatever its value was.
-FILLS = frozenset(
-    {torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
-)
-COPY = torch.ops.aten.copy_.default
-
-
-def writes_first_argument(op: Any) -> bool:
-    """Whether ``op``'s schema says it writes its first argument (``Tensor(a!) self``)."""
-    schema = getattr(op, "_schema", None)
-    first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
-    return first is not None and first.is_write
-
-
-def _last_overwrite(storage: Storage, version: int) -> int:
-    """The index of the last writer before ``version`` that sets the whole storage
-    regardless of its contents (0 if none): the writers before it need not run.
-
-    Hugging Face models initialise every weight twice (the layer's own
-    ``kaiming_uniform_``, then ``_init_weights``' ``normal_``); with exact
-    generator positions the first draw can be skipped, not only its values.
-    """
-    for i in range(version - 1, 0, -1):
-        if _overwrites(storage.writers[i], storage):
-            return i
-    return 0
-
-
-def _overwrites(node: Node, storage: Storage) -> bool:
-    if len(node.writes) != 1 or not node.leaves or node.writes[0][0] is not storage:
-        return False
-    target = node.leaves[0]
-    if not isinstance(target, Value) or target.storage is not storage:
-        return False
-    meta = target.meta
-    # The storage's size when written: a view taken before it grew covers less.
-    nbytes = storage.nbytes_at(node.writes[0][1])
-    if meta.offset != 0 or math.prod(meta.size) * meta.dtype.itemsize != nbytes:
-        return False
-    if not non_overlapping_and_dense(meta.size, meta.stride):
-        return False
-    op = node.op
-    if node.kind == NodeKind.RANDOM:
-        return writes_first_argument(op)
-    if op in FILLS:
+    if node.op is _PIN_MEMORY:  # the input's sizes and strides, at offset 0 (fake._pinned)
         return True
-    if op is COPY:
-        source = node.leaves[1] if len(node.leaves) > 1 else None
-        return isinstance(source, Value) and source.storage is not storage
-    return False
+    return node.kind in (NodeKind.FACTORY, NodeKind.RANDOM) and not node.inputs
+
+
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
+
+# Ops that read only the dtype and device of their first argument (FSDP2's
+# padded shard is `param.new_zeros(...)`). Not the *_like ops: they keep the
+# template's strides, which only replay knows where meta kernels differ.
+_aten = torch.ops.aten
+_TEMPLATES = frozenset(
+    {_aten.new_empty, _aten.new_empty_strided, _aten.new_zeros, _aten.new_ones, _aten.new_full}
+)
+
+
+def _aliased_inputs(node: Node) -> set[int]:
+    """ids of the input storages a view node's outputs all alias (none if it computes
+    any output of its own)."""
+    if node.kind not in (NodeKind.VIEW, NodeKind.DATA_GET) or not node.outputs:
+        return set()
+    inputs = {id(v.storage) for v in node.inputs}
+    outputs = {id(v.storage) for v in node.outputs}
+    return outputs if outputs <= inputs else set()

@@ -9,6 +9,8 @@ The tree of what a replay does, for whoever extends it::
         CONSTANT / EXTERNAL       the captured or referenced tensor, moved
         DATA_SET                  the new value, detached
         RANDOM                    RngReplay.run: private generator state
+          (a factory whose elements are all overwritten later only allocates)
+        _pin_memory               fake._pinned.pin: page-locked, as eager's
         anything else             node.op(*args) with real tensors
       free values after their last use
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.fake import _pinned
 from torchdefer.fake.device import device_available
 from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
@@ -36,6 +39,8 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 
 __all__ = ["Replay"]
+
+_PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 
 class Replay:
@@ -95,8 +100,11 @@ class Replay:
                     ambient.use(node.ambient)  # default dtype, deterministic mode
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)
+                    elif id(node) in plan.allocate:  # every element is set later
+                        outs = [self._empty(node.outputs[0])]
                     else:
-                        outs = self._run_checked(node, env, plan.cached)
+                        standin = (id(node), 0) in plan.standins
+                        outs = self._run_checked(node, env, plan.cached, standin)
                     for value in node.outputs:
                         real = env[id(value)] = outs[value.index]
                         self.cache.check_layout(value, real, self.device_key)
@@ -126,14 +134,14 @@ class Replay:
         real = cached.get((id(first), node.reads[0]))
         return [real if real is not None else env[id(first)]] * len(node.outputs)
 
-    def _run_checked(self, node: Node, env, cached) -> list[Any]:
+    def _run_checked(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
         """Run ``node``; a failure is re-raised naming the node, keeping its type.
 
         The new exception is both a :class:`ReplayError` and an instance of the
         original class (``torch.OutOfMemoryError`` stays catchable as such).
         """
         try:
-            return self._run_node(node, env, cached)
+            return self._run_node(node, env, cached, standin)
         except ReplayError:
             raise
         except Exception as e:
@@ -143,18 +151,23 @@ class Replay:
             )
             raise with_context(e, message).with_traceback(e.__traceback__) from e
 
-    def _run_node(self, node: Node, env, cached) -> list[Any]:
+    def _run_node(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
+        """``standin``: the first input lends only its dtype and device (``Plan.standins``)."""
         kind = node.kind
         if kind == NodeKind.CONSTANT:
             device = self.map_device(node.outputs[0].meta.device)
             return [node.payload.to(device, copy=True)]
         if kind == NodeKind.EXTERNAL:
-            return [self._external(node)]
+            return [self.external(node)]
         reads = iter(node.reads)
         leaves = []
         for leaf in node.leaves:
             if isinstance(leaf, Value):
                 version = next(reads)
+                if standin and leaf is node.inputs[0]:
+                    leaves.append(self._standin(leaf.meta))
+                    standin = False
+                    continue
                 real = cached.get((id(leaf), version))
                 leaf = real if real is not None else env[id(leaf)]
             else:
@@ -162,6 +175,8 @@ class Replay:
             leaves.append(leaf)
         if kind == NodeKind.DATA_SET:
             return [leaves[0].detach()]
+        if node.op is _PIN_MEMORY:
+            return [_pinned.pin(leaves[0])]
         args, kwargs = unflatten_call(leaves, node.spec)
         if kind == NodeKind.RANDOM:
             out = call_watching_writes(node, leaves, lambda: self.rng.run(node, args, kwargs))
@@ -171,7 +186,21 @@ class Replay:
             )
         return flatten_out(out)
 
-    def _external(self, node: Node) -> torch.Tensor:
+    def _empty(self, value: Value) -> torch.Tensor:
+        """Uninitialized memory laid out as a factory's recorded output (page-locked
+        if eager's was)."""
+        meta = value.meta
+        out = torch.empty_strided(meta.size, meta.stride, dtype=meta.dtype,
+                                  device=self.map_device(meta.device))
+        return _pinned.pin(out) if value.storage.pinned else out
+
+    def _standin(self, meta: TensorMeta) -> torch.Tensor:
+        """An empty tensor of ``meta``'s dtype and device: all a ``new_*`` op reads."""
+        return torch.empty(0, dtype=meta.dtype, device=self.map_device(meta.device))
+
+    def external(self, node: Node) -> torch.Tensor:
+        """The real tensor an EXTERNAL node refers to, on the replay's device; refused if
+        it changed since it was recorded."""
         ref = node.payload
         real = ref.tensor
         change = ref.changed()

@@ -18,8 +18,9 @@ computes such a value from its own elements instead: a *span* (elements
   first word; ``fill_``/``zero_``/``copy_`` and pointwise in-place ops whose
   other arguments are scalars, one-element tensors or spans of the same shape.
 
-Writers before the last one that overwrites the whole span (``normal_`` after
-``kaiming_uniform_``, as Hugging Face models do) are skipped: with jump-ahead
+Writers whose elements in the span later writes set again without reading
+them (``normal_`` after ``kaiming_uniform_``, as Hugging Face models do; the
+copies ``dcp.load`` makes, one per saved chunk) are skipped: with jump-ahead
 their draws cost nothing. Anything else (an op that mixes elements, a
 non-contiguous slice, a CUDA generator, an unmodeled or data-dependent random
 call) makes the hook answer None, and the plan replays the value as recorded.
@@ -44,16 +45,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer.fake import _pinned
 from torchdefer.fake.layout import non_overlapping_and_dense
+from torchdefer.materialize._overwrites import (
+    COPY,
+    FILLS,
+    Ranges,
+    sets_regardless,
+    writes_first_argument,
+)
 from torchdefer.materialize._row_calls import (
     NotSliceable,
-    composite_rows,
     composite_step,
     contiguous_range,
     creator_step,
     random_step,
 )
-from torchdefer.materialize.plan import COPY, FILLS, writes_first_argument
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import NodeKind, Storage, Value
@@ -163,6 +170,8 @@ class RowReplay:
             if not (cover[0] <= lo and hi <= cover[1]):
                 cover = (lo, hi)
             real = self.span(storage, version, *cover).compute()
+            if storage.pinned:  # eager's storage is page-locked (t.pin_memory())
+                real = _pinned.pin(real)
             self._computed.setdefault((id(storage), version), []).append((*cover, real))
             stored = cover == (0, _elements(storage)) and version == storage.version
             known = (meta, *cover, real)
@@ -185,19 +194,36 @@ class RowReplay:
         if not 0 <= lo <= hi <= _elements(storage, version):
             raise NotSliceable(storage.creator, f"elements [{lo}, {hi}) are not in its storage")
         span = Span(storage, version, lo, hi, created.meta.dtype, device)
-        writers = storage.writers[:version]
-        first = next(
-            (i for i in range(len(writers) - 1, -1, -1) if self._overwrites(writers[i], span)),
-            None,
-        )
-        if first is None:
+        live, from_creator = self._live_writers(storage.writers[:version], span)
+        if from_creator:
             span.steps.append(creator_step(self, storage.creator, created, span))
-            first = 0
-        for writer in writers[first:]:
-            step = self._writer_step(writer, span)
-            if step is not None:
-                span.steps.append(step)
+        span.steps.extend(self._writer_step(writer, span) for writer in live)
         return span
+
+    def _live_writers(self, writers: list, span: Span) -> tuple[list, bool]:
+        """The writers ``span``'s elements depend on (oldest first), and whether its
+        creator's elements show through. A writer whose elements in the span are all set
+        again by later writes that do not read them (``normal_`` after
+        ``kaiming_uniform_``, ``dcp.load``'s copies) is dead: with exact generator
+        positions even its draws are skipped. An elementwise writer reads only its own
+        elements (other spans it reads are computed on their own)."""
+        covered = Ranges()  # elements set regardless by the live writes after
+        live = []
+        for writer in reversed(writers):
+            if covered.covers(span.lo, span.hi):
+                return live[::-1], False
+            # A write through a view rows cannot follow: not sliceable, before any
+            # step is built (an older writer's would draw its input's rows first).
+            _, o, end, _ = self._target(writer, span)
+            a, b = max(span.lo, o), min(span.hi, end)
+            if a >= b or covered.covers(a, b):
+                continue  # writes none of the span's elements, or only dead ones
+            live.append(writer)
+            if sets_regardless(writer):
+                covered.add(a, b)
+            else:
+                covered.remove(a, b)
+        return live[::-1], not covered.covers(span.lo, span.hi)
 
     def _target(self, writer: Any, span: Span) -> tuple[Value, int, int, bool]:
         """The value ``writer`` writes ``span``'s storage through, its element range, and
@@ -223,28 +249,9 @@ class RowReplay:
             return target, 0, whole, False
         raise NotSliceable(writer, "writes a strided part of its storage")
 
-    def _overwrites(self, writer: Any, span: Span) -> bool:
-        """Whether ``writer`` sets every element of ``span`` regardless of their values."""
-        if writer.kind == NodeKind.RANDOM:
-            # a rejection loop sets every element too (rng.rejection)
-            overwrites = writes_first_argument(writer.op) or (
-                not hasattr(writer.op, "_schema") and composite_rows(writer) is not None
-            )
-        else:
-            overwrites = writer.op in FILLS or writer.op is COPY
-        if not overwrites:
-            return False
-        try:
-            _, o, end, _ = self._target(writer, span)
-        except NotSliceable:
-            return False
-        return o <= span.lo and span.hi <= end
-
-    def _writer_step(self, writer: Any, span: Span) -> Step | None:
+    def _writer_step(self, writer: Any, span: Span) -> Step:
         target, o, end, ordered = self._target(writer, span)
         a, b = max(span.lo, o), min(span.hi, end)
-        if a >= b:
-            return None  # writes none of the span's elements
         if writer.kind == NodeKind.RANDOM:
             if ordered and not hasattr(writer.op, "_schema"):  # a composite
                 return composite_step(self, writer, end - o, a - o, b - o, a - span.lo)

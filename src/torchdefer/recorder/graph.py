@@ -79,6 +79,9 @@ class Storage:
     grown: list[tuple[int, int]] = field(default_factory=list)
     # Set by materialization once the storage is real; later writes are refused.
     materialized: bool = False
+    # Made by a pinning call (t.pin_memory(), pin_memory=True): eager's storage
+    # is page-locked, so is_pinned() says so and replay pins (fake._pinned).
+    pinned: bool = False
 
     def nbytes_at(self, version: int) -> int:
         """Its size in bytes at ``version``."""

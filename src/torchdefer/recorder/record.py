@@ -7,6 +7,8 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.errors import TorchdeferError
+from torchdefer.fake._pinned import check_pinning
 from torchdefer.fake.device import output_device
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
@@ -76,8 +78,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves[i] = value
     if replaced:
         args, kwargs = unflatten_call(flat, spec)
-    if kwargs or func is _PIN_MEMORY:
-        _check_arguments(func, kwargs)
+    if kwargs:
+        _check_arguments(func, kwargs, tensors)
     if facts.needs_data and _needs_data(facts, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
     if facts.question:  # a bool/int about metadata: nothing to replay
@@ -106,7 +108,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     except RuntimeError as e:
         # Shape errors and the like are the user's and read as in eager code;
         # these messages mean the op has no way to run without data.
-        if any(sign in str(e) for sign in _NO_META_SIGNS):
+        if not isinstance(e, TorchdeferError) and any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
         eager = eager_error(func, args, kwargs, e, _where)  # eager's words, if they differ
         if eager is not None:
@@ -129,6 +131,9 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes += record_growth(node, resizable, sizes)
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before, same_meta=filled is not None)
+    if func is _PIN_MEMORY or (kwargs and kwargs.get("pin_memory")):
+        for value in node.outputs:
+            value.storage.pinned = True  # a new storage: eager's is page-locked
     node.kind = _kind(facts, node, aliased, device)
     if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
@@ -401,7 +406,7 @@ def _nbytes(t: torch.Tensor) -> int:
 _storage_id = _compat.storage_id
 
 
-def _check_arguments(func: Any, kwargs: dict) -> None:
+def _check_arguments(func: Any, kwargs: dict, tensors: list) -> None:
     layout = kwargs.get("layout")
     if layout is not None and layout != torch.strided:
         raise RecordingError(
@@ -409,11 +414,9 @@ def _check_arguments(func: Any, kwargs: dict) -> None:
             f"only (called at {_where()}). Create the tensor dense and convert it after "
             "materialization."
         )
-    if kwargs.get("pin_memory") or func is _PIN_MEMORY:
-        raise RecordingError(
-            f"{func} pins memory (pin_memory=True or t.pin_memory()), which needs real "
-            f"memory (called at {_where()}). Pin the tensor after materialization."
-        )
+    if kwargs.get("pin_memory"):  # t.pin_memory() is checked by its fake kernel
+        device = output_device(kwargs, tensors)
+        check_pinning(f"{func}(pin_memory=True)", device, factory=True)
 
 
 def _generator_of(kwargs: dict, flat: list) -> torch.Generator | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch
@@ -155,24 +155,13 @@ def materialize_module(
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
-    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
-    with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
-            contextlib.ExitStack() as one_call:
-        # One call of each graph's cache: a tensor computed at construction from
-        # one materialized earlier in this call reads it from the cache (nothing
-        # is computed twice); the user changes neither before we return.
-        for graph in {id(f._graph): f._graph for f in found.values()}.values():
-            one_call.enter_context(cache_for(graph).call())
-        # One tensor per replay, swapped in at once: a later replay finds the
-        # storages it shares in the cache (kept alive by the module), and no
-        # replay holds more than one tensor's intermediates.
-        for name, fake in found.items():
-            warn_broken_ties(fake, name, module)
-            real = _materialize(fake, device, name)
-            with suspended():  # as in materialize_tensor
-                real = cast(real, dtype)
+    # One tensor per replay, swapped in at once: a later replay finds the
+    # storages it shares in the cache (kept alive by the module), and no
+    # replay holds more than one tensor's intermediates.
+    with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
+                                           _materialize)) as replayed:
+        for name, fake, real in replayed:
             swap_in(fake, real, name)
-            bar.advance(name, sizes[name])
     with suspended():
         for parameter, grad in grads:
             # A parameter's .grad lives on its TensorImpl, which the swap replaced.
@@ -204,20 +193,36 @@ def replay_tensors(
     later replay finds the storages it shares in the cache, as
     ``materialize_module`` finds them through the module.
     """
+    with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
+                                           _replay)) as replayed:
+        return list(replayed)
+
+
+def _each_replayed(
+    module: nn.Module,
+    found: dict[str, DeferredTensor],
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+    progress: ProgressSpec,
+    replay: Callable[[DeferredTensor, torch.device | None, str], torch.Tensor],
+) -> Iterator[tuple[str, DeferredTensor, torch.Tensor]]:
+    """``(path, deferred tensor, real tensor)`` for each of ``found`` in turn, cast to
+    ``dtype``, inside one call of each graph's cache and one progress bar."""
     sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
-    done = []
     with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
             contextlib.ExitStack() as one_call:
+        # One call of each graph's cache: a tensor computed at construction from
+        # one materialized earlier in this call reads it from the cache (nothing
+        # is computed twice); the user changes neither before we are done.
         for graph in {id(f._graph): f._graph for f in found.values()}.values():
             one_call.enter_context(cache_for(graph).call())
         for name, fake in found.items():
             warn_broken_ties(fake, name, module)
-            real = _replay(fake, device, name)
-            with suspended():
+            real = replay(fake, device, name)
+            with suspended():  # as in materialize_tensor
                 real = cast(real, dtype)
-            done.append((name, fake, real))
+            yield name, fake, real
             bar.advance(name, sizes[name])
-    return done
 
 
 def mark_materialized(value: Value, real: torch.Tensor) -> None:

@@ -77,7 +77,7 @@ def warn_broken_ties(param: DeferredTensor, path: str, root: nn.Module) -> None:
             "model's tie_weights() (Hugging Face) or re-assign the tied attribute before "
             "materializing, or load with torchdefer.load_state_dict, which keeps ties.",
             BrokenTieWarning,
-            stacklevel=3,
+            stacklevel=4,  # ties -> api._each_replayed -> materialize_module -> the user
         )
 
 

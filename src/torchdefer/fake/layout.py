@@ -56,6 +56,8 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._iterator import iterator_strides
 from torchdefer.fake._state import STATE
+from torchdefer.fake._unary import ITERATED as _UNARY_ITERATED
+from torchdefer.fake._unary import LIKE_INPUT as _UNARY_LIKE_INPUT
 
 __all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
 
@@ -114,12 +116,15 @@ def eager_layout(
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _RESTRIDED or func in _ITERATED
+        special = (packet in _RESTRIDED or func in _ITERATED or func in _UNARY_ITERATED
+                   or func in _UNARY_LIKE_INPUT)
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
     if func in _ITERATED:
         return _iterated(args, out)
+    if func in _UNARY_ITERATED or func in _UNARY_LIKE_INPUT:
+        return _unary(func in _UNARY_ITERATED, args, kwargs, out)
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
@@ -172,6 +177,31 @@ def _iterated(args: tuple, out: Any) -> Any:
     if stride == out.stride():
         return out
     return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
+
+
+def _unary(iterated: bool, args: tuple, kwargs: dict, out: Any) -> Any:
+    """A unary pointwise op's fresh output(s) laid out as TensorIterator, or as
+    ``empty_like`` of its one tensor argument, lays them out (``fake/_unary.py``)."""
+    source = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    if source is None:
+        return out
+    size, stride = tuple(source.shape), source.stride()
+    if iterated:
+        wanted = iterator_strides([(size, stride)], size)
+    elif 0 in size or non_overlapping_and_dense(size, stride):
+        wanted = stride
+    else:
+        fmt = suggest_memory_format(size, stride)
+        wanted = torch.empty(size, device="meta", memory_format=fmt).stride()
+    if isinstance(out, tuple):
+        return tuple(_restrided_to(o, size, wanted) for o in out)
+    return _restrided_to(out, size, wanted)
+
+
+def _restrided_to(out: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != size or out.stride() == stride:
+        return out
+    return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
 
 
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",

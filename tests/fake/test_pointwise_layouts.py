@@ -1,10 +1,11 @@
-"""Unary pointwise ops: fake and materialized outputs have eager's strides.
+"""Pointwise ops: fake and materialized outputs have eager's strides.
 
 Their meta kernels lay out a fresh output otherwise than eager in size-1 and
 size-0 dimensions (``torch.rand(6, 1).t().clamp(-1, 1)``), so ``.stride()``
 differed from eager's, and ``.view(torch.uint8)`` of a part of it failed where
-eager's worked (issue 24, fuzz seed 20261126). The sweep below re-derives the
-tables of ``fake/_unary.py`` from the installed torch, so a torch that lays
+eager's worked; ``torch.ones(1, 37).t() * 2`` likewise (issue 24, fuzz seed
+20261126). The sweeps below re-derive the tables of ``fake/_pointwise.py``
+from the installed torch, so a torch that lays
 out an op otherwise fails here, not silently.
 """
 
@@ -13,7 +14,16 @@ import torch
 
 import torchdefer
 from torchdefer.fake._iterator import iterator_strides
-from torchdefer.fake._unary import ITERATED, ITERATED_NAMES, LIKE_INPUT, LIKE_INPUT_NAMES
+from torchdefer.fake._pointwise import (
+    BINARY_ITERATED,
+    BINARY_ITERATED_NAMES,
+    ITERATED,
+    ITERATED_NAMES,
+    LIKE_INPUT,
+    LIKE_INPUT_NAMES,
+    WITH_SCALAR,
+    WITH_SCALAR_NAMES,
+)
 
 
 def _base(*size):
@@ -45,22 +55,29 @@ LAYOUTS = {
 DTYPES = (torch.float32, torch.int64, torch.bool)
 
 
+def _aten_overloads():
+    """Every aten overload registered (``dir(torch.ops.aten)`` lists only those used yet)."""
+    for full in sorted(torch._C._dispatch_get_all_op_names()):
+        namespace, _, name = full.partition("::")
+        if namespace != "aten":
+            continue
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload or "default", None)
+        if isinstance(op, torch._ops.OpOverload):
+            yield op
+
+
 def _one_tensor_pointwise_overloads():
     """Every functional aten overload tagged pointwise whose one tensor argument is ``self``-like."""
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
+    for op in _aten_overloads():
+        schema = op._schema
+        if torch.Tag.pointwise not in op.tags or schema.is_mutable:
             continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            schema = op._schema
-            if torch.Tag.pointwise not in op.tags or schema.is_mutable:
-                continue
-            if any(r.alias_info is not None for r in schema.returns):
-                continue
-            tensors = [a for a in schema.arguments if "Tensor" in str(a.type)]
-            if len(tensors) == 1 and str(tensors[0].type) == "Tensor":
-                yield op
+        if any(r.alias_info is not None for r in schema.returns):
+            continue
+        tensors = [a for a in schema.arguments if "Tensor" in str(a.type)]
+        if len(tensors) == 1 and str(tensors[0].type) == "Tensor":
+            yield op
 
 
 def _call(op, t):
@@ -84,8 +101,9 @@ def _call(op, t):
 
 
 def _rule_of(op):
-    """'iterated', 'like_input', '' (neither predicts every layout) or None (never ran)."""
-    iterated = like = True
+    """'iterated', 'with_scalar', 'like_input', '' (none predicts every layout) or
+    None (never ran)."""
+    iterated = scalar = like = True
     ran = False
     for make in LAYOUTS.values():
         for dtype in DTYPES:
@@ -98,11 +116,15 @@ def _rule_of(op):
                 ran = True
                 if o.shape != t.shape:
                     return ""
-                iterated &= iterator_strides([(tuple(t.shape), t.stride())], tuple(t.shape)) == o.stride()
+                layout = (tuple(t.shape), t.stride())
+                iterated &= iterator_strides([layout], tuple(t.shape)) == o.stride()
+                scalar &= iterator_strides([layout, ((), ())], tuple(t.shape)) == o.stride()
                 like &= torch.empty_like(t).stride() == o.stride()
     if not ran:
         return None
-    return "iterated" if iterated else "like_input" if like else ""
+    if iterated:
+        return "iterated"
+    return "with_scalar" if scalar else "like_input" if like else ""
 
 
 def _named(op):
@@ -112,14 +134,86 @@ def _named(op):
 
 def test_the_tables_are_what_sweeping_the_installed_torch_proves():
     assert len(ITERATED) == len(ITERATED_NAMES) and len(LIKE_INPUT) == len(LIKE_INPUT_NAMES)
-    proved = {"iterated": set(), "like_input": set()}
+    assert len(WITH_SCALAR) == len(WITH_SCALAR_NAMES)
+    proved = {"iterated": set(), "with_scalar": set(), "like_input": set()}
     for op in _one_tensor_pointwise_overloads():
         rule = _rule_of(op)
         if rule:
             proved[rule].add(_named(op))
     assert proved["iterated"] == set(ITERATED_NAMES)
+    assert proved["with_scalar"] == set(WITH_SCALAR_NAMES)
     # clone is laid out by the empty_like rule of fake/layout.py already
     assert proved["like_input"] - {"clone"} == set(LIKE_INPUT_NAMES)
+
+
+def _two_tensor_pointwise_overloads():
+    for op in _aten_overloads():
+        schema = op._schema
+        if torch.Tag.pointwise not in op.tags or schema.is_mutable:
+            continue
+        if any(r.alias_info is not None for r in schema.returns):
+            continue
+        required = [str(a.type) for a in schema.arguments if not a.has_default_value()]
+        if required == ["Tensor", "Tensor"]:
+            yield op
+
+
+def _partners(t):
+    yield torch.tensor(2.0)  # what a Python number becomes
+    yield torch.full(t.shape, 2.0)
+    if t.dim():
+        yield torch.full(t.shape[-1:], 2.0)
+
+
+def _iterator_predicts(op):
+    """Whether TensorIterator's rule gave every output's strides (None: never ran)."""
+    ran = False
+    for make in LAYOUTS.values():
+        for dtype in (torch.float32, torch.int64):
+            t = make().to(dtype)
+            for partner in _partners(t):
+                for a, b in ((t, partner.to(dtype)), (partner.to(dtype), t)):
+                    try:
+                        out = op(a, b)
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        continue
+                    if not isinstance(out, torch.Tensor):
+                        return False
+                    ran = True
+                    want = iterator_strides([(tuple(a.shape), a.stride()),
+                                             (tuple(b.shape), b.stride())], tuple(out.shape))
+                    if out.stride() != want:
+                        return False
+    return ran or None
+
+
+def test_the_binary_table_is_what_sweeping_the_installed_torch_proves():
+    assert len(BINARY_ITERATED) == len(BINARY_ITERATED_NAMES)
+    proved = {_named(op) for op in _two_tensor_pointwise_overloads() if _iterator_predicts(op)}
+    assert proved == set(BINARY_ITERATED_NAMES)
+
+
+BINARY = {
+    "times_2": lambda t: t * 2,
+    "plus_row": lambda t: t + torch.ones(t.shape[-1:]),
+    "rsub_0d": lambda t: torch.tensor(3.0) - t,
+    "maximum": lambda t: torch.maximum(t, torch.zeros(t.shape)),
+    "eq": lambda t: t == 1.0,
+}
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+@pytest.mark.parametrize("layout", sorted(k for k in LAYOUTS if k != "0d"))
+def test_binary_fake_and_materialized_outputs_have_eagers_strides(op, layout):
+    def build():
+        torch.manual_seed(0)
+        return BINARY[op](LAYOUTS[layout]())
+
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    assert deferred.stride() == eager.stride()
+    real = torchdefer.materialize_tensor(deferred)
+    assert real.stride() == eager.stride() and torch.equal(real, eager)
 
 
 OPS = {
@@ -131,6 +225,9 @@ OPS = {
     "nan_to_num": torch.nan_to_num,
     "frexp_mantissa": lambda t: torch.frexp(t)[0],
     "pow": lambda t: t**2,
+    "eq_scalar": lambda t: t == 1.0,
+    "add_scalar": lambda t: torch.ops.aten.add.Scalar(t, 2),
+    "rsub_scalar": lambda t: torch.ops.aten.rsub.Scalar(t, 2),
 }
 
 

@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     rules = (layout._UNARY, layout._ITERATED)
-    off = ({}, frozenset(op for op in layout._ITERATED if op not in layout.BINARY_ITERATED))
+    off = ({}, {op: n for op, n in layout._ITERATED.items()
+                if op not in layout.BINARY_ITERATED and op not in layout.TERNARY_ITERATED})
     times: dict[str, list[float]] = {"on": [], "off": []}
     _timed(args.ops)  # warm-up
     for _ in range(args.runs):

@@ -9,6 +9,8 @@ from the installed torch, so a torch that lays
 out an op otherwise fails here, not silently.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ from torchdefer.fake._pointwise import (
     ITERATED_NAMES,
     LIKE_INPUT,
     LIKE_INPUT_NAMES,
+    TERNARY_ITERATED,
+    TERNARY_ITERATED_NAMES,
     WITH_SCALAR,
     WITH_SCALAR_NAMES,
 )
@@ -193,12 +197,56 @@ def test_the_binary_table_is_what_sweeping_the_installed_torch_proves():
     assert proved == set(BINARY_ITERATED_NAMES)
 
 
+def _three_tensor_pointwise_overloads():
+    for op in _aten_overloads():
+        schema = op._schema
+        if torch.Tag.pointwise not in op.tags or schema.is_mutable:
+            continue
+        if any(r.alias_info is not None for r in schema.returns):
+            continue
+        required = [str(a.type) for a in schema.arguments if not a.has_default_value()]
+        if required == ["Tensor"] * 3:
+            yield op
+
+
+def _iterator_predicts_three(op):
+    ran = False
+    for make in LAYOUTS.values():
+        t = make()
+        for partner in _partners(t):
+            for operands in itertools.permutations((t, partner, torch.tensor(0.5))):
+                if op._schema.name == "aten::where":
+                    operands = (operands[0] > 0.7, *operands[1:])
+                try:
+                    out = op(*operands)
+                except (RuntimeError, NotImplementedError, TypeError):
+                    continue
+                if not isinstance(out, torch.Tensor):
+                    return False
+                ran = True
+                want = iterator_strides([(tuple(a.shape), a.stride()) for a in operands],
+                                        tuple(out.shape))
+                if out.stride() != want:
+                    return False
+    return ran or None
+
+
+def test_the_ternary_table_is_what_sweeping_the_installed_torch_proves():
+    assert len(TERNARY_ITERATED) == len(TERNARY_ITERATED_NAMES)
+    proved = {_named(op) for op in _three_tensor_pointwise_overloads()
+              if _iterator_predicts_three(op)}
+    assert proved == set(TERNARY_ITERATED_NAMES)
+
+
 BINARY = {
     "times_2": lambda t: t * 2,
     "plus_row": lambda t: t + torch.ones(t.shape[-1:]),
     "rsub_0d": lambda t: torch.tensor(3.0) - t,
     "maximum": lambda t: torch.maximum(t, torch.zeros(t.shape)),
     "eq": lambda t: t == 1.0,
+    "where": lambda t: torch.where(t > 0.7, t, torch.tensor(0.0)),
+    "addcmul": lambda t: torch.addcmul(t, torch.tensor(2.0), t, value=0.5),
+    "lerp_keyword": lambda t: torch.lerp(t, end=torch.ones(t.shape[-1:]), weight=torch.tensor(0.3)),
 }
 
 

@@ -11,8 +11,9 @@ and ``.view(dtype)`` of a part of it failed where eager's worked:
 - ``LIKE_INPUT``: the kernel allocates ``empty_like(self)`` and writes it with
   ``out=`` (``hardtanh``, ``relu6``, ``nan_to_num``, ``frexp``, ...).
 
-Binary ops of two tensors (a Python number counting as a 0-d tensor)
-likewise lay out as TensorIterator does (``BINARY_ITERATED``); their meta
+Binary ops of two tensors (a Python number counting as a 0-d tensor), and
+four of three, likewise lay out as TensorIterator does (``BINARY_ITERATED``,
+``TERNARY_ITERATED``); their meta
 kernels differ in size-1 dimensions (``torch.ones(1, 37).t() * 2``).
 
 The tables are what a sweep of every pointwise overload of one tensor, and
@@ -32,7 +33,8 @@ import torch
 
 __all__ = [
     "BINARY_ITERATED", "BINARY_ITERATED_NAMES", "ITERATED", "ITERATED_NAMES", "LIKE_INPUT",
-    "LIKE_INPUT_NAMES", "WITH_SCALAR", "WITH_SCALAR_NAMES",
+    "LIKE_INPUT_NAMES", "TERNARY_ITERATED", "TERNARY_ITERATED_NAMES", "WITH_SCALAR",
+    "WITH_SCALAR_NAMES",
 ]
 
 ITERATED_NAMES = """
@@ -98,6 +100,9 @@ special_shifted_chebyshev_polynomial_v special_shifted_chebyshev_polynomial_w
 special_xlog1py special_zeta sub.Tensor tanh_backward true_divide.Tensor xlogy.Tensor
 """.split()
 
+# ops of three tensors: TensorIterator's rule over them in order
+TERNARY_ITERATED_NAMES = "addcdiv addcmul lerp.Tensor where.self".split()
+
 
 def _overloads(names: list[str]) -> frozenset[Any]:
     """The overloads named ``op`` (its ``.default``) or ``op.overload`` that this torch has."""
@@ -114,3 +119,4 @@ ITERATED = _overloads(ITERATED_NAMES)
 LIKE_INPUT = _overloads(LIKE_INPUT_NAMES)
 BINARY_ITERATED = _overloads(BINARY_ITERATED_NAMES)
 WITH_SCALAR = _overloads(WITH_SCALAR_NAMES)
+TERNARY_ITERATED = _overloads(TERNARY_ITERATED_NAMES)

@@ -57,7 +57,13 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._iterator import iterator_strides
-from torchdefer.fake._pointwise import BINARY_ITERATED, ITERATED, LIKE_INPUT, WITH_SCALAR
+from torchdefer.fake._pointwise import (
+    BINARY_ITERATED,
+    ITERATED,
+    LIKE_INPUT,
+    TERNARY_ITERATED,
+    WITH_SCALAR,
+)
 from torchdefer.fake._state import STATE
 
 __all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
@@ -94,11 +100,13 @@ _CONVOLUTIONS = frozenset({_aten.convolution, _aten._convolution})
 # Overloads whose meta kernels lay out a fresh output otherwise than
 # TensorIterator beyond size-1 dimensions (found by sweeping every pointwise
 # aten op of two tensors over transposed, broadcast and 0-d partners).
-# The binary ops of fake/_pointwise.py differ so in size-1 dimensions.
-_ITERATED = frozenset({
-    _aten.copysign.Tensor, _aten.xlogy.Tensor, _aten.special_xlog1py.default,
-    _aten.div.Tensor_mode, _aten.floor_divide.default, *BINARY_ITERATED,
-})
+# The ops of fake/_pointwise.py differ so in size-1 dimensions.
+# op -> how many leading arguments are TensorIterator's operands
+_ITERATED = {
+    **dict.fromkeys((_aten.copysign.Tensor, _aten.xlogy.Tensor, _aten.special_xlog1py.default,
+                     _aten.div.Tensor_mode, _aten.floor_divide.default), 2),
+    **dict.fromkeys(BINARY_ITERATED, 2), **dict.fromkeys(TERNARY_ITERATED, 3),
+}
 
 # Every packet eager_layout restrides (a rule added above must be added here).
 _RESTRIDED = frozenset(
@@ -129,7 +137,7 @@ def eager_layout(
     if not known[1]:
         return out
     if func in _ITERATED:
-        return _iterated(args, out)
+        return _iterated(args, _ITERATED[func], out)
     if func in _UNARY:
         return _unary(_UNARY[func], args, kwargs, out)
     packet = getattr(func, "overloadpacket", None)
@@ -175,12 +183,12 @@ def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: An
     return output, mask
 
 
-def _iterated(args: tuple, out: Any) -> Any:
-    """``out`` laid out as TensorIterator lays out a fresh output of ``args``' tensors."""
-    if not isinstance(out, torch.Tensor) or len(args) < 2:
+def _iterated(args: tuple, count: int, out: Any) -> Any:
+    """``out`` laid out as TensorIterator lays out a fresh output of the first ``count`` args."""
+    if not isinstance(out, torch.Tensor) or len(args) < count:  # one passed by keyword
         return out
     layouts = []
-    for a in args[:2]:  # a Python number is the 0-d tensor ATen wraps it in
+    for a in args[:count]:  # a Python number is the 0-d tensor ATen wraps it in
         if isinstance(a, torch.Tensor):
             layouts.append((tuple(a.shape), a.stride()))
         elif isinstance(a, (bool, int, float, complex)):

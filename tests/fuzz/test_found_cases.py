@@ -263,6 +263,42 @@ CASES: dict[str, Program] = {
         "t3.data = t1.clone()",
         "t3.requires_grad_()",
     ),)),
+    # issue 24, seed 20261126: elementwise outputs' strides in size-1 and size-0
+    # dimensions, which the meta kernels lay out otherwise than eager
+    "a_normal_through_data_of_hardtanh_of_a_movedim_view": Program(20261244, ((
+        "t1 = torch.linspace(-2, 3, 24).reshape((2, 3, 4))",
+        "t5 = torch.nn.functional.hardtanh(t1.unsqueeze(-1).movedim(-1, 0)); t6 = t5.data",
+        "t6.normal_()",
+        "nn.init.ones_(t5)",
+    ),)),
+    "a_normal_of_a_part_of_clamp_of_a_permuted_column": Program(20261399, ((
+        "t15 = torch.zeros((37,))",
+        "t16 = torch.nn.functional.hardtanh(t15.unsqueeze(0).movedim(0, 1))",
+        "t21 = t16.unsqueeze(1).unsqueeze(0).permute(2, 1, 0, 3).clamp(-1, 1)",
+        "t22 = t21[..., 1:]; t22.normal_()",
+    ),)),
+    "a_normal_of_a_part_of_softplus_of_a_movedim_view": Program(20261521, ((
+        "t1 = torch.ones((24,))",
+        "t3 = t1.unsqueeze(1).unsqueeze(0).permute(2, 1, 0) * 2; t4 = t3.transpose(0, 1)",
+        "t20 = torch.nn.functional.softplus(t4.unsqueeze(-1).movedim(-1, 0))",
+        "t21 = t20[..., 1:]; t21.normal_()",
+    ),)),
+    "a_normal_of_an_empty_part_of_a_column_times_2": Program(20261532, ((
+        "t1 = torch.ones((37,))",
+        "t3 = t1.unsqueeze(0).movedim(0, 1) * 2; t4 = t3[..., 1:]; t4.normal_()",
+    ),)),
+    "a_zeroed_relu_of_a_permuted_column_and_its_empty_part": Program(20261250, ((
+        "t5 = torch.linspace(0, 1, 5)",
+        "t14 = t5.unsqueeze(1).unsqueeze(0).permute(2, 1, 0).relu(); t15 = t14[..., 1:]",
+        "t14.zero_()",
+        "nn.init.normal_(t15, 0, 0.02)",
+    ),)),
+    "a_split_part_of_a_clamped_column_viewed_as_bytes": Program(20261300, ((
+        "t3 = torch.linspace(-2, 3, 6)",
+        "t7 = t3.unsqueeze(0).movedim(0, 1).clamp(-1, 1)",
+        "t9, t10, t11 = t7.split(2, 0)",
+        "with torch.no_grad(): t13 = t10.view(torch.uint8)",
+    ),)),
 }
 
 

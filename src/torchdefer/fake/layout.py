@@ -37,7 +37,9 @@ A few binary elementwise ops have Python meta kernels that lay out their
 output contiguous where TensorIterator keeps the inputs' order
 (``copysign``, ``xlogy``, ``div`` with a rounding mode of a transposed
 tensor): a ``reshape`` of the fake output viewed what eager copied. Those
-take TensorIterator's rule (``fake/_iterator.py``).
+take TensorIterator's rule (``fake/_iterator.py``), and so do the unary and
+binary pointwise ops whose meta kernels lay out otherwise in size-1 and size-0
+dimensions (``fake/_pointwise.py``: the sweep that proved its tables).
 
 A convolution's output is laid out by the backend ATen picks for the real
 device (mkldnn gives a channels_last input a channels_last output); its meta
@@ -55,6 +57,13 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._iterator import iterator_strides
+from torchdefer.fake._pointwise import (
+    BINARY_ITERATED,
+    ITERATED,
+    LIKE_INPUT,
+    TERNARY_ITERATED,
+    WITH_SCALAR,
+)
 from torchdefer.fake._state import STATE
 
 __all__ = ["eager_layout", "meta_twin", "non_overlapping_and_dense", "suggest_memory_format"]
@@ -91,16 +100,25 @@ _CONVOLUTIONS = frozenset({_aten.convolution, _aten._convolution})
 # Overloads whose meta kernels lay out a fresh output otherwise than
 # TensorIterator beyond size-1 dimensions (found by sweeping every pointwise
 # aten op of two tensors over transposed, broadcast and 0-d partners).
-_ITERATED = frozenset({
-    _aten.copysign.Tensor, _aten.xlogy.Tensor, _aten.special_xlog1py.default,
-    _aten.div.Tensor_mode, _aten.floor_divide.default,
-})
+# The ops of fake/_pointwise.py differ so in size-1 dimensions.
+# op -> how many leading arguments are TensorIterator's operands
+_ITERATED = {
+    **dict.fromkeys((_aten.copysign.Tensor, _aten.xlogy.Tensor, _aten.special_xlog1py.default,
+                     _aten.div.Tensor_mode, _aten.floor_divide.default), 2),
+    **dict.fromkeys(BINARY_ITERATED, 2), **dict.fromkeys(TERNARY_ITERATED, 3),
+}
 
 # Every packet eager_layout restrides (a rule added above must be added here).
 _RESTRIDED = frozenset(
     {*_SUGGESTED_FORMAT, *_COLUMN_MAJOR, *_PRESERVING, *_ROW_MAJOR, *_CONVOLUTIONS,
      _aten.native_dropout}
 )
+
+# unary pointwise overload -> how eager lays out its output (fake/_pointwise.py)
+_UNARY = {
+    **dict.fromkeys(ITERATED, "iterated"), **dict.fromkeys(WITH_SCALAR, "with_scalar"),
+    **dict.fromkeys(LIKE_INPUT, "like_input"),
+}
 
 # id(op) -> (op, whether its packet is in _RESTRIDED): asked for every op, and
 # OpOverload/OpOverloadPacket hash in Python.
@@ -114,12 +132,14 @@ def eager_layout(
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _RESTRIDED or func in _ITERATED
+        special = packet in _RESTRIDED or func in _ITERATED or func in _UNARY
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
     if func in _ITERATED:
-        return _iterated(args, out)
+        return _iterated(args, _ITERATED[func], out)
+    if func in _UNARY:
+        return _unary(_UNARY[func], args, kwargs, out)
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
@@ -163,15 +183,50 @@ def _native_dropout(func: Any, args: tuple, kwargs: dict, out: tuple, device: An
     return output, mask
 
 
-def _iterated(args: tuple, out: Any) -> Any:
-    """``out`` laid out as TensorIterator lays out a fresh output of ``args``' tensors."""
-    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
-    if not isinstance(out, torch.Tensor) or len(tensors) != 2:
+def _iterated(args: tuple, count: int, out: Any) -> Any:
+    """``out`` laid out as TensorIterator lays out a fresh output of the first ``count`` args."""
+    if not isinstance(out, torch.Tensor) or len(args) < count:  # one passed by keyword
         return out
-    stride = iterator_strides([(tuple(t.shape), t.stride()) for t in tensors], tuple(out.shape))
+    layouts = []
+    for a in args[:count]:  # a Python number is the 0-d tensor ATen wraps it in
+        if isinstance(a, torch.Tensor):
+            layouts.append((tuple(a.shape), a.stride()))
+        elif isinstance(a, (bool, int, float, complex)):
+            layouts.append(((), ()))
+        else:
+            return out
+    stride = iterator_strides(layouts, tuple(out.shape))
     if stride == out.stride():
         return out
     return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
+
+
+def _unary(rule: str, args: tuple, kwargs: dict, out: Any) -> Any:
+    """A unary pointwise op's fresh output(s) laid out as TensorIterator (with a
+    0-d operand for a scalar), or ``empty_like`` of its one tensor argument, lays
+    them out (``rule``, from ``fake/_pointwise.py``)."""
+    source = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    if source is None:
+        return out
+    size, stride = tuple(source.shape), source.stride()
+    if rule == "iterated":
+        wanted = iterator_strides([(size, stride)], size)
+    elif rule == "with_scalar":  # a 0-d operand is broadcast, so its order does not matter
+        wanted = iterator_strides([(size, stride), ((), ())], size)
+    elif 0 in size or non_overlapping_and_dense(size, stride):
+        wanted = stride
+    else:
+        fmt = suggest_memory_format(size, stride)
+        wanted = torch.empty(size, device="meta", memory_format=fmt).stride()
+    if isinstance(out, tuple):
+        return tuple(_restrided_to(o, size, wanted) for o in out)
+    return _restrided_to(out, size, wanted)
+
+
+def _restrided_to(out: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != size or out.stride() == stride:
+        return out
+    return torch.empty_strided(size, stride, dtype=out.dtype, device="meta")
 
 
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",

@@ -13,7 +13,7 @@ otherwise in more than size-1 dimensions (``fake/layout.py``).
 
 from __future__ import annotations
 
-__all__ = ["iterator_strides"]
+__all__ = ["iterator_strides", "non_overlapping_and_dense"]
 
 Layout = tuple[tuple[int, ...], tuple[int, ...]]  # (sizes, strides)
 
@@ -50,7 +50,7 @@ def _fast_setup(inputs: list[Layout], shape: tuple[int, ...]) -> tuple[int, ...]
         _, c, h, w = (max(x, 1) for x in shape)
         return (c * h * w, 1, w * c, c)
     first = inputs[-1][1]
-    if all(_dense(size, stride) and stride == first for size, stride in inputs):
+    if all(non_overlapping_and_dense(size, stride) and stride == first for size, stride in inputs):
         return first
     return None
 
@@ -68,7 +68,8 @@ def _contiguous_like(size: tuple[int, ...], stride: tuple[int, ...], order) -> b
     return True
 
 
-def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+def non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """``Tensor.is_non_overlapping_and_dense`` (not public): a permuted contiguous layout."""
     expected = 1
     for st, n in sorted((st, n) for n, st in zip(size, stride) if n != 1):
         if st != expected:

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake._iterator import iterator_strides
+from torchdefer.fake._iterator import iterator_strides, non_overlapping_and_dense
 from torchdefer.fake._pointwise import (
     BINARY_ITERATED,
     ITERATED,
@@ -304,16 +304,6 @@ def _column_major(t: Any) -> Any:
 def meta_twin(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor with ``t``'s size, strides and dtype (no data, nothing else kept)."""
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
-
-
-def non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """``Tensor.isnon_overlapping_and_dense`` (not public): a permuted contiguous layout."""
-    expected = 1
-    for st, n in sorted((st, n) for n, st in zip(size, stride) if n != 1):
-        if st != expected:
-            return False
-        expected *= n
-    return True
 
 
 def _in_suggested_format(source: Any, out: Any) -> Any:

@@ -69,7 +69,7 @@ from torchdefer.recorder.mode import suspended
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RowReplay", "Span", "contiguous_range"]
+__all__ = ["NotSliceable", "RowReplay", "Span", "contiguous_range"]
 
 
 Step = Callable[[torch.Tensor], None]

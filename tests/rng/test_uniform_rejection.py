@@ -136,14 +136,18 @@ def test_a_density_the_loops_round_differently_after_any_op_is_not_guessed(monke
     assert _loop(50, torch.float32, WINDOWS[0]).end(start) is None
 
 
-def test_only_contiguous_finite_calls_with_torchs_function_are_stepped():
-    state = torch.Generator().manual_seed(0).get_state()
+def test_only_non_overlapping_finite_calls_with_torchs_function_are_stepped():
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
     run = nn.init._no_grad_trunc_normal_
     flat = TensorInfo((64,), (1,), torch.float32)
     assert rejection_end(state, flat, 0.0, 1.0, -0.2, 0.2, run=run) is not None
     assert rejection_end(state, flat, 0.0, 1.0, -0.2, 0.2) is None  # nothing to check against
-    transposed = TensorInfo((8, 8), (1, 8), torch.float32)
-    assert rejection_end(state, transposed, 0.0, 1.0, -0.2, 0.2, run=run) is None
+    transposed = TensorInfo((8, 8), (1, 8), torch.float32)  # stepped in its memory order
+    run(torch.empty(8, 8).t(), 0.0, 1.0, -0.2, 0.2, generator=g)
+    assert torch.equal(rejection_end(state, transposed, 0.0, 1.0, -0.2, 0.2, run=run), g.get_state())
+    overlapping = TensorInfo((8, 8), (1, 1), torch.float32)
+    assert rejection_end(state, overlapping, 0.0, 1.0, -0.2, 0.2, run=run) is None
     assert rejection_end(state, flat, 0.0, 1.0, float("-inf"), -9.0, run=run) is None
 
 

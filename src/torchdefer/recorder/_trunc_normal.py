@@ -19,6 +19,7 @@ op-by-op ``trunc_normal_`` reads no data and is never wrapped at all.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -77,11 +78,13 @@ def rejection_loop(
     *, run: Callable[..., Any] | None = None,
 ) -> rejection.NormalRejection | uniform_rejection.UniformRejection | None:
     """The rejection loop ``trunc_normal_`` runs on ``tensor``, where it is known to be
-    stepped and sliced exactly (``rng.rejection``, ``rng.uniform_rejection``); None: run it.
+    stepped exactly (``rng.rejection``, ``rng.uniform_rejection``); None: run it.
 
-    Covers the ``normal_`` branch (``p > 0.3``) on 16 or more contiguous
-    elements, and the uniform branch (``p <= 0.3``) on contiguous elements of
-    any number, when ``run`` (torch's function) is given to check it against.
+    Covers both branches (``normal_`` for ``p > 0.3``, uniforms for ``p <= 0.3``)
+    on any number of elements laid out without overlap, contiguous or strided
+    (taken in their TensorIterator order); each kind of call is checked once
+    per dtype against ``run`` (torch's function), without which only the
+    ``normal_`` branch on 16 or more contiguous elements is given.
     """
     if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in (mean, std, a, b)):
         return None
@@ -91,27 +94,64 @@ def rejection_loop(
     if math.isnan(a) or math.isnan(b):
         return None
     dtype, n = tensor.dtype, tensor.numel()
-    if dtype not in _DTYPES or not tensor.is_contiguous():
+    order = _draw_order(tensor)
+    if dtype not in _DTYPES or order is None:
         return None
+    in_order, row_major = order
     if _mass(mean, std, a, b) <= 0.3:
-        return _uniform_loop(n, dtype, mean, std, a, b, run)
-    if n < 16:
+        return _uniform_loop(n, dtype, mean, std, a, b, run, in_order)
+    loop = _normal_loop(n, dtype, mean, std, a, b, in_order, row_major)
+    if loop is None:
         return None
-    words = _normal_words(dtype)
-    if words(n) is None or not rejection.chunks_match(dtype, words) or not _rows_match(dtype):
+    if not all(loop.serial):  # a round on the fill path
+        if not rejection.chunks_match(dtype, _normal_words(dtype)) or not _rows_match(dtype):
+            return None
+    if any(loop.serial) and (run is None or not _serial_match(dtype, run)):
+        return None
+    return loop
+
+
+def _normal_loop(n, dtype, mean, std, a, b, in_order, row_major):
+    """The ``normal_`` branch's loop (its premises unchecked), or None."""
+    serial = (n < 16 or not in_order, n < 16 or not row_major)
+    fill = 0 if all(serial) else _normal_words(dtype)(n)
+    if fill is None:
         return None
     lo, hi = bounds.in_dtype(a, dtype), bounds.in_dtype(b, dtype)  # as the loop casts them
-    return rejection.NormalRejection(n, dtype, mean, std, lo, hi, words(n))
+    return rejection.NormalRejection(n, dtype, mean, std, lo, hi, fill, serial, in_order)
 
 
-def _uniform_loop(n, dtype, mean, std, a, b, run) -> uniform_rejection.UniformRejection | None:
+def _draw_order(tensor: draws.TensorInfo) -> tuple[bool, bool] | None:
+    """(contiguous, dimensions in row-major order) of a tensor whose elements do not
+    overlap (checked as its dimensions nest by stride), else None.
+
+    TensorIterator draws into a tensor dimension by dimension, the smallest
+    stride innermost; ``empty_like`` keeps that order (``infer_dense_strides``,
+    the same rule), so every round of the loop takes its elements in one order:
+    the elements' own (row-major) exactly when the strides fall along the dims.
+    """
+    dims = [(st, n) for n, st in zip(tensor.size, tensor.stride) if n != 1]
+    if 0 in tensor.size:
+        return True, True
+    extent = 0  # the farthest element offset over the dims nested so far
+    for stride, n in sorted(dims):
+        if stride <= extent:
+            return None  # overlapping, or too intricate to tell: run it
+        extent += (n - 1) * stride
+    strides = [st for st, _ in dims]
+    return tensor.is_contiguous(), all(x > y for x, y in itertools.pairwise(strides))
+
+
+def _uniform_loop(n, dtype, mean, std, a, b, run, in_order):
     """The uniform branch, where its premises hold on this torch (checked once per dtype)."""
     if run is None or not (math.isfinite(a) and math.isfinite(b) and a <= b):
         return None  # eager's uniform_ refuses infinite or reversed bounds: run it
     words = _uniform_words(dtype)
     if words(n) is None or not uniform_rejection.premises_hold(dtype, run, words):
         return None
-    return uniform_rejection.UniformRejection(n, dtype, mean, std, a, b, words(n))
+    if not in_order and not _strided_uniform_match(dtype, run):
+        return None
+    return uniform_rejection.UniformRejection(n, dtype, mean, std, a, b, words(n), in_order)
 
 
 def rejection_end(state: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
@@ -142,6 +182,71 @@ def _rows_match(dtype: torch.dtype) -> bool:
 
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _layouts(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Small tensors of the layouts the loops step: under 16 elements, strided in
+    row-major order, transposed (dense), and strided across the dims."""
+    def fresh(*size: int) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device="cpu")
+
+    return (
+        fresh(1), fresh(5), fresh(15), fresh(6, 10)[:, ::2], fresh(8, 6).t(),
+        fresh(10, 8).t()[:, ::2], fresh(3, 4, 5).permute(2, 0, 1)[1:],
+    )
+
+
+def _start(seed: int, cached: bool) -> torch.Generator:
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    if cached:  # leaves a double normal cached, which the serial path takes first
+        torch.empty(1, dtype=torch.float64, device="cpu").normal_(generator=generator)
+    return generator
+
+
+@functools.cache
+def _serial_match(dtype: torch.dtype, run: Callable[..., Any]) -> bool:
+    """Whether ``NormalRejection`` on the cached-normal path (small or strided tensors)
+    ends where ``run`` (torch's function) does, with or without a cached sample, and
+    its rows of a small tensor are eager's (checked once per dtype)."""
+    for k, tensor in enumerate(_layouts(dtype)):
+        for cached in (False, True):
+            generator = _start(k, cached)
+            start = generator.get_state()
+            with torch.no_grad():
+                run(tensor, 0.1, 1.0, -1.0, 1.2, generator=generator)
+            info = draws.TensorInfo(tuple(tensor.shape), tensor.stride(), dtype)
+            order = _draw_order(info)
+            loop = None if order is None else _normal_loop(
+                tensor.numel(), dtype, 0.1, 1.0, -1.0, 1.2, *order
+            )
+            if loop is None:
+                return False
+            if not torch.equal(loop.end(start, chunk=4), generator.get_state()):
+                return False
+            if loop.in_order:
+                part = torch.empty(max(0, loop.n - 1), dtype=dtype, device="cpu")
+                loop.rows(1, loop.n, part, functools.partial(mt19937.advance, start), 2)
+                if not torch.equal(part, tensor.reshape(-1)[1:]):
+                    return False
+    return True
+
+
+@functools.cache
+def _strided_uniform_match(dtype: torch.dtype, run: Callable[..., Any]) -> bool:
+    """Whether the uniform loop on strided tensors ends where ``run`` does (checked once)."""
+    for k, tensor in enumerate(_layouts(dtype)[3:]):
+        generator = _start(k, False)
+        start = generator.get_state()
+        with torch.no_grad():
+            run(tensor, 0.0, 1.0, -0.3, 0.3, generator=generator)
+        words = _uniform_words(dtype)(tensor.numel())
+        loop = uniform_rejection.UniformRejection(
+            tensor.numel(), dtype, 0.0, 1.0, -0.3, 0.3, words, False  # type: ignore[arg-type]
+        )
+        end = loop.end(start, chunk=8)
+        if end is None or not torch.equal(end, generator.get_state()):
+            return False
+    return True
 
 
 @functools.cache

@@ -11,11 +11,16 @@ ever held. Later rounds draw only the chunks that hold a waiting index and jump
 over the others, and every round ends by a jump of the draw model's word count,
 so the result is a generator state, exactly where eager's loop leaves it.
 
-This relies on the CPU fill path of ``normal_`` (16 or more contiguous
-elements: Box-Muller blocks of 16 from consecutive uniforms, the last 16
-elements made again from the call's last 16 uniforms when the count is not a
-multiple of 16; see ``rng.ranges``), checked once per dtype on the installed
-torch against a whole ``normal_`` (:func:`chunks_match`).
+Each round takes one of ``normal_``'s two CPU paths, and the loop knows which:
+the fill path (16 or more contiguous elements: Box-Muller blocks of 16 from
+consecutive uniforms, the last 16 elements made again from the call's last 16
+uniforms when the count is not a multiple of 16; see ``rng.ranges``), checked
+once per dtype on the installed torch against a whole ``normal_``
+(:func:`chunks_match`); or the cached-normal path (fewer than 16 elements, or
+strided ones: ``rng._cached_normal``), whose cached sample carries from round
+to round and is left in the generator as eager's loop leaves it. A strided
+tensor's elements are taken in its TensorIterator order, the same in every
+round: ``empty_like`` keeps the dimension order, and so does ``where``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchdefer.rng import mt19937
+from torchdefer.rng import _cached_normal, mt19937
 
 __all__ = ["CHUNK", "NormalRejection", "chunks_match", "normal_rejection_end"]
 
@@ -38,10 +43,23 @@ def _per_uniform(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
 
 
+_START = "start"  # the loop's first state's own cached sample (a round-state cache)
+
+
 @dataclass(frozen=True, slots=True)
 class NormalRejection:
-    """One rejection loop of whole-tensor ``normal_(mean, std)`` rounds on ``n`` contiguous
-    elements, keeping each element's first value in ``[lo, hi]`` (bounds in the dtype)."""
+    """One rejection loop of whole-tensor ``normal_(mean, std)`` rounds on ``n`` elements,
+    keeping each element's first value in ``[lo, hi]`` (bounds in the dtype).
+
+    Elements are counted by *position*: their place in the draw order, the same
+    in every round (the tensor's TensorIterator order: ``empty_like`` and
+    ``where`` keep its dimension order). ``serial`` says whether the first round
+    and the later ones take the cached-normal path (``rng._cached_normal``:
+    fewer than 16 elements, or a non-contiguous tensor, or later rounds on the
+    dense ``empty_like`` of one not in row-major order); else the fill path.
+    ``in_order``: positions are the elements' indices (a contiguous tensor),
+    which :meth:`rows` needs.
+    """
 
     n: int
     dtype: torch.dtype
@@ -49,53 +67,89 @@ class NormalRejection:
     std: float
     lo: float
     hi: float
-    round_words: int  # words one round's normal_ draws (the draw model's)
+    round_words: int  # words one fill-path round's normal_ draws (the draw model's)
+    serial: tuple[bool, bool] = (False, False)
+    in_order: bool = True
 
-    def end(self, state: torch.Tensor) -> torch.Tensor:
+    def end(self, state: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
         """The generator state after the loop, started from ``state``."""
-        return normal_rejection_end(
-            state, self.n, self.dtype, self.mean, self.std, self.lo, self.hi, self.round_words
-        )
+        state_at = functools.partial(mt19937.advance, state)
+        word, cache, _ = self._loop(state_at, 0, self.n, None, chunk)
+        return _round_state(state_at, word, cache)
 
     def rows(
         self, s: int, e: int, out: torch.Tensor, state_at: Callable[[int], torch.Tensor],
         chunk: int | None = None,
-    ) -> int:
-        """The final values of elements ``[s, e)`` into ``out``; returns elements drawn.
+    ) -> int | None:
+        """The final values of elements ``[s, e)`` into ``out``; returns elements drawn
+        (None where positions are not the elements' indices: nothing written).
 
         ``state_at(words)`` is the generator state ``words`` past the loop's first
-        word (one jump a round). The first round draws the range straight into
-        ``out``, chunk by chunk; later rounds draw only the chunks holding an
-        element still rejected, and the rounds stop when every element of the
-        range is accepted: a row shard pays its own rounds, not the tensor's.
+        word, with the first state's cached sample (one jump a round). The first
+        round draws the range straight into ``out``, chunk by chunk; later rounds
+        draw only the chunks holding an element still rejected, and the rounds
+        stop when every element of the range is accepted: a row shard pays its
+        own rounds, not the tensor's.
         """
-        waiting: torch.Tensor | None = None
-        drawn, first_word = 0, 0
-        draw = (self.n, self.dtype, self.mean, self.std, self.round_words, chunk or CHUNK)
+        if not self.in_order:
+            return None
+        return self._loop(state_at, s, e, out, chunk)[2]
+
+    def _loop(self, state_at, s, e, out, chunk) -> tuple[int, object, int]:
+        """Rounds until every position of ``[s, e)`` is accepted: (word, cache) where the
+        round after the last starts, and values drawn."""
+        waiting: torch.Tensor | None = None  # sorted positions still rejected; None: all
+        word, cache, drawn, first = 0, _START, 0, True
+        if self.n == 0:
+            return word, cache, drawn
         while waiting is None or waiting.numel():
+            start = _round_state(state_at, word, cache)
+            serial = self.serial[0] if first else self.serial[1]
             rejected = []
-            for a, values, indices in _round(state_at(first_word), *draw, waiting, s, e):
+            for a, values, indices in self._draw(start, serial, waiting, s, e, chunk):
                 drawn += values.numel()
                 if indices is None:  # first round: every value in place, rejected or not
-                    out[a - s : a - s + values.numel()] = values
+                    if out is not None:
+                        out[a - s : a - s + values.numel()] = values
                     rejected.append(self._rejected(values).nonzero().reshape(-1) + a)
                     continue
                 mine = values[indices - a]
                 bad = self._rejected(mine)
-                out[indices[~bad] - s] = mine[~bad]
+                if out is not None:
+                    out[indices[~bad] - s] = mine[~bad]
                 rejected.append(indices[bad])
             waiting = torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64)
-            first_word += self.round_words
-        return drawn
+            word, cache = self._next(start, word, cache, serial)
+            first = False
+        return word, cache, drawn
+
+    def _draw(self, start, serial, waiting, s, e, chunk):
+        args = (self.n, self.dtype, self.mean, self.std)
+        if serial:
+            return _cached_normal.round_values(start, *args, chunk or CHUNK, waiting, s, e)
+        blocks = max(_BLOCK, (chunk or CHUNK) // _BLOCK * _BLOCK)  # the fill path's blocks whole
+        return _round(start, *args, self.round_words, blocks, waiting, s, e)
+
+    def _next(self, start, word, cache, serial) -> tuple[int, object]:
+        """Where the next round starts: its word, and its cached sample."""
+        if not serial:  # the fill path leaves the cache as it found it
+            return word + self.round_words, cache
+        drawn, cached = _cached_normal.words(self.n, mt19937.cache_valid(start))
+        return word + drawn, (word + drawn - 4 if cached else None)
 
     def _rejected(self, values: torch.Tensor) -> torch.Tensor:
         return (values < self.lo) | (values > self.hi)
 
-    def _run(self, out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        generator = torch.Generator(device="cpu")
-        generator.set_state(state)
-        out.normal_(self.mean, self.std, generator=generator)
-        return generator.get_state()
+
+def _round_state(state_at: Callable[[int], torch.Tensor], word: int, cache: object):
+    """The state at ``word`` with the cached sample ``cache``: the first state's
+    (``_START``), none (None), or the sine of the pair drawn at word ``cache``."""
+    if cache == _START:
+        return state_at(word)
+    if cache is None:
+        return _cached_normal.without_cache(state_at(word))
+    pair = _cached_normal.without_cache(state_at(cache))  # type: ignore[arg-type]
+    return mt19937.advance(_cached_normal.one_normal(pair), word - cache - 4)  # type: ignore[operator]
 
 
 def normal_rejection_end(
@@ -109,7 +163,8 @@ def normal_rejection_end(
     round_words: int,
     chunk: int | None = None,
 ) -> torch.Tensor:
-    """The CPU generator state after the rejection loop on ``n`` contiguous elements.
+    """The CPU generator state after the rejection loop on ``n`` contiguous elements
+    (16 or more: every round on the fill path).
 
     Args:
         state: the generator's state when the loop starts.
@@ -119,21 +174,8 @@ def normal_rejection_end(
         round_words: words one whole-tensor ``normal_`` draws (the draw model's).
         chunk: elements drawn at a time (a multiple of 16; default :data:`CHUNK`).
     """
-    chunk = chunk or CHUNK
-    waiting: torch.Tensor | None = None  # sorted indices still rejected; None: all
-    while True:
-        rejected = []
-        for first, values, indices in _round(
-            state, n, dtype, mean, std, round_words, chunk, waiting
-        ):
-            if indices is not None:  # only the waiting elements' values matter
-                values = values[indices - first]
-            bad = ((values < lo) | (values > hi)).nonzero().reshape(-1)
-            rejected.append(bad + first if indices is None else indices[bad])
-        state = mt19937.advance(state, round_words)
-        waiting = torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64)
-        if waiting.numel() == 0:
-            return state
+    loop = NormalRejection(n, dtype, mean, std, lo, hi, round_words)
+    return loop.end(state, chunk)
 
 
 def _round(state, n, dtype, mean, std, round_words, chunk, waiting, lo=0, hi=None):

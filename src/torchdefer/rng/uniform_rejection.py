@@ -57,7 +57,13 @@ def _per_element(dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True, slots=True)
 class UniformRejection:
-    """The uniform loop of ``trunc_normal_(mean, std, a, b)`` on ``n`` contiguous elements.
+    """The uniform loop of ``trunc_normal_(mean, std, a, b)`` on ``n`` elements.
+
+    Elements are counted by position in the draw order: a strided tensor's
+    TensorIterator order, in which both its candidates and the acceptance
+    uniforms of its ``empty_like`` are drawn (the dimension order is kept), and
+    in which the arithmetic runs on dense buffers (``in_order``: a contiguous
+    tensor, whose positions are its elements' indices).
 
     ``words`` is what one whole-tensor ``uniform_`` draws (the draw model's);
     a round draws twice that.
@@ -70,6 +76,7 @@ class UniformRejection:
     a: float
     b: float
     words: int
+    in_order: bool = True  # positions are the elements' indices (else: rows gives None)
 
     @property
     def log_peak(self) -> float:
@@ -102,6 +109,8 @@ class UniformRejection:
         still waiting, and stop when the range is done: a row shard pays its own
         rounds only.
         """
+        if not self.in_order:
+            return None
         waiting: torch.Tensor | None = None
         drawn, round_word = 0, 0
         while waiting is None or waiting.numel():

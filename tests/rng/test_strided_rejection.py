@@ -159,3 +159,21 @@ def test_deferring_steps_the_loop_and_runs_nothing_whole(init, monkeypatch):
     torch.manual_seed(3)
     torchdefer.deferred_init(lambda: init(torch.empty(20, 8)))
     assert torch.equal(torch.default_generator.get_state(), eager)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("window", NORMAL + UNIFORM)
+def test_under_16_elements_the_end_is_torchs_loop_on_as_many_contiguous_ones(
+    dtype, cached, window
+):
+    from torchdefer.recorder._trunc_normal import rejection_end
+
+    views = [lambda e: e(15, 3)[:, 1], lambda e: e(2, 7).t(), lambda e: e(1),
+             lambda e: e(4, 9)[::2, ::3]]  # fmt: skip
+    for k, view in enumerate(views):
+        t = view(lambda *size: torch.empty(*size, dtype=dtype))
+        g = _start(k, cached)
+        start = g.get_state()
+        want = _eager_end(t, window, g)
+        assert torch.equal(rejection_end(start, _info(t), *window, run=RUN), want)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -154,11 +155,28 @@ def _uniform_loop(n, dtype, mean, std, a, b, run, in_order):
     return uniform_rejection.UniformRejection(n, dtype, mean, std, a, b, words(n), in_order)
 
 
-def rejection_end(state: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
-    """The CPU state after ``trunc_normal_(*args, **kwargs)`` from ``state``, learnt in
-    bounded memory; None where that is not known to be exact (``run=``: torch's function)."""
-    loop = rejection_loop(*args, **kwargs)
-    return None if loop is None else loop.end(state)
+def rejection_end(
+    state: torch.Tensor, tensor: draws.TensorInfo, mean: Any, std: Any, a: Any, b: Any,
+    generator: Any = None, *, run: Callable[..., Any] | None = None,
+) -> torch.Tensor | None:
+    """The CPU state after ``trunc_normal_(tensor, mean, std, a, b)`` from ``state``,
+    learnt in bounded memory; None where that is not known to be exact (``run``:
+    torch's function)."""
+    loop = rejection_loop(tensor, mean, std, a, b, generator, run=run)
+    if loop is None:
+        return None
+    if loop.n < 16 and run is not None:
+        # Every round on the cached-normal (or the serial uniform) path, whatever
+        # the layout: torch's own loop on as many contiguous elements ends where
+        # the call does (checked: _serial_match), and costs less than stepping.
+        private = torch.Generator(device="cpu")
+        private.set_state(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager warned at the call already
+            run(torch.empty(loop.n, dtype=loop.dtype, device="cpu"),
+                float(mean), float(std), float(a), float(b), generator=private)  # fmt: skip
+        return private.get_state()
+    return loop.end(state)
 
 
 @functools.cache

@@ -92,15 +92,27 @@ class RngReplay:
         # in the tensors it writes; in-place rrelu does so for ``self``.
         every_written = isinstance(op, Composite) and op.steps is None
         first_written = getattr(op, "overloadpacket", None) in _DRAWS_READ_WRITTEN
-        reads = iter(node.reads)
-        leaves = []
+        reads = list(node.reads)
+        values = [leaf for leaf in node.leaves if isinstance(leaf, Value)]
+        # The contents of every written argument, replayed together: they share
+        # storage where eager's did (a composite may read through one what it
+        # wrote through another, and draw as many numbers as what it reads).
+        contents = [(v, r) for v, r in zip(values, reads) if id(v.storage) in written]
+        reals: dict[int, torch.Tensor] = {}
+        if every_written and contents:
+            reals = dict(zip(map(id, (v for v, _ in contents)), self.replay.nested(contents)))
+        reads_iter = iter(reads)
+        leaves: list = []
+        copies: dict[int, torch.UntypedStorage] = {}  # real storage -> its own copy
         for leaf in node.leaves:
             if isinstance(leaf, Value):
-                version = next(reads)
+                version = next(reads_iter)
                 if id(leaf.storage) in written:
-                    if every_written or (first_written and not leaves):
+                    if every_written:
+                        leaf = _own_view(reals[id(leaf)], copies)
+                    elif first_written and not leaves:
                         real = self.replay.nested([(leaf, version)])[0]
-                        leaf = _own_copy(leaf.meta, real, device)
+                        leaf = _own_view(real, copies)
                     else:
                         leaf = self._scratch_tensor(leaf.meta, device)
                 else:  # e.g. the probabilities of bernoulli_(p_tensor): needs real values
@@ -111,13 +123,19 @@ class RngReplay:
         return unflatten_call(leaves, node.spec)
 
 
-def _own_copy(meta: TensorMeta, real: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``real``'s values in memory of their own, laid out as ``meta`` (not the shared scratch)."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(meta.size, meta.stride) if n > 0)
-    nbytes = extent * meta.dtype.itemsize if all(meta.size) else 0
-    out = torch.empty(0, dtype=meta.dtype, device=device)
-    out.set_(torch.UntypedStorage(nbytes, device=device), 0, meta.size, meta.stride)
-    return out.copy_(real)
+def _own_view(real: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> torch.Tensor:
+    """``real`` as a view of a copy of its whole storage, one copy per storage.
+
+    Arguments that share a written storage (``fn(w, w[0])``) must share it in
+    the scratch run as in eager's: how far such a function moves the generator
+    may depend on what it reads through one after writing through the other.
+    """
+    storage = real.untyped_storage()
+    own = copies.get(storage.data_ptr())
+    if own is None:
+        own = copies[storage.data_ptr()] = storage.clone()
+    out = torch.empty(0, dtype=real.dtype, device=real.device)
+    return out.set_(own, real.storage_offset(), real.size(), real.stride())
 
 
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:

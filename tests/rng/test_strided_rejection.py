@@ -161,6 +161,26 @@ def test_deferring_steps_the_loop_and_runs_nothing_whole(init, monkeypatch):
     assert torch.equal(torch.default_generator.get_state(), eager)
 
 
+def test_a_cached_normal_op_after_a_stepped_loop_is_placed_not_run(monkeypatch):
+    # Whether the loop's end holds a cached sample is read from that end.
+    def never(self, node, state):
+        raise AssertionError(f"{node.name} was run whole into scratch")
+
+    monkeypatch.setattr(RngReplay, "run_into_scratch", never)
+
+    def program(defer):
+        def build():
+            a, b = torch.zeros(20, 8), torch.zeros(6, 4)
+            nn.init.trunc_normal_(a.t(), mean=0.1, std=1.0, a=-1.0, b=1.2)
+            nn.init.normal_(b[:, :3])  # cached normals: 12 strided elements
+            nn.init.normal_(b[0, :3])  # and 3 more, after an even count or an odd one
+            return a, b, torch.randn(5)
+
+        return defer(build)
+
+    check_program(program, order=[2, 1, 0])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("window", NORMAL + UNIFORM)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from torchdefer.rng import mt19937, philox
+from torchdefer.rng.draws import Effect
 from torchdefer.rng.stream import (
     ANCHOR,
     CallReader,
@@ -133,7 +134,15 @@ class RngStates:
         layout = epoch.layouts[model]
         start = layout.end
         layout.starts.append(start)
-        after = advance(start, call_effect(node, model, self.reader), layout.anchor_cache)
+        effect = call_effect(node, model, self.reader)
+        after = advance(start, effect, layout.anchor_cache)
+        if after is None and _cache_asked(effect, start, layout, model):
+            # Cached normals after a call whose end was learnt, not counted (a
+            # stepped rejection loop): whether its end holds a cached sample is
+            # read from that end, rather than running this call too.
+            anchor = self.state_at(stream, epoch, model, Position(start.anchor, 0))
+            layout.anchor_cache = mt19937.cache_valid(anchor)
+            after = advance(start, effect, layout.anchor_cache)
         if after is None:  # not countable: the end of this call is the new anchor
             after = Position(len(layout.starts) - 1, 0)
             layout.anchor_cache = None
@@ -285,6 +294,12 @@ class RngStates:
             other = self.layout(origin, restored, model)
             position = [*other.starts, other.end][boundaries.index(position)]
         return self.state_at(origin, restored, model, position)
+
+
+def _cache_asked(effect: Any, start: Position, layout: Layout, model: str) -> bool:
+    """Whether a countable call failed only for not knowing the anchor's cached sample."""
+    return (model == "cpu" and isinstance(effect, Effect) and effect.normals > 0
+            and start.cache == ANCHOR and layout.anchor_cache is None and start.anchor >= 0)
 
 
 class CrossDeviceRestoreWarning(UserWarning):

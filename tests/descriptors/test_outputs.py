@@ -147,8 +147,8 @@ def test_output_keys_survive_save_and_load(tmp_path):
         return Named(x + 1, P(x, x.sum(0)))
 
     p = torchdefer.script(f, {"x": ROWS})
-    torchdefer.save(p, tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp")
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp")
     assert q.output_descriptors == p.output_descriptors
     assert q.output_descriptors.extra.type is P
     x = torch.randn(5, 4)
@@ -184,8 +184,8 @@ LLAMA = textwrap.dedent("""
                 torch.testing.assert_close((a.keys, a.values), (e.keys, e.values))
     check(p)  # builds the 1x1 case too, so the file holds it
     path = os.path.join(tempfile.mkdtemp(), "llama.tdp")
-    torchdefer.save(p, path)
-    q = torchdefer.load(path)
+    torchdefer.save_program(p, path)
+    q = torchdefer.load_program(path)
     assert q.output_descriptors == d
     check(q)
     print("ok")
@@ -243,4 +243,4 @@ def test_a_program_with_object_inputs_says_a_file_cannot_hold_them(tmp_path):
     p = torchdefer.script(sum_p, d)
     with pytest.raises(TypeError, match=r"cannot be saved in a program file: it describes a P "
                                         r"without building one"):
-        torchdefer.save(p, tmp_path / "p.tdp")
+        torchdefer.save_program(p, tmp_path / "p.tdp")

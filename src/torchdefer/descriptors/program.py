@@ -45,7 +45,7 @@ Backend = Literal["export", "jit"]
 class Program:
     """A callable specialized to input descriptors; checks every call.
 
-    Built by :func:`script` or :func:`~torchdefer.load`; not constructed directly.
+    Built by :func:`script` or :func:`~torchdefer.load_program`; not constructed directly.
 
     Attributes:
         backend: ``"export"`` or ``"jit"``.
@@ -67,7 +67,7 @@ class Program:
                               method=method, variadic=variadic)
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
         self._target = target  # what export traces for a new case (None: loaded, or jit)
-        self._unbuilt: str | None = None  # why script() built no graph, for save()
+        self._unbuilt: str | None = None  # why script() built no graph, for save_program()
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
@@ -104,7 +104,7 @@ class Program:
                 f"({case}): each export graph covers the sizes and values it was traced for "
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
                 "model; script it again, or call the scripted program with such inputs once "
-                "before save() so the file holds it")
+                "before save_program() so the file holds it")
         concrete = concrete_trees(self._params, facts, fixed)
         runner = export_backend.build(self._target, self._params, concrete, self._ranges,
                                       self._weights, self.qualname, sizes or {})
@@ -150,9 +150,9 @@ class Program:
         why = self._unbuilt or (
             f"its descriptors leave {_blocking(self._params)} open")
         raise MissingGraph(
-            f"save(): the {self.qualname} program holds no graph yet ({why}), so the file could "
-            "run no call. Call the program once with each kind of input you will run (each call "
-            "builds its case) before save(), or script it with the dtypes to build: "
+            f"save_program(): the {self.qualname} program holds no graph yet ({why}), so the file "
+            "could run no call. Call the program once with each kind of input you will run (each "
+            "call builds its case) before save_program(), or script it with the dtypes to build: "
             "script(..., dtypes=[torch.float32, ...]), or describe what is open")
 
     @property
@@ -173,7 +173,7 @@ class Program:
     def with_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> Program:
         """The same program running with weights from ``source``.
 
-        Use it after :func:`~torchdefer.load` of a program saved without
+        Use it after :func:`~torchdefer.load_program` of a program saved without
         weights (from a deferred model): pass the materialized module or its
         ``state_dict()``.
 
@@ -226,7 +226,7 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
             the dtypes to build graphs for at ``script()`` time (every open
             dtype takes each in turn), besides the default dtype's, which is
             tried too. A graph is otherwise built by the first call of its
-            case, and only built graphs go into :func:`~torchdefer.save`.
+            case, and only built graphs go into :func:`~torchdefer.save_program`.
 
     Returns:
         A :class:`Program` that checks each call, then runs the specialized graph.

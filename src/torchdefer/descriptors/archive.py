@@ -72,6 +72,7 @@ from torchdefer.descriptors.outputs import OutputRecipe
 from torchdefer.descriptors.program import Program
 from torchdefer.descriptors.tree import Param, from_json, to_json
 from torchdefer.descriptors.weights import Weights, has_data
+from torchdefer.errors import UsageError, UsageTypeError
 from torchdefer.fake.layout import meta_twin
 
 __all__ = ["load", "load_program", "save", "save_program"]
@@ -100,8 +101,8 @@ def save_program(program: Program, path: str | os.PathLike[str]) -> None:
         torch.Size([4, 2])
     """
     if not isinstance(program, Program):
-        raise TypeError("save_program() takes a program from torchdefer.script(), got "
-                        f"{type(program).__name__}")
+        raise UsageTypeError("save_program() takes a program from torchdefer.script(), got "
+                             f"{type(program).__name__}")
     program._saveable()  # a file without a graph could run nothing
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
@@ -117,8 +118,9 @@ def save_program(program: Program, path: str | os.PathLike[str]) -> None:
         try:  # say it now rather than write a file load_program() refuses
             check_torchscript_code(files["program.ts"])
         except ForbiddenOperator as e:
-            raise TypeError(f"save_program(): the TorchScript of {program.qualname}: {e}; "
-                            "load_program() would refuse the file, so it is not written") from None
+            raise UsageTypeError(
+                f"save_program(): the TorchScript of {program.qualname}: {e}; "
+                "load_program() would refuse the file, so it is not written") from None
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
         except TypeError:
@@ -193,7 +195,7 @@ def load_program(path: str | os.PathLike[str], *, allow_torchscript: bool = Fals
         ranges = {n: (lo, hi) for n, lo, hi in header["ranges"]}
         MetaTensorType(dim_ranges=ranges)  # checks them
         if backend not in ("export", "jit") or not all(isinstance(p, Param) for p in params):
-            raise ValueError(f"backend {backend!r} or parameters {params!r}")
+            raise UsageError(f"backend {backend!r} or parameters {params!r}")
         variants = list(header["variants"]) if backend == "export" else []
         outputs = header.get("outputs") and from_json(header["outputs"])
     if backend == "jit":
@@ -236,7 +238,7 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
         constants = _tensors(members, f"graph{i}.constants.pt", name)
         with _reading(name, member):
             if not isinstance(graph, dict):
-                raise ValueError("not a JSON object")
+                raise UsageError("not a JSON object")
             if graph.get("guards_code"):
                 raise UnsafeExpression("it carries guards_code, Python source torch would exec")
             check_graph_json(graph)  # before torch resolves any name in it
@@ -259,8 +261,9 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
         try:  # say it now rather than write a file load_program() refuses
             check_graph_module(ep.graph_module)
         except ForbiddenOperator as e:
-            raise TypeError(f"save_program(): graph {i} of {program.qualname}: {e}; "
-                            "load_program() would refuse the file, so it is not written") from None
+            raise UsageTypeError(
+                f"save_program(): graph {i} of {program.qualname}: {e}; "
+                "load_program() would refuse the file, so it is not written") from None
         try:
             live = dict(zip(runner.held, runner.resolve()))
         except RuntimeError:  # deferred or unbound: store metadata only
@@ -271,10 +274,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
         if not ep.graph_signature.output_specs:  # torch's serializer fails on it (unpacking)
-            raise TypeError(f"save_program(): graph {i} of {program.qualname} returns only "
-                            "constants (no tensor or size computed by the graph), which "
-                            "torch.export's serializer cannot write; return a tensor as well, or "
-                            "save a program whose outputs depend on its inputs")
+            raise UsageTypeError(
+                f"save_program(): graph {i} of {program.qualname} returns only "
+                "constants (no tensor or size computed by the graph), which "
+                "torch.export's serializer cannot write; return a tensor as well, or "
+                "save a program whose outputs depend on its inputs")
         graph = json.loads(compat.serialize(ep, meta_twin))
         if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
             graph["guards_code"] = []  # coverage replaces it
@@ -282,8 +286,8 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
         constants = {}
         for n, c in ep.constants.items():
             if not isinstance(c, torch.Tensor):
-                raise TypeError(f"save_program(): constant {n!r} of the program is a "
-                                f"{type(c).__name__}; only tensor constants can be saved")
+                raise UsageTypeError(f"save_program(): constant {n!r} of the program is a "
+                                     f"{type(c).__name__}; only tensor constants can be saved")
             constants[n] = weights[n] if n in weights else c.detach()
         files[f"graph{i}.constants.pt"] = _bytes(torch.save, constants)
         variants.append({"case": to_json(case), "coverage": runner.coverage.to_json(),

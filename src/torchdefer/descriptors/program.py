@@ -36,6 +36,7 @@ from torchdefer.descriptors.errors import MissingGraph
 from torchdefer.descriptors.meta_tensor_type import DimRange
 from torchdefer.descriptors.tree import Node, Param, parameters, tensors
 from torchdefer.descriptors.weights import Weights
+from torchdefer.errors import InternalError, UsageError, UsageTypeError
 
 __all__ = ["Backend", "Program", "script"]
 
@@ -90,7 +91,8 @@ class Program:
             if not missing:
                 return runner
             if all(fixed.get(k) == v for k, v in missing.items()):
-                raise RuntimeError(f"{self.qualname}: a graph built for {fixed} does not cover it")
+                raise InternalError(f"{self.qualname}: the graph built for {fixed} does not cover "
+                                    "the call it was built for; please report this")
             fixed.update(missing)
 
     def _add(self, facts: tuple, fixed: dict, sizes: dict | None = None) -> Any:
@@ -128,7 +130,7 @@ class Program:
             facts = _default_facts(self._params, module, dtype)
             if facts is None:
                 if dtypes:
-                    raise TypeError(
+                    raise UsageTypeError(
                         f"script(..., dtypes={list(dtypes)}): the descriptors of {self.qualname} "
                         f"also leave {_blocking(self._params)} open, so no case can be "
                         "built before a call; describe them, or call the program once per case")
@@ -187,8 +189,8 @@ class Program:
             torch.Size([1, 2])
         """
         if self.backend != "export":
-            raise TypeError("with_weights() rebinds export programs; a jit program runs with "
-                            "the weights it was scripted (or saved) with")
+            raise UsageTypeError("with_weights() rebinds export programs; a jit program runs with "
+                                 "the weights it was scripted (or saved) with")
         module = source if isinstance(source, torch.nn.Module) else None
         new = copy.copy(self)
         new._weights = Weights(module=module, tensors=None if module is not None else dict(source))
@@ -248,14 +250,14 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
         MetaTensorType(shape=['b', 4], dtype=torch.float32, device='cpu', layout=torch.strided)
     """
     if backend not in ("export", "jit"):
-        raise ValueError(f"backend must be 'export' or 'jit', got {backend!r}")
+        raise UsageError(f"backend must be 'export' or 'jit', got {backend!r}")
     if isinstance(dtypes, torch.dtype) or not all(isinstance(d, torch.dtype) for d in dtypes):
-        raise TypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
+        raise UsageTypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):
-        raise TypeError("script() takes an nn.Module or a function, got "
-                        f"{type(model_or_fn).__name__}")
+        raise UsageTypeError("script() takes an nn.Module or a function, got "
+                             f"{type(model_or_fn).__name__}")
     qualname, params = parameters(fn, input_descriptors)
     ranges = merge_ranges([leaf for p in params for leaf in tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})

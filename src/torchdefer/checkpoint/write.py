@@ -61,10 +61,11 @@ def save_state_dict(
 
     For a deferred model the values are those eager construction gives (then
     ``.to(dtype)``), bit for bit, and the model stays deferred. Peak memory:
-    the largest tensor (as replayed, before conversion) plus 256 MiB for
-    safetensors; for DCP, which takes whole converted tensors and still holds
-    the previous one when it asks for the next, up to two consecutive tensors
-    and a converted copy. Replaying overlaps with writing (a writer thread).
+    the largest tensor (as replayed, before conversion) plus 256 MiB of small
+    tensors made while a big one is written; for DCP, whose files hold whole
+    ``torch.save``'d tensors, plus the converted copy of the tensor being
+    converted when ``dtype`` converts. Replaying overlaps with writing (a
+    writer thread), and each tensor is released once written.
 
     Args:
         model: a module, deferred (:func:`torchdefer.deferred_init`), materialized,

@@ -118,7 +118,7 @@ def save_state_dict(
         _dcp_writer.check_available()
     plan = plan_write(model, format, dtype)
     if plan.hf and format == "safetensors":
-        _hf_files.check_no_conversions(model)
+        plan.entries = _hf_files.saved_layout(model, plan.entries)
     staging = destination.parent / f".{destination.name}.partial-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:

@@ -66,8 +66,8 @@ class _Tracker:
             self.track(out)
             return out
 
-        def tracked_make(entry, cast):
-            out = make(entry, cast)
+        def tracked_make(entry, cast, replay=None):
+            out = make(entry, cast, replay)
             self.track(out)
             return out
 

@@ -43,14 +43,25 @@ __all__ = ["check_available", "placeholders", "streaming_writer", "write_dcp"]
 
 
 def write_dcp(directory: Path, entries: list[Entry], extras: dict[str, Any],
-              pipeline: Pipeline) -> None:
-    """The writer thread: ``dcp.save`` of placeholders, each tensor from ``pipeline``."""
+              pipeline: Pipeline, placeholder: Callable[[Entry], Any] | None = None,
+              ranks: bool = False) -> None:
+    """The writer thread: ``dcp.save`` of placeholders, each tensor from ``pipeline``.
+
+    ``placeholder(entry)`` is what DCP plans from (default: a meta tensor of the
+    entry's shape and written dtype; a sharded model's: a DTensor around one).
+    ``ranks``: every rank of the default process group writes its entries into
+    ``directory`` (the same path on every rank), as ``dcp.save`` does.
+    """
     import torch.distributed.checkpoint as dcp
 
-    state = placeholders(entries, lambda e: torch.empty(e.shape, dtype=e.dtype, device="meta"))
+    state = placeholders(entries, placeholder or _meta)
     state.update(extras)
     writer = streaming_writer(directory, entries, pipeline)
-    dcp.save(state, storage_writer=writer, no_dist=True)
+    dcp.save(state, storage_writer=writer, no_dist=not ranks)
+
+
+def _meta(entry: Entry) -> torch.Tensor:
+    return torch.empty(entry.shape, dtype=entry.dtype, device="meta")
 
 
 def placeholders(entries: list[Entry], make: Callable[[Entry], Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -33,6 +34,8 @@ ALL = [
     "fsdp2_model_written_by_every_rank_loads_as_eager_unsharded_and_resharded",
     "fsdp2_model_written_in_bfloat16_loads_as_eager_then_to_bfloat16",
     "tensor_parallel_model_written_by_every_rank_loads_as_eager",
+    "hsdp_replicas_are_written_once_by_the_first_replica",
+    "each_rank_holds_one_local_tensor_at_a_time_while_writing",
     "safetensors_of_a_sharded_model_is_refused_saying_to_use_dcp",
     "a_non_empty_destination_is_refused_on_every_rank",
 ]
@@ -143,6 +146,64 @@ def tensor_parallel_model_written_by_every_rank_loads_as_eager(rank: int, world:
     parallelize_module(model, mesh, plan, src_data_rank=None)
     _quiet(torchdefer.save_state_dict, model, path, format="dcp")
     _loads_unsharded_as(path, _eager().state_dict())
+    files = _files(path)
+    assert files["w1.weight"] == {f"__{r}_0.distcp" for r in range(world)}, files
+    # w2.bias is Replicate (every rank holds it whole), freqs a plain buffer: rank 0's.
+    assert files["w2.bias"] == files["freqs"] == {"__0_0.distcp"}, files
+
+
+def hsdp_replicas_are_written_once_by_the_first_replica(rank: int, world: int) -> None:
+    """HSDP over a (world, 1) mesh: every rank holds every parameter (Replicate, Shard over
+    one rank); only the replica at coordinate 0 writes, and nothing is written twice."""
+    path = _path("hsdp")
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    model = _deferred()
+    for layer in (model.w1, model.w2):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _quiet(torchdefer.save_state_dict, model, path, format="dcp")
+    _loads_unsharded_as(path, _eager().state_dict())
+    files = _files(path)
+    assert set().union(*files.values()) == {"__0_0.distcp"}, files
+
+
+def each_rank_holds_one_local_tensor_at_a_time_while_writing(rank: int, world: int) -> None:
+    """The storages of the tensors a rank makes are tracked by weak reference: with no
+    slack, the ones alive plus the next never exceed the rank's largest local tensor."""
+    from torchdefer.checkpoint import write
+    from torchdefer.distributed import save
+
+    model = _fsdp2(_deferred())
+    largest = max(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes
+                  for t in model.state_dict().values())
+    made, over = [], []
+    replay = save._replay_shard
+
+    def tracked(local, name):
+        alive = {id(s): s for s in (r() for r in made)
+                 if s is not None and torch._C._storage_Use_Count(s._cdata) > 0}
+        held = sum(s.nbytes() for s in alive.values()) + local.nbytes
+        if held > largest:
+            over.append(f"{name}: {held} > {largest}")
+        out = replay(local, name)
+        made.append(weakref.ref(out.untyped_storage()))
+        return out
+
+    save._replay_shard, slack, write._SLACK_BYTES = tracked, write._SLACK_BYTES, 0
+    try:
+        _quiet(torchdefer.save_state_dict, model, _path("tracked"), format="dcp")
+    finally:
+        save._replay_shard, write._SLACK_BYTES = replay, slack
+    assert made and not over, over
+
+
+def _files(path: Path) -> dict[str, set[str]]:
+    """{tensor name: the files holding its chunks}."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    files: dict[str, set[str]] = {}
+    for index, info in metadata.storage_data.items():
+        files.setdefault(index.fqn, set()).add(info.relative_path)
+    return files
 
 
 def safetensors_of_a_sharded_model_is_refused_saying_to_use_dcp(rank: int, world) -> None:

@@ -128,6 +128,9 @@ def fsdp2_model_written_by_every_rank_loads_as_eager_unsharded_and_resharded(
     for name, tensor in model.state_dict().items():
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         assert torch.equal(full, eager.state_dict()[name]), name
+    # Once materialized, its real shards are written as they are.
+    _quiet(torchdefer.save_state_dict, model, _path("fsdp2-real"), format="dcp")
+    _loads_unsharded_as(_path("fsdp2-real"), eager.state_dict())
 
 
 def fsdp2_model_written_in_bfloat16_loads_as_eager_then_to_bfloat16(rank: int, world) -> None:

@@ -15,6 +15,10 @@ Two formats:
 * ``"dcp"``: a ``torch.distributed.checkpoint`` directory, loadable by
   ``dcp.load`` into the model's state dict (a torchtitan seed checkpoint).
 
+Sharded models (DTensor parameters: FSDP2, tensor parallel) are written as
+DCP by every rank, each its own shards (:mod:`torchdefer.distributed.save`,
+installed by the top-level package).
+
 The files are written to a hidden sibling directory that is renamed to
 ``path`` once complete, so a failed save leaves nothing at ``path``.
 """
@@ -95,6 +99,16 @@ def save_state_dict(
     Returns:
         ``path``, as a :class:`~pathlib.Path`.
 
+    A transformers model is written under the names ``save_pretrained`` writes:
+    where it reverts weight conversions that only rename (ViT, Llava, GraniteMoe),
+    under the renamed names; conversions that compute tensors from several
+    (Mixtral's fused experts) are refused in safetensors.
+
+    A sharded model (DTensor parameters: FSDP2, tensor parallel, HSDP) is
+    written with ``format="dcp"`` by calling this on every rank with the same
+    ``path``: each rank writes its own shards (a chunk several ranks hold, once),
+    and ``dcp.load`` reads the directory under any parallelism.
+
     Ties (one tensor under several names) are written once in safetensors, under
     the name ``save_pretrained`` keeps (``from_pretrained`` re-ties from the
     config; :func:`torchdefer.load_state_dict` fills every name), and under
@@ -103,9 +117,10 @@ def save_state_dict(
     Raises:
         CheckpointExistsError: ``path`` is a file or a non-empty directory.
         CheckpointWriteError: an unknown format, a bad ``max_shard_size``, a
-            dtype safetensors cannot hold, ties or aliases the format cannot express.
+            dtype safetensors cannot hold, ties or aliases the format cannot express,
+            a transformers weight conversion that is not a rename (safetensors).
         CheckpointUsageError: ``dtype`` is not a floating point or complex
-            torch dtype, or the model is sharded.
+            torch dtype, or a sharded model in safetensors format.
 
     >>> import tempfile, torch, torchdefer
     >>> _ = torch.manual_seed(0)

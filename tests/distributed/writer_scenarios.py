@@ -80,8 +80,8 @@ def _eager(seed: int = 0) -> Tiny:
     return Tiny()
 
 
-def _deferred() -> Tiny:
-    torch.manual_seed(0)
+def _deferred(seed: int = 0) -> Tiny:
+    torch.manual_seed(seed)
     return torchdefer.deferred_init(Tiny)
 
 
@@ -124,6 +124,12 @@ def fsdp2_model_written_by_every_rank_loads_as_eager_unsharded_and_resharded(
     for name, tensor in eager.state_dict().items():
         got = state[name].full_tensor() if isinstance(state[name], DTensor) else state[name]
         assert torch.equal(got, tensor), f"{name}: resharded load differs from eager"
+    # torchdefer.load_state_dict into a deferred model sharded the same way.
+    target = _fsdp2(_deferred(seed=5))
+    torchdefer.load_state_dict(target, path, strict=True)
+    for name, tensor in target.state_dict().items():
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        assert torch.equal(full, eager.state_dict()[name]), f"{name}: torchdefer load differs"
     torchdefer.materialize_module(model)  # and it still materializes as eager
     for name, tensor in model.state_dict().items():
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

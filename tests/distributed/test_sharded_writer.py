@@ -1,4 +1,4 @@
-"""``save_state_dict(format="dcp")`` of sharded deferred models on 2 gloo ranks
+"""``save_state_dict(format="dcp")`` of sharded deferred models on 2 and 4 gloo ranks
 (``writer_scenarios.py``).
 
 Every rank writes its own shards, no rank holds the model, and ``dcp.load``
@@ -32,6 +32,21 @@ def outcomes(tmp_path_factory) -> dict[str, list[str]]:
         del os.environ["TORCHDEFER_TEST_CHECKPOINTS"]
 
 
+@pytest.fixture(scope="module")
+def outcomes_on_four(tmp_path_factory) -> dict[str, list[str]]:
+    os.environ["TORCHDEFER_TEST_CHECKPOINTS"] = str(tmp_path_factory.mktemp("written4"))
+    try:
+        return run_scenarios(4, writer_scenarios.FOUR, tmp_path_factory.mktemp("world4"),
+                             module="writer_scenarios")
+    finally:
+        del os.environ["TORCHDEFER_TEST_CHECKPOINTS"]
+
+
 @pytest.mark.parametrize("scenario", writer_scenarios.ALL)
 def test_a_sharded_deferred_model_is_written_by_every_rank(outcomes, scenario):
     assert not outcomes[scenario], "\n".join(outcomes[scenario])
+
+
+@pytest.mark.parametrize("scenario", writer_scenarios.FOUR)
+def test_a_model_on_a_two_by_two_mesh_is_written_by_every_rank(outcomes_on_four, scenario):
+    assert not outcomes_on_four[scenario], "\n".join(outcomes_on_four[scenario])

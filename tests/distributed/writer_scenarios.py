@@ -38,6 +38,13 @@ ALL = [
     "each_rank_holds_one_local_tensor_at_a_time_while_writing",
     "safetensors_of_a_sharded_model_is_refused_saying_to_use_dcp",
     "a_non_empty_destination_is_refused_on_every_rank",
+    "a_partial_placement_is_refused_before_anything_is_written",
+]
+
+# On 4 ranks (2 x 2 meshes): replicas that hold distinct shards.
+FOUR = [
+    "hsdp_on_a_two_by_two_mesh_writes_each_shard_once",
+    "tensor_parallel_and_fsdp2_on_a_two_by_two_mesh_load_as_eager",
 ]
 
 DIM, HIDDEN, VOCAB = 16, 24, 37  # 37 rows: uneven FSDP2 shards, rank 1's padded
@@ -241,3 +248,52 @@ def a_non_empty_destination_is_refused_on_every_rank(rank: int, world: int) -> N
     dist.barrier()
     assert sorted(p.name for p in path.iterdir()) == ["keep.txt"]
     assert not any(p.name.startswith(".taken.partial") for p in path.parent.iterdir())
+
+
+def hsdp_on_a_two_by_two_mesh_writes_each_shard_once(rank: int, world: int) -> None:
+    """(Replicate, Shard(0)): ranks 0 and 1 hold the two shards, ranks 2 and 3 the same
+    again; only the first replica (ranks 0 and 1) writes."""
+    path = _path("hsdp4")
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = _deferred()
+    for layer in (model.w1, model.w2):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _quiet(torchdefer.save_state_dict, model, path, format="dcp")
+    _loads_unsharded_as(path, _eager().state_dict())
+    files = _files(path)
+    assert files["w1.weight"] == {"__0_0.distcp", "__1_0.distcp"}, files
+    assert set().union(*files.values()) <= {"__0_0.distcp", "__1_0.distcp"}, files
+
+
+def tensor_parallel_and_fsdp2_on_a_two_by_two_mesh_load_as_eager(rank: int, world) -> None:
+    path = _path("tp-fsdp4")
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    model = _deferred()
+    plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    parallelize_module(model, mesh["tp"], plan, src_data_rank=None)
+    for layer in (model.w1, model.w2):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    _quiet(torchdefer.save_state_dict, model, path, format="dcp")
+    _loads_unsharded_as(path, _eager().state_dict())
+
+
+def a_partial_placement_is_refused_before_anything_is_written(rank: int, world: int) -> None:
+    from torch.distributed.tensor import Partial
+
+    from torchdefer.checkpoint import CheckpointWriteError
+
+    path = _path("partial")
+    mesh = init_device_mesh("cpu", (world,))
+    model = _fsdp2(_deferred())
+    pending = DTensor.from_local(torch.ones(3), mesh, [Partial()], run_check=False)
+    model.register_buffer("pending", pending)
+    try:
+        _quiet(torchdefer.save_state_dict, model, path, format="dcp")
+    except CheckpointWriteError as e:
+        assert "'pending'" in str(e) and "pending reduction" in str(e), str(e)
+    else:
+        raise AssertionError("a Partial placement was written")
+    dist.barrier()
+    assert not path.exists()

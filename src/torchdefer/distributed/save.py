@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor
 
 from torchdefer.checkpoint import _dcp_writer
 from torchdefer.checkpoint.errors import CheckpointUsageError
@@ -115,7 +115,7 @@ def _plan(model: nn.Module, dtype: torch.dtype | None,
 def _writes(tensor: DTensor, name: str) -> bool:
     """Whether this rank writes its chunk of ``tensor``: the first replica of it."""
     for placement in tensor.placements:
-        if not isinstance(placement, (Shard, Replicate)):
+        if placement.is_partial():
             raise CheckpointWriteError(
                 f"'{name}' has placement {placement} ({tensor.placements}): a pending "
                 "reduction, not a value eager construction gives. Redistribute it to "
@@ -123,8 +123,10 @@ def _writes(tensor: DTensor, name: str) -> bool:
     coordinate = tensor.device_mesh.get_coordinate()
     if coordinate is None:  # this rank is not in the tensor's mesh: it holds nothing
         return False
+    # Shard and _StridedShard (TP + FSDP2) dimensions split the tensor; DCP's planner
+    # computes each chunk's offsets from the placements.
     return all(c == 0 for c, p in zip(coordinate, tensor.placements, strict=True)
-               if isinstance(p, Replicate))
+               if p.is_replicate())
 
 
 def _check_local(local: torch.Tensor, name: str) -> None:

@@ -114,6 +114,7 @@ def streaming_writer(directory: Path, entries: list[Entry], pipeline: Pipeline) 
             results = []
             for name in entry.names:
                 for item in tensor_items.pop(name, ()):
+                    _check_whole(item, tensor)
                     results.append(compat.dcp_write_item(self, f, tensor, item, file_name))
             del tensor  # before done(): the pipeline may then make the next one
             if compat.torch_save_keeps_storages():
@@ -122,6 +123,18 @@ def streaming_writer(directory: Path, entries: list[Entry], pipeline: Pipeline) 
             return results
 
     return StreamingWriter(str(directory))
+
+
+def _check_whole(item: Any, tensor: torch.Tensor) -> None:
+    """DCP plans one item per tensor (per local shard): never write a whole tensor for
+    a part of one."""
+    sizes = tuple(item.tensor_data.chunk.sizes)
+    if sizes != tuple(tensor.shape):
+        raise RuntimeError(
+            f"torch.distributed.checkpoint planned '{item.index.fqn}' as a chunk of shape "
+            f"{sizes}, but its tensor here has shape {tuple(tensor.shape)}; this torch "
+            f"{torch.__version__} plans differently from what torchdefer's DCP writer "
+            "supports. Please report it; meanwhile use format='safetensors'.")
 
 
 def _dense_cpu(tensor: torch.Tensor) -> torch.Tensor:

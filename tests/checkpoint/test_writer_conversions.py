@@ -120,3 +120,13 @@ def test_dcp_writes_a_converted_model_under_its_module_names(tmp_path):
     dcp.load(state, checkpoint_id=str(out), no_dist=True)
     for name, tensor in eager.state_dict().items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_a_model_from_pretrained_is_written_with_the_conversions_it_was_loaded_with(tmp_path):
+    cls, config = _vit()
+    eager, _ = _both(cls, config)
+    eager.save_pretrained(tmp_path / "first")
+    loaded = cls.from_pretrained(tmp_path / "first")  # keeps its _weight_conversions
+    out = torchdefer.save_state_dict(loaded, tmp_path / "ours")
+    loaded.save_pretrained(tmp_path / "hf")
+    _same_files(out, tmp_path / "hf")

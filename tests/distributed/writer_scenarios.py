@@ -39,6 +39,7 @@ ALL = [
     "safetensors_of_a_sharded_model_is_refused_saying_to_use_dcp",
     "a_non_empty_destination_is_refused_on_every_rank",
     "a_partial_placement_is_refused_before_anything_is_written",
+    "a_refusal_on_one_rank_is_a_refusal_on_every_rank",
 ]
 
 # On 4 ranks (2 x 2 meshes): replicas that hold distinct shards.
@@ -295,5 +296,26 @@ def a_partial_placement_is_refused_before_anything_is_written(rank: int, world: 
         assert "'pending'" in str(e) and "pending reduction" in str(e), str(e)
     else:
         raise AssertionError("a Partial placement was written")
+    dist.barrier()
+    assert not path.exists()
+
+
+def a_refusal_on_one_rank_is_a_refusal_on_every_rank(rank: int, world: int) -> None:
+    """Rank 1's local tensor has no values (meta): rank 1 says so, the others name it, and
+    no rank waits in a collective the other never reaches."""
+    from torchdefer.checkpoint import CheckpointWriteError
+
+    path = _path("one-rank")
+    mesh = init_device_mesh("cpu", (world,))
+    model = _fsdp2(_deferred())
+    local = torch.empty(2, device="meta" if rank == 1 else "cpu")
+    model.register_buffer("odd", DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
+    try:
+        _quiet(torchdefer.save_state_dict, model, path, format="dcp")
+    except CheckpointWriteError as e:
+        expected = "'odd'" if rank == 1 else "failed on rank 1"
+        assert expected in str(e) and "meta" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {rank} did not refuse")
     dist.barrier()
     assert not path.exists()

@@ -62,7 +62,12 @@ def save_sharded(model: nn.Module, path: Path, *, dtype: torch.dtype | None,
             f"{type(model).__name__} has DTensor parameters but torch.distributed is not "
             "initialized; call save_state_dict on every rank after init_process_group.")
     rank = dist.get_rank()
-    entries, specs, extras = _plan(model, dtype, rank)
+    try:
+        entries, specs, extras = _plan(model, dtype, rank)
+        failure = None
+    except Exception as e:  # told to every rank, so that none waits in a collective
+        failure = e
+    _refuse_together(failure)
     staging = _staging(path, rank)
     try:
         run_pipeline(entries, progress, cast=True, replay=_replay_shard,
@@ -183,6 +188,17 @@ def _staging(path: Path, rank: int) -> Path:
     if kind == "error":
         raise failure if failure is not None else CheckpointExistsError(text)
     return Path(text)
+
+
+def _refuse_together(failure: Exception | None) -> None:
+    """Raise on every rank if the plan failed on any: its own error, or the first rank's."""
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, None if failure is None else f"{failure}")
+    if failure is not None:
+        raise failure
+    for rank, message in enumerate(outcomes):
+        if message is not None:
+            raise CheckpointWriteError(f"save_state_dict failed on rank {rank}: {message}")
 
 
 def _raise_together(error: str | None) -> None:

@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from torchdefer.checkpoint import load_state_dict, save_state_dict, set_distributed_loader
+from torchdefer.checkpoint.write import set_sharded_writer
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
@@ -92,8 +93,15 @@ def _load_distributed(module: Any, source: Any, **options: Any) -> Any:
     return loader(module, source, **options)
 
 
+def _save_sharded(model: Any, path: Any, **options: Any) -> Any:
+    # Models with DTensor tensors: each rank writes its shards (distributed extension).
+    writer = importlib.import_module("torchdefer.distributed.save").save_sharded
+    return writer(model, path, **options)
+
+
 set_sharded_materializer(_materialize_sharded)
 set_distributed_loader(_load_distributed)
+set_sharded_writer(_save_sharded)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,7 @@ from torch import nn
 
 from torchdefer import _compat
 from torchdefer.fake.device import device_available
+from torchdefer.materialize import parallel
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
@@ -36,6 +37,7 @@ def materialize_tensor(
     device: torch.device | str | None = None,
     *,
     dtype: torch.dtype | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """The real tensor a deferred tensor stands for.
 
@@ -51,6 +53,9 @@ def materialize_tensor(
             with ``device="cuda"`` gets eager CUDA's values).
         dtype: convert a floating point (or complex) result to this dtype, as
             ``t.to(dtype)`` would; other tensors keep theirs.
+        threads: threads that draw a large CPU random fill, each a chunk of
+            it from its own jumped generator state (same bits; see
+            :mod:`torchdefer.materialize.parallel`); None: ``torch.get_num_threads()``.
 
     Returns:
         The real tensor, with the values eager construction would have given:
@@ -64,13 +69,15 @@ def materialize_tensor(
     True
     """
     check_dtype(dtype)
+    threads = parallel.check_threads(threads, "materialize_tensor")
     if not isinstance(tensor, DeferredTensor):
         return cast(tensor, dtype)
     device = None if device is None else torch.device(device)
     memo = tensor.__dict__.setdefault("_materialized", {})
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        raw = _materialize(tensor, device, None)
+        with parallel.threads_used(threads):
+            raw = _materialize(tensor, device, None)
         with suspended():  # inside deferred_init, the conversion is real, not recorded
             memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
@@ -84,6 +91,7 @@ def materialize_module(
     buffers_only: bool = False,
     check_fn: Callable[[nn.Module], bool] | None = None,
     progress: ProgressSpec = None,
+    threads: int | None = None,
 ) -> M:
     """Materialize the deferred tensors of ``module`` and its descendants, in place.
 
@@ -119,6 +127,12 @@ def materialize_module(
             and the work takes over two seconds; ``True``/``False`` always/never;
             a callable gets a :class:`~torchdefer.materialize.progress.ProgressEvent`
             per tensor instead.
+        threads: threads that draw each large CPU random fill (``normal_``,
+            ``uniform_`` ... of a million elements or more), each a chunk of
+            it from its own jumped generator state, into the tensor; the bits
+            and the generator states are eager's (see
+            :mod:`torchdefer.materialize.parallel`). None:
+            ``torch.get_num_threads()``; 1: every call drawn whole.
 
     Returns:
         ``module`` itself (typed as the module you passed).
@@ -142,6 +156,12 @@ def materialize_module(
             f"materialize_module(module, buffers_only={device})."
         )
     check_dtype(dtype)
+    threads = parallel.check_threads(threads, "materialize_module")
+    with parallel.threads_used(threads):
+        return _materialize_module(module, device, dtype, buffers_only, check_fn, progress)
+
+
+def _materialize_module(module: M, device, dtype, buffers_only, check_fn, progress) -> M:
     device = None if device is None else torch.device(device)
     sharded = _sharded_paths(module)
     if sharded:

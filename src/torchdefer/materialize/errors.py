@@ -9,6 +9,7 @@ __all__ = [
     "ExternalTensorModifiedError",
     "ReplayError",
     "SwapError",
+    "ThreadsError",
     "UntaggedRandomOpError",
     "with_context",
 ]
@@ -38,6 +39,10 @@ class UntaggedRandomOpError(ReplayError):
 
 class SwapError(TorchdeferError, RuntimeError):
     """A real tensor could not take the place of a deferred one in a module."""
+
+
+class ThreadsError(TorchdeferError, ValueError):
+    """``threads=`` of a materialization is not a positive int or None."""
 
 
 # One combined class per original exception class, so that the same failure

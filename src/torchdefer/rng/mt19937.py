@@ -51,8 +51,13 @@ ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
 CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
 NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _FLOAT_VALID = 5052  # next_float_normal_sample's flag
-# Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
+# Up to here drawing for real is cheaper than a jump whose power of x is new
+# (~3 ns a word vs 5-40 ms). A jump whose power was computed before (the same
+# number of refills: chunks of equal size, layers of equal shape) costs ~2 ms
+# (the window XORs), cheaper than drawing from _WARM_LIMIT words on.
 _DRAW_LIMIT = 1 << 22
+_WARM_LIMIT = 1 << 20
+_WARM_MAX = 256  # as gf2.x_power_mod's cache: beyond it a power may be gone again
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
 _WINDOWS_PER_CHUNK = 512  # windows XORed at a time in a jump (1.3 MB)
 
@@ -102,14 +107,25 @@ def advance(state: torch.Tensor, words: int) -> torch.Tensor:
     """``state`` with its engine ``words`` draws of 32 bits further on."""
     if words < 0:
         raise ValueError(f"cannot move a generator back ({words} words)")
-    if words <= _DRAW_LIMIT or not layout_known():
+    if words <= _WARM_LIMIT or not layout_known():
         return _draw(state, words)
     consumed = N - words_left_in_block(state)
     target = consumed + words
     blocks = (target - 1) // N
+    if words <= _DRAW_LIMIT and blocks not in _warm:
+        return _draw(state, words)
     with one_thread():
         array = _refills_ahead(array_of(state), blocks)
+    if len(_warm) >= _WARM_MAX:
+        _warm.clear()
+    _warm.add(blocks)
     return with_engine(state, array, target - N * blocks)
+
+
+# Refill counts whose jump polynomial was computed already (gf2 caches it).
+# A set shared by threads: adding and clearing are atomic under the GIL, and a
+# wrong answer only chooses the slower of two exact ways.
+_warm: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -170,7 +186,7 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
     state, so ``w[n + 1 + j] = XOR of w[i + 1 + j]`` over the set coefficients
     ``i`` of ``x**n mod P``; the array wanted is ``w[624 * blocks + j]``.
     """
-    if blocks <= _DRAW_LIMIT // N:
+    if blocks <= _WARM_LIMIT // N:
         return _sequence(array, blocks)[N * blocks :]
     coefficients = x_power_mod(N * blocks - 1)
     words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)

@@ -1,0 +1,171 @@
+"""Large CPU random fills drawn on several threads: the ``threads=`` of materialization.
+
+``materialize_module(model, threads=N)`` (and ``materialize_tensor``,
+``replay_value``, the row path of sharded ranks) draws each large random
+call of the replay in up to ``N`` chunks, each on its own thread from its own
+generator state reached by jump-ahead, into a view of the output. The bits
+are eager's, and the generator state after the call is the one the whole call
+leaves: ``rng.chunks`` says which calls split where and why the others do
+not. Everything else in a replay runs as before, one op after the other.
+
+``threads`` defaults to ``torch.get_num_threads()`` (what torch's intra-op
+setting allows). ``threads=1`` draws every call whole.
+
+>>> import torch, torchdefer
+>>> _ = torch.manual_seed(0); eager = torch.nn.Linear(1024, 1024)
+>>> _ = torch.manual_seed(0); lazy = torchdefer.deferred_init(torch.nn.Linear, 1024, 1024)
+>>> _ = torchdefer.materialize_module(lazy, threads=2)
+>>> torch.equal(lazy.weight, eager.weight)
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchdefer.materialize._overwrites import writes_first_argument
+from torchdefer.materialize.errors import ThreadsError
+from torchdefer.rng import chunks, ranges
+from torchdefer.rng.draws import NORMAL_BLOCKS
+
+__all__ = ["check_threads", "current_threads", "min_chunk", "split_draw", "threads_used"]
+
+# The threads of the materialization running in this context (None: torch's
+# intra-op setting), and the smallest chunk (tests lower it to split small calls).
+_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "torchdefer_threads", default=None
+)
+_min_chunk: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "torchdefer_min_chunk", default=chunks.MIN_CHUNK
+)
+
+
+def check_threads(threads: Any, where: str) -> int | None:
+    """``threads`` if it is None or a positive int; a :class:`ThreadsError` naming ``where``."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ThreadsError(
+            f"{where}(threads={threads!r}): threads is the number of threads drawing "
+            "large random fills, a positive int (1 draws each call whole), or None for "
+            f"torch.get_num_threads() (now {torch.get_num_threads()})."
+        )
+    return threads
+
+
+@contextlib.contextmanager
+def threads_used(threads: int | None) -> Iterator[None]:
+    """Replays in this block draw large CPU fills on ``threads`` threads (None: the default).
+
+    An inner block with ``threads=None`` keeps the outer block's setting.
+    """
+    if threads is None:
+        yield
+        return
+    token = _threads.set(threads)
+    try:
+        yield
+    finally:
+        _threads.reset(token)
+
+
+def current_threads() -> int:
+    """The threads a replay here may draw one call on."""
+    threads = _threads.get()
+    return torch.get_num_threads() if threads is None else threads
+
+
+@contextlib.contextmanager
+def min_chunk(elements: int) -> Iterator[None]:
+    """Split calls into chunks of as few as ``elements`` (for tests and benchmarks)."""
+    token = _min_chunk.set(elements)
+    try:
+        yield
+    finally:
+        _min_chunk.reset(token)
+
+
+def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor,
+               args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Draw random ``node`` in chunks on threads: ``(output, state after)``; None if whole.
+
+    Only CPU calls into a contiguous tensor of at least two chunks, whose
+    class of call ``rng.ranges`` has checked slices on this torch, and which
+    draw from a private generator (one borrowed default generator cannot
+    serve two threads).
+    """
+    threads = current_threads()
+    floor = _min_chunk.get()
+    if threads < 2 or device.type != "cpu":
+        return None
+    if not node.outputs or len(node.outputs) != 1:
+        return None
+    meta = node.outputs[0].meta
+    out = _drawn_into(node, args)
+    if out is None and not _plain_factory_output(node):
+        return None
+    n = math.prod(meta.size)
+    if n < 2 * floor or not _private_generator(node, stream, args, kwargs):
+        return None
+    from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
+
+    packet = getattr(node.op, "overloadpacket", None)
+    if packet not in _PER_ELEMENT and packet not in _BLOCKS:
+        return None
+    try:
+        call = _LocalCall(node, device)
+    except NotSliceable:
+        return None
+    effect = call.effect_of(n)
+    if effect is None or effect.normals:
+        return None
+    model = ranges.element_model(call.key, packet in NORMAL_BLOCKS, call.effect_of, call.run,
+                                 call.dtype, device)
+    if model is None:
+        return None
+    starts = chunks.bounds(n, model, threads, floor)
+    if len(starts) < 3:
+        return None
+    if out is None:  # a factory: its output as eager's (contiguous, not pinned)
+        out = torch.empty(meta.size, dtype=meta.dtype, device=device)
+    elif not out.is_contiguous() or tuple(out.shape) != tuple(meta.size):
+        return None
+    after = chunks.draw_chunks(model, out.view(-1), state, call.run, starts)
+    return out, after
+
+
+def _drawn_into(node: Any, args: tuple) -> torch.Tensor | None:
+    """The tensor an in-place random op writes (its ``self``); None for a factory."""
+    if writes_first_argument(node.op) and args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    return None
+
+
+def _plain_factory_output(node: Any) -> bool:
+    """Whether a factory's recorded output is what ``torch.empty(size)`` gives:
+    contiguous, at offset 0, on its own storage, not page-locked."""
+    value = node.outputs[0]
+    meta = value.meta
+    if writes_first_argument(node.op) or value.storage.pinned or meta.offset:
+        return False
+    return tuple(meta.stride) == _contiguous_strides(meta.size)
+
+
+def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _private_generator(node: Any, stream: Any, args: tuple, kwargs: dict) -> bool:
+    from torchdefer.materialize.rng import takes_generator
+
+    return stream.generator is not None or takes_generator(node, args, kwargs)

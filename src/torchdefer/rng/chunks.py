@@ -1,0 +1,111 @@
+"""One random call drawn in chunks, each on its own thread from its own jumped state.
+
+PyTorch's CPU generator is one serial stream, so an eager ``normal_`` of a
+billion elements runs on one core. Where a call's elements take their words
+at fixed places (``rng.ranges``: per element, or Box-Muller blocks of 16),
+elements ``[s, e)`` can be drawn from the state ``words * s`` words on,
+reached by jump-ahead (``mt19937.advance``), independently of the others:
+
+* **per element** (``uniform_``, ``random_``, ``bernoulli_(p)``,
+  ``exponential_`` ... where the measured model says ``a`` words an element
+  and nothing else): any element is a boundary;
+* **Box-Muller blocks** (``normal_``/``randn`` on 16 or more contiguous
+  elements): a chunk starts at a multiple of 16, so its blocks are the call's
+  blocks, and the last chunk keeps the tail rule (the last 16 elements made
+  again from the call's last 16 uniforms) by running exactly as the call's
+  end does; it always has 16 elements or more.
+
+Chunk starts are also multiples of 624 words (one mt19937 refill): the jump
+polynomial then depends only on the distance, not on where in its refill the
+call starts, so tensors of one shape share their jumps' powers of ``x``
+(``gf2`` caches them) and a jump costs ~2 ms instead of ~20.
+
+Calls that do not split run whole: the cached-normal path (fewer than 16 or
+strided ``normal_``, ``log_normal_``), ``bernoulli_`` with MKL (one seed word
+for the whole call), rejection loops and other composites whose draws depend
+on values, ``randperm``, and anything the draw model does not know. A
+stepped rejection loop (``rng.rejection``) could split by its steps later.
+
+The last chunk's end state is the call's end state: the generator is left
+where one eager call leaves it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from torchdefer.rng import mt19937
+from torchdefer.rng.ranges import BLOCK, ElementModel
+
+__all__ = ["MIN_CHUNK", "bounds", "draw_chunks"]
+
+# Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of
+# x known, up to ~40 ms for a new one) and a thread; float32 normal_ draws
+# ~2.5 ns an element here, so 1M elements (~2.5 ms) pay for a known jump
+# (bench/results/parallel.md measures the threshold).
+MIN_CHUNK = 1 << 20
+
+Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def bounds(n: int, model: ElementModel, threads: int, min_chunk: int = MIN_CHUNK) -> list[int]:
+    """Chunk starts of a call of ``n`` elements, then ``n``: ``[0, c, 2c, ..., n]``.
+
+    At most ``threads`` chunks of at least ``min_chunk`` elements each; one
+    chunk (``[0, n]``) where splitting cannot pay or is not safe.
+    """
+    step = _alignment(model)
+    parts = min(threads, n // max(min_chunk, 1))
+    if parts < 2 or n < 2 * max(step, BLOCK):
+        return [0, n]
+    size = -(-n // parts)  # ceil
+    size = -(-size // step) * step
+    starts = list(range(0, n, size))
+    if model.blocks and n - starts[-1] < BLOCK:
+        starts.pop()  # the tail rule needs 16 elements in the last chunk
+    return [*starts, n]
+
+
+def _alignment(model: ElementModel) -> int:
+    """Elements between chunk starts: whole refills of words (and whole blocks)."""
+    per_refill = mt19937.N // math.gcd(mt19937.N, model.words)
+    return math.lcm(per_refill, BLOCK) if model.blocks else per_refill
+
+
+def draw_chunks(
+    model: ElementModel,
+    out: torch.Tensor,
+    state: torch.Tensor,
+    run: Runner,
+    starts: list[int],
+) -> torch.Tensor:
+    """Draw a whole call into the 1-D contiguous ``out`` from ``state``, chunk by chunk.
+
+    ``starts`` comes from :func:`bounds`; ``run(view, state)`` draws the call
+    at ``view``'s length into it and returns the state after. Chunk ``k``
+    jumps to its first word and draws on a thread of its own; intra-op
+    parallelism is off meanwhile (the chunks are the parallelism, and the
+    fill kernels are serial). Returns the state after the last chunk: where
+    the call drawn whole leaves the generator.
+    """
+    pieces = list(itertools.pairwise(starts))
+    if len(pieces) == 1:
+        return run(out, state)
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def chunk(s: int, e: int) -> torch.Tensor:
+        # Grad and inference mode are per thread: the caller's hold here too.
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            start = state if s == 0 else mt19937.advance(state, model.words * s)
+            return run(out[s:e], start)
+
+    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
+        futures = [pool.submit(chunk, s, e) for s, e in pieces]
+        # Leaving the pool waits for every chunk: none writes after a failure is raised.
+        ends = [f.result() for f in futures]
+    return ends[-1]

@@ -31,6 +31,7 @@ import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
+from torchdefer.materialize.rng import takes_generator
 from torchdefer.rng import chunks, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
@@ -111,8 +112,12 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     if out is None and not _plain_factory_output(node):
         return None
     n = math.prod(meta.size)
-    if n < 2 * floor or not _private_generator(node, stream, args, kwargs):
+    if n < 2 * floor:
         return None
+    if stream.generator is None and not takes_generator(node, args, kwargs):
+        node = _with_generator_overload(node)
+        if node is None:  # one borrowed default generator cannot serve two threads
+            return None
     from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
 
     packet = getattr(node.op, "overloadpacket", None)
@@ -165,7 +170,38 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _private_generator(node: Any, stream: Any, args: tuple, kwargs: dict) -> bool:
-    from torchdefer.materialize.rng import takes_generator
+# Overloads that draw from the default generator, and their siblings taking
+# ``generator=`` (kwarg-only, same other arguments: checked on the schemas).
+_GENERATOR_SIBLINGS = {"default": "generator", "low": "low_generator",
+                       "low_dtype": "low_generator_dtype", "Tensor": "Tensor_generator"}
 
-    return stream.generator is not None or takes_generator(node, args, kwargs)
+
+class _NodeWithOverload:
+    """``node`` as if recorded with another overload of its op (everything else its own)."""
+
+    def __init__(self, node: Any, op: Any) -> None:
+        self._node = node
+        self.op = op
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+
+def _with_generator_overload(node: Any) -> Any:
+    """``node`` calling the overload of its op that takes ``generator=``; None if none.
+
+    ``torch.randn(n)`` is ``aten.randn.default``, which draws from the default
+    generator: the same kernel as ``aten.randn.generator`` given it.
+    """
+    op = node.op
+    sibling = _GENERATOR_SIBLINGS.get(getattr(op, "_overloadname", ""))
+    packet = getattr(op, "overloadpacket", None)
+    if sibling is None or packet is None or sibling not in packet.overloads():
+        return None
+    other = getattr(packet, sibling)
+    mine = [(a.name, a.kwarg_only) for a in op._schema.arguments]
+    theirs = [(a.name, a.kwarg_only) for a in other._schema.arguments if a.name != "generator"]
+    takes = [a for a in other._schema.arguments if a.name == "generator" and a.kwarg_only]
+    if mine != theirs or not takes:
+        return None
+    return _NodeWithOverload(node, other)

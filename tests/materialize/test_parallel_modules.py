@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import assert_same_module, assert_same_tensor
 from torch import nn
 
 import torchdefer
+from parity import assert_same_module, assert_same_tensor
 from torchdefer.materialize import parallel
 from torchdefer.materialize.errors import ThreadsError
 from torchdefer.materialize.value import replay_value

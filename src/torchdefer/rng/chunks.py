@@ -45,10 +45,10 @@ from torchdefer.rng.ranges import BLOCK, ElementModel
 __all__ = ["MIN_CHUNK", "bounds", "draw_chunks"]
 
 # Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of
-# x known, up to ~40 ms for a new one) and a thread; float32 normal_ draws
-# ~2.5 ns an element here, so 1M elements (~2.5 ms) pay for a known jump
-# (bench/results/parallel.md measures the threshold).
-MIN_CHUNK = 1 << 20
+# x known, 5-40 ms for a new one) and a thread; float32 normal_ draws ~2.5 ns
+# an element on one idle core here, so a 2M-element chunk (~5 ms) more than
+# pays for a known jump (bench/results/parallel.md measures the threshold).
+MIN_CHUNK = 1 << 21
 
 Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -101,7 +101,7 @@ def draw_chunks(
     def chunk(s: int, e: int) -> torch.Tensor:
         # Grad and inference mode are per thread: the caller's hold here too.
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            start = state if s == 0 else mt19937.advance(state, model.words * s)
+            start = state if s == 0 else mt19937.advance(state, model.words * s, recurring=True)
             return run(out[s:e], start)
 
     with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:

@@ -103,8 +103,13 @@ def with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torc
     return out
 
 
-def advance(state: torch.Tensor, words: int) -> torch.Tensor:
-    """``state`` with its engine ``words`` draws of 32 bits further on."""
+def advance(state: torch.Tensor, words: int, *, recurring: bool = False) -> torch.Tensor:
+    """``state`` with its engine ``words`` draws of 32 bits further on.
+
+    ``recurring``: the caller will ask for this distance again (chunks of
+    tensors of one shape), so from ``_WARM_LIMIT`` words on a jump is taken
+    even if its power of x is new: it is computed once and known after.
+    """
     if words < 0:
         raise ValueError(f"cannot move a generator back ({words} words)")
     if words <= _WARM_LIMIT or not layout_known():
@@ -112,7 +117,7 @@ def advance(state: torch.Tensor, words: int) -> torch.Tensor:
     consumed = N - words_left_in_block(state)
     target = consumed + words
     blocks = (target - 1) // N
-    if words <= _DRAW_LIMIT and blocks not in _warm:
+    if words <= _DRAW_LIMIT and blocks not in _warm and not recurring:
         return _draw(state, words)
     with one_thread():
         array = _refills_ahead(array_of(state), blocks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -76,8 +77,7 @@ def materialize_tensor(
     memo = tensor.__dict__.setdefault("_materialized", {})
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        with parallel.threads_used(threads):
-            raw = _materialize(tensor, device, None)
+        raw = _materialize(tensor, device, None, threads)
         with suspended():  # inside deferred_init, the conversion is real, not recorded
             memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
@@ -157,11 +157,6 @@ def materialize_module(
         )
     check_dtype(dtype)
     threads = parallel.check_threads(threads, "materialize_module")
-    with parallel.threads_used(threads):
-        return _materialize_module(module, device, dtype, buffers_only, check_fn, progress)
-
-
-def _materialize_module(module: M, device, dtype, buffers_only, check_fn, progress) -> M:
     device = None if device is None else torch.device(device)
     sharded = _sharded_paths(module)
     if sharded:
@@ -171,15 +166,17 @@ def _materialize_module(module: M, device, dtype, buffers_only, check_fn, progre
                 "Convert the deferred module before sharding it (model.to(dtype) is "
                 "recorded), or use FSDP2's MixedPrecisionPolicy."
             )
-        return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
+        with parallel.threads_used(threads):
+            return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
     # One tensor per replay, swapped in at once: a later replay finds the
     # storages it shares in the cache (kept alive by the module), and no
     # replay holds more than one tensor's intermediates.
+    replay = functools.partial(_materialize, threads=threads)
     with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           _materialize)) as replayed:
+                                           replay)) as replayed:
         for name, fake, real in replayed:
             swap_in(fake, real, name)
     with suspended():
@@ -339,9 +336,10 @@ def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Mo
 
 
 def _materialize(fake: DeferredTensor, device: torch.device | None,
-                 name: str | None) -> torch.Tensor:
-    """Replay ``fake``'s value; mark its storage materialized."""
-    real = _replay(fake, device, name)
+                 name: str | None, threads: int | None = None) -> torch.Tensor:
+    """Replay ``fake``'s value (large fills on ``threads``); mark its storage materialized."""
+    with parallel.threads_used(threads):
+        real = _replay(fake, device, name)
     mark_materialized(fake._value, real)
     return real
 

@@ -35,7 +35,8 @@ from torchdefer.materialize.rng import takes_generator
 from torchdefer.rng import chunks, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
-__all__ = ["check_threads", "current_threads", "min_chunk", "split_draw", "threads_used"]
+__all__ = ["check_threads", "chunk_floor", "current_threads", "min_chunk", "split_draw",
+           "threads_used"]
 
 # The threads of the materialization running in this context (None: torch's
 # intra-op setting), and the smallest chunk (tests lower it to split small calls).
@@ -80,6 +81,11 @@ def current_threads() -> int:
     """The threads a replay here may draw one call on."""
     threads = _threads.get()
     return torch.get_num_threads() if threads is None else threads
+
+
+def chunk_floor() -> int:
+    """The fewest elements a chunk may have here (``rng.chunks.MIN_CHUNK`` unless lowered)."""
+    return _min_chunk.get()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdefer._compat.generator import get_state
-from torchdefer.materialize import parallel
 from torchdefer.materialize.errors import UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
@@ -51,6 +50,11 @@ class RngReplay:
         # Fresh tensors per draw would be freed at once, but glibc keeps
         # freed memory below its mmap threshold (bench/README.md).
         self._scratch: dict[torch.device, torch.UntypedStorage] = {}
+        # Large CPU fills drawn on threads (imported here: parallel builds on
+        # this module's draw(), and on the row calls, which do too).
+        from torchdefer.materialize.parallel import split_draw
+
+        self._split = split_draw
 
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
@@ -58,7 +62,7 @@ class RngReplay:
         model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
-        split = parallel.split_draw(node, stream, device, start, args, kwargs)
+        split = self._split(node, stream, device, start, args, kwargs)
         out, after = split if split is not None else draw(node, stream, device, start, args, kwargs)
         epoch = stream.epochs[e]
         states.remember(stream, epoch, model, states.after_call(node, model), after)

@@ -39,10 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from torchdefer.rng import mt19937
+from torchdefer.rng import mt19937, ranges
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
-__all__ = ["MIN_CHUNK", "bounds", "draw_chunks"]
+__all__ = ["MIN_CHUNK", "bounds", "draw_chunks", "draw_range"]
 
 # Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of
 # x known, 5-40 ms for a new one) and a thread; float32 normal_ draws ~2.5 ns
@@ -77,6 +77,14 @@ def _alignment(model: ElementModel) -> int:
     return math.lcm(per_refill, BLOCK) if model.blocks else per_refill
 
 
+def _cuts(s: int, e: int, model: ElementModel, threads: int, min_chunk: int) -> list[int]:
+    """``[s, c1, ..., e]``: the inner cuts of a range on chunk boundaries of the call."""
+    inner = [s + c for c in bounds(e - s, model, threads, min_chunk)[1:-1]]
+    step = _alignment(model)
+    cuts = sorted({-(-c // step) * step for c in inner} - {s, e})
+    return [s, *(c for c in cuts if s < c < e), e]
+
+
 def draw_chunks(
     model: ElementModel,
     out: torch.Tensor,
@@ -109,3 +117,47 @@ def draw_chunks(
         # Leaving the pool waits for every chunk: none writes after a failure is raised.
         ends = [f.result() for f in futures]
     return ends[-1]
+
+
+def draw_range(
+    model: ElementModel,
+    n: int,
+    total_words: int,
+    s: int,
+    e: int,
+    out: torch.Tensor,
+    state_at: Callable[[int], torch.Tensor],
+    run: Runner,
+    threads: int,
+    min_chunk: int = MIN_CHUNK,
+) -> None:
+    """:func:`ranges.draw_range` (elements ``[s, e)`` of a call of ``n``) on ``threads``.
+
+    A sharded rank's rows are one range; it is cut on the call's chunk
+    boundaries and each piece drawn on a thread of its own. ``state_at`` is
+    asked once, here (it may read shared accounting); the threads jump on
+    from the state it gives. ``run`` is called from several threads.
+    """
+    cuts = _cuts(s, e, model, threads, min_chunk)
+    if len(cuts) < 3:
+        ranges.draw_range(model, n, total_words, s, e, out, state_at, run)
+        return
+    step = _alignment(model)
+    w0 = model.words * (s // step * step)  # every word a piece asks for is past it
+    base = state_at(w0)
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def jumped(word: int) -> torch.Tensor:
+        if word < w0:
+            raise RuntimeError(f"internal: word {word} before the range's first {w0}")
+        return mt19937.advance(base, word - w0, recurring=True)
+
+    def piece(a: int, b: int) -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            ranges.draw_range(model, n, total_words, a, b, out[a - s : b - s], jumped, run)
+
+    pieces = list(itertools.pairwise(cuts))
+    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
+        futures = [pool.submit(piece, a, b) for a, b in pieces]
+        for f in futures:
+            f.result()

@@ -174,3 +174,35 @@ def test_factory_output_is_eager_layout():
     torch.manual_seed(0)
     deferred = torchdefer.deferred_init(torch.randn, 2049, 1025)
     assert_same_tensor(torchdefer.materialize_tensor(deferred, threads=2), eager)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: torch.randn(3001, 1499),
+        lambda: torch.rand(3001, 1499, dtype=torch.float64),
+        lambda: torch.randint(-4, 99, (3001, 1499)),
+        lambda: torch.normal(2.0, 3.0, (3001, 1499)),
+        lambda: torch.randn(3001, 1499, generator=torch.Generator().manual_seed(3)),
+    ],
+    ids=["randn", "rand", "randint", "normal", "randn-generator"],
+)
+def test_factories_draw_chunks_straight_into_their_output(build, monkeypatch, split_count):
+    """No chunk-sized temporary (peak stays the output's): the out= overload draws."""
+    from torchdefer.materialize import _row_calls
+
+    copied = []
+    real = _row_calls._LocalCall.run
+
+    def spying(self, out, state):
+        if out.numel() > 1000:  # not rng.ranges' probe of a new class of call
+            copied.append(out.numel())
+        return real(self, out, state)
+
+    monkeypatch.setattr(_row_calls._LocalCall, "run", spying)
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert_same_tensor(torchdefer.materialize_tensor(deferred, threads=2), eager)
+    assert split_count["split"] == 1 and copied == []

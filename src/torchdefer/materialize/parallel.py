@@ -31,9 +31,11 @@ import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
-from torchdefer.materialize.rng import takes_generator
+from torchdefer.materialize.rng import draw, takes_generator
 from torchdefer.rng import chunks, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
+
+_aten = torch.ops.aten
 
 __all__ = ["check_threads", "chunk_floor", "current_threads", "min_chunk", "split_draw",
            "threads_used"]
@@ -143,11 +145,13 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     starts = chunks.bounds(n, model, threads, floor)
     if len(starts) < 3:
         return None
+    run = call.run
     if out is None:  # a factory: its output as eager's (contiguous, not pinned)
         out = torch.empty(meta.size, dtype=meta.dtype, device=device)
+        run = _drawing_into(call) or run
     elif not out.is_contiguous() or tuple(out.shape) != tuple(meta.size):
         return None
-    after = chunks.draw_chunks(model, out.view(-1), state, call.run, starts)
+    after = chunks.draw_chunks(model, out.view(-1), state, run, starts)
     return out, after
 
 
@@ -174,6 +178,37 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
+
+
+# Factories whose out= overload is theirs with the output given: ``randn_out``
+# is ``out.resize_(size).normal_(0, 1, generator)`` as ``randn`` is
+# ``empty(size).normal_(0, 1, generator)`` (``*_like``'s out= overloads are
+# generated ones that copy, so they gain nothing).
+_INTO = frozenset({_aten.randn, _aten.rand, _aten.randint, _aten.normal})
+
+
+def _drawing_into(call: Any) -> Any:
+    """A runner drawing a factory's chunk straight into its view (no temporary of the
+    chunk's size), through the op's out= overload; None if it has none that fits."""
+    op = call.node.op
+    packet = op.overloadpacket
+    name = f"{op._overloadname}_out"
+    if packet not in _INTO or name not in packet.overloads():
+        return None
+    into = getattr(packet, name)
+    positional = [a.name for a in op._schema.arguments if not a.kwarg_only]
+    if positional != [a.name for a in into._schema.arguments if not a.kwarg_only]:
+        return None
+    names = {a.name for a in into._schema.arguments}
+    node = _NodeWithOverload(call.node, into)
+
+    def run(view: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        args, kwargs = call._call(view)  # the size is the view's; dtype etc. are view's
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+        _, after = draw(node, call.stream, call.device, state, args, {**kwargs, "out": view})
+        return after
+
+    return run
 
 
 # Overloads that draw from the default generator, and their siblings taking

@@ -206,3 +206,28 @@ def test_factories_draw_chunks_straight_into_their_output(build, monkeypatch, sp
     deferred = torchdefer.deferred_init(build)
     assert_same_tensor(torchdefer.materialize_tensor(deferred, threads=2), eager)
     assert split_count["split"] == 1 and copied == []
+
+
+class _ReadsItsData(nn.Module):
+    """A data-dependent read inside the recording: its replay splits, with threads
+    started while the recording is live (recorder/_threads.py syncs the generator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(3000, 2001))
+        bound = float(self.a.detach().abs().mean())
+        self.b = nn.Parameter(torch.empty(2500, 2003).uniform_(-bound, bound))
+        self.c = nn.Parameter(torch.randn(7))
+
+
+def test_a_split_replay_inside_a_recording_changes_nothing(split_count):
+    torch.manual_seed(0)
+    eager = _ReadsItsData()
+    after = torch.get_rng_state()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(_ReadsItsData)
+    assert split_count["split"] == 1  # the read
+    assert torch.equal(torch.get_rng_state(), after)
+    torchdefer.materialize_module(deferred, threads=2)
+    assert_same_module(deferred, eager)
+    assert torch.equal(torch.get_rng_state(), after)

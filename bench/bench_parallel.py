@@ -252,6 +252,7 @@ def _model_lines(rates: dict, jumps: dict, params: int) -> list[str]:
     # normal_ writes each element twice and reads it once (uniforms, then the
     # Box-Muller pass over them): 12 bytes of traffic per 4-byte element.
     traffic = 3 * normal
+    floor = _min_chunk()
     return [
         "", "## Measured here, one core", "",
         f"- mt19937: {mt / 1e6:,.0f} M words/s ({4 * mt / 1e9:.2f} GB/s of words)",
@@ -278,11 +279,12 @@ def _model_lines(rates: dict, jumps: dict, params: int) -> list[str]:
         f"generator-bound up to ~{300e9 / traffic:.0f} cores at 300 GB/s and the model's "
         f"{params * 12 / 1e9:.1f} GB of traffic takes >= {params * 12 / 300e9:.2f} s.",
         f"- Jumps: at most 64 per tensor, in parallel ({jumps['jump_known_s'] * 1e3:.0f}-"
-        f"{jumps['jump_new_s'] * 1e3:.0f} ms each); with `MIN_CHUNK` = 1M elements a "
-        "tensor splits 64 ways from 64M elements on. Smaller tensors use fewer chunks: "
-        "the model's many 4M-16M tensors get 4-16, so at 64 cores the serial part (the "
-        "replay's Python per tensor, page faults of fresh memory) and independent "
-        "tensors replayed one after the other bound the speed-up before bandwidth does.",
+        f"{jumps['jump_new_s'] * 1e3:.0f} ms each); with `MIN_CHUNK` = {floor:,} elements "
+        f"a tensor splits 64 ways from {64 * floor / 1e6:.0f}M elements on. Smaller "
+        f"tensors use fewer chunks: a Llama 1B's 4.2M and 16.8M ones get "
+        f"{(1 << 22) // floor} and {(1 << 24) // floor}, so at 64 cores the serial part "
+        "(the replay's Python per tensor) and independent tensors replayed one after the "
+        "other bound the speed-up before bandwidth does.",
     ]
 
 

@@ -42,11 +42,11 @@ __all__ = [
     "fake_mode",
     "is_deferred",
     "is_fake",
-    "load",
+    "load_program",
     "load_state_dict",
     "materialize_module",
     "materialize_tensor",
-    "save",
+    "save_program",
     "save_state_dict",
     "script",
 ]
@@ -56,8 +56,10 @@ if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
         DescriptorMismatch,
         MetaTensorType,
         describe,
-        load,
-        save,
+        load,  # noqa: F401 (deprecated name, resolved lazily)
+        load_program,
+        save,  # noqa: F401 (deprecated name, resolved lazily)
+        save_program,
         script,
     )
     from torchdefer.viz import explain
@@ -67,8 +69,10 @@ _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
     "MetaTensorType": "torchdefer.descriptors",
     "describe": "torchdefer.descriptors",
-    "load": "torchdefer.descriptors",
-    "save": "torchdefer.descriptors",
+    "load": "torchdefer.descriptors",  # deprecated: load_program
+    "load_program": "torchdefer.descriptors",
+    "save": "torchdefer.descriptors",  # deprecated: save_program
+    "save_program": "torchdefer.descriptors",
     "script": "torchdefer.descriptors",
     "explain": "torchdefer.viz",
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import TorchdeferError, UsageError
 
 __all__ = [
     "DeviceUnavailableError",
@@ -41,8 +41,8 @@ class SwapError(TorchdeferError, RuntimeError):
     """A real tensor could not take the place of a deferred one in a module."""
 
 
-class ThreadsError(TorchdeferError, ValueError):
-    """``threads=`` of a materialization is not a positive int or None."""
+class ThreadsError(UsageError):
+    """``threads=`` of a materialization is not a positive int or None (a ValueError)."""
 
 
 # One combined class per original exception class, so that the same failure

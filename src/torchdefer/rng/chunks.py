@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from torchdefer.errors import InternalError
 from torchdefer.rng import mt19937, ranges
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
@@ -149,7 +150,8 @@ def draw_range(
 
     def jumped(word: int) -> torch.Tensor:
         if word < w0:
-            raise RuntimeError(f"internal: word {word} before the range's first {w0}")
+            raise InternalError(f"chunks.draw_range: word {word} asked for, before the "
+                                f"range's first word {w0}")
         return mt19937.advance(base, word - w0, recurring=True)
 
     def piece(a: int, b: int) -> None:

@@ -295,13 +295,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-eager", action="store_true")
     parser.add_argument("--sizes", default="262144,524288,1048576,2097152,4194304,16777216")
+    parser.add_argument("--rate-elements", type=int, default=1 << 25,
+                        help="elements of the one-core rate measurements")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     cases = ([] if args.no_eager else ["eager"]) + [
         f"threads={t}" for t in args.threads.split(",")]
     load_before = _uptime()
     runs = [_spawn(case, args.model) for _ in range(args.repeat) for case in cases]
-    elements = 1 << 25
+    elements = args.rate_elements
     rates = _one_core_rates(elements)
     rates["fill_bytes_per_s_all"] = _all_core_fill(elements)
     jumps = _jump_costs()

@@ -231,3 +231,23 @@ def test_a_split_replay_inside_a_recording_changes_nothing(split_count):
     torchdefer.materialize_module(deferred, threads=2)
     assert_same_module(deferred, eager)
     assert torch.equal(torch.get_rng_state(), after)
+
+
+def _fills(device):
+    a = torch.empty(3001, 1499, device=device).normal_()
+    b = torch.randn(2101, 2101, device=device)
+    c = torch.empty(4201, 1001, device=device).uniform_(-2, 2)
+    return a, b, c
+
+
+def test_a_fake_cuda_recording_replayed_on_the_cpu_splits_and_is_eager_cpu(split_count):
+    """Recorded on (fake) CUDA, materialized with device='cpu': the CPU model's
+    positions, drawn in chunks, in any order."""
+    torch.manual_seed(3)
+    eager = _fills("cpu")
+    torch.manual_seed(3)
+    deferred = torchdefer.deferred_init(_fills, "cuda")
+    for i in (2, 0, 1):
+        got = torchdefer.materialize_tensor(deferred[i], device="cpu", threads=2)
+        assert torch.equal(got, eager[i]), i
+    assert split_count["split"] == 3

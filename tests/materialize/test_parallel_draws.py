@@ -22,6 +22,7 @@ from torchdefer.rng import chunks
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 ALL = (torch.bool, *INTS, *FLOATS)
+COMPLEX = (torch.complex64, torch.complex128)
 
 
 def _inplace(method, *args, **kwargs):
@@ -56,6 +57,12 @@ CASES = [
     ("normal(float, float)", lambda n, d, generator=None: torch.normal(
         0.5, 2.0, (n,), dtype=d, generator=generator), FLOATS, True),
     ("randn_like", _like(torch.randn_like), FLOATS, None),
+    # Complex normals draw through a real view of twice the elements; the draw
+    # model does not count them (unmodeled), so they run whole.
+    ("normal_ complex", _inplace("normal_", 0.5, 2.0), COMPLEX, False),
+    ("randn complex", _factory(torch.randn), COMPLEX, False),
+    ("normal_ strided", lambda n, d, generator=None: torch.empty(n, 3, dtype=d)[:, 1].normal_(
+        generator=generator), FLOATS, False),
     ("normal(Tensor)", lambda n, d, generator=None: torch.normal(
         torch.zeros(n, dtype=d), 1.0, generator=generator), FLOATS, False),
     ("log_normal_", _inplace("log_normal_", 0.0, 0.25), FLOATS, False),

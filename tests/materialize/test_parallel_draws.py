@@ -65,7 +65,7 @@ CASES = [
         generator=generator), FLOATS, False),
     ("normal(Tensor)", lambda n, d, generator=None: torch.normal(
         torch.zeros(n, dtype=d), 1.0, generator=generator), FLOATS, False),
-    ("log_normal_", _inplace("log_normal_", 0.0, 0.25), FLOATS, False),
+    ("log_normal_", _inplace("log_normal_", 0.0, 0.25), FLOATS, True),  # pairs of normals
     ("uniform_", _inplace("uniform_", -0.3, 0.7), FLOATS, True),
     ("rand", _factory(torch.rand), FLOATS, True),
     ("rand_like", _like(torch.rand_like), FLOATS, None),
@@ -111,7 +111,14 @@ class _Count:
             self.split += len(starts) > 2
             return real(model, out, state, run, starts)
 
+        real_pairs = chunks.draw_pairs
+
+        def counting_pairs(out, state, run, starts):
+            self.split += len(starts) > 2 and out.numel() > 100  # not the probe's
+            return real_pairs(out, state, run, starts)
+
         monkeypatch.setattr(chunks, "draw_chunks", counting)
+        monkeypatch.setattr(chunks, "draw_pairs", counting_pairs)
 
 
 def _check(build, n, dtype, threads, floor, user_generator, seed=0):
@@ -175,6 +182,24 @@ def test_sizes_at_every_chunk_boundary_of_a_blocked_fill(monkeypatch):
     for dtype in (torch.float32, torch.bfloat16):
         for n in range(2 * 1248 - 20, 2 * 1248 + 21):
             _check(CASES[0][1], n, dtype, threads=2, floor=1248, user_generator=False)
+    assert count.split > 0
+
+
+def test_log_normal_splits_after_whole_pairs_with_or_without_a_cached_normal(monkeypatch):
+    """log_normal_ takes a cached normal first if the generator holds one; chunks
+    start after whole pairs either way, and the end state (cache included) is the
+    whole call's: the small normal_ after it reads that cache."""
+    count = _Count(monkeypatch)
+
+    def build(n, dtype, generator=None):
+        first = torch.empty(n % 4, dtype=torch.float64).normal_()  # 1 or 3: leaves a cache
+        mid = torch.empty(n, dtype=dtype).log_normal_(0.5, 0.25)
+        last = torch.empty(3, dtype=torch.float64).normal_()
+        return torch.cat([first, mid.double(), last])
+
+    for n in (2 * 312 + 1, 3 * 312 + 2, 5000, 5001, 5002, 5003):
+        for threads in (2, 3, 4):
+            _check(build, n, torch.float32, threads, floor=300, user_generator=False)
     assert count.split > 0
 
 

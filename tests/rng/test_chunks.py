@@ -78,3 +78,36 @@ def test_advance_jumps_short_distances_once_their_power_is_known():
         assert torch.equal(mt19937.advance(state, words), drawn)  # jumped
     finally:
         mt19937._warm.discard(blocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 10**6), cached=st.booleans(), threads=st.integers(1, 16),
+       floor=st.integers(1, 10**5))
+def test_pair_chunks_start_after_whole_pairs_on_whole_refills(n, cached, threads, floor):
+    starts = chunks.pair_bounds(n, cached, threads, floor)
+    assert starts[0] == 0 and starts[-1] == n and len(starts) - 1 <= max(threads, 1)
+    for s in starts[1:-1]:
+        assert (s - cached) % 2 == 0
+        assert (chunks.PAIR_WORDS * (s - cached) // 2) % mt19937.N == 0
+
+
+@pytest.mark.parametrize("cached", [0, 1])
+def test_a_chunked_log_normal_leaves_the_state_and_cache_the_whole_call_leaves(cached):
+    g = torch.Generator().manual_seed(5)
+    torch.empty(cached, dtype=torch.float64).normal_(generator=g)
+    start = g.get_state()
+    n = 5_000_001
+    whole = torch.empty(n).log_normal_(0.1, 0.3, generator=g)
+    end = g.get_state()
+
+    def run(view, state):
+        private = torch.Generator()
+        private.set_state(state)
+        view.log_normal_(0.1, 0.3, generator=private)
+        return private.get_state()
+
+    starts = chunks.pair_bounds(n, bool(cached), 4, 1 << 20)
+    assert len(starts) == 5
+    out = torch.empty(n)
+    after = chunks.draw_pairs(out, start, run, starts)
+    assert torch.equal(out, whole) and torch.equal(after, end)

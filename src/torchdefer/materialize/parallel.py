@@ -32,7 +32,7 @@ import torch
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
 from torchdefer.materialize.rng import draw, takes_generator
-from torchdefer.rng import chunks, ranges
+from torchdefer.rng import chunks, mt19937, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
 _aten = torch.ops.aten
@@ -129,14 +129,18 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
 
     packet = getattr(node.op, "overloadpacket", None)
-    if packet not in _PER_ELEMENT and packet not in _BLOCKS:
+    if packet not in _PER_ELEMENT and packet not in _BLOCKS and packet not in _PAIRS:
         return None
     try:
         call = _LocalCall(node, device)
     except NotSliceable:
         return None
     effect = call.effect_of(n)
-    if effect is None or effect.normals:
+    if effect is None:
+        return None
+    if packet in _PAIRS:
+        return _split_pairs(call, effect, n, out, meta, state, threads, floor)
+    if effect.normals:
         return None
     model = ranges.element_model(call.key, packet in NORMAL_BLOCKS, call.effect_of, call.run,
                                  call.dtype, device)
@@ -153,6 +157,52 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
         return None
     after = chunks.draw_chunks(model, out.view(-1), state, run, starts)
     return out, after
+
+
+# In-place ops on the cached-normal path: each sample from at::normal_distribution
+# <double> (a cached normal, or a new pair of which it caches the second).
+_PAIRS = frozenset({_aten.log_normal_})
+_pairs_checked: dict[Any, bool] = {}  # class of call -> whether it splits (probed once)
+
+
+def _split_pairs(call: Any, effect: Any, n: int, out: torch.Tensor | None, meta: Any,
+                 state: torch.Tensor, threads: int,
+                 floor: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A cached-normal call (``log_normal_``) in chunks that start after whole pairs."""
+    if out is None or effect.words or effect.normals != n or not out.is_contiguous():
+        return None
+    if tuple(out.shape) != tuple(meta.size) or not _pairs_split(call):
+        return None
+    starts = chunks.pair_bounds(n, mt19937.cache_valid(state), threads, floor)
+    if len(starts) < 3:
+        return None
+    return out, chunks.draw_pairs(out.view(-1), state, call.run, starts)
+
+
+def _pairs_split(call: Any) -> bool:
+    """Whether ``call``'s class draws whole and in pairs alike (probed once, from a
+    state with and without a cached normal, cut at every place a chunk may start)."""
+    known = _pairs_checked.get(call.key)
+    if known is None:
+        known = _pairs_checked[call.key] = all(_probe_pairs(call, cached) for cached in (0, 1))
+    return known
+
+
+def _probe_pairs(call: Any, cached: int) -> bool:
+    g = torch.Generator().manual_seed(0xCA5E + cached)
+    torch.empty(cached, dtype=torch.float64).normal_(generator=g)  # 1: leaves one cached
+    state = g.get_state()
+    n = 41
+    whole = torch.empty(n, dtype=call.dtype)
+    end = call.run(whole, state)
+    for starts in ([0, cached + 2, n], [0, cached + 10, cached + 20, n], [0, n - 1, n]):
+        if (starts[-2] - cached) % 2:
+            continue
+        pieces = torch.empty(n, dtype=call.dtype)
+        after = chunks.draw_pairs(pieces, state, call.run, starts)
+        if not (torch.equal(pieces, whole) and torch.equal(after, end)):
+            return False
+    return True
 
 
 def _drawn_into(node: Any, args: tuple) -> torch.Tensor | None:

@@ -20,11 +20,15 @@ polynomial then depends only on the distance, not on where in its refill the
 call starts, so tensors of one shape share their jumps' powers of ``x``
 (``gf2`` caches them) and a jump costs ~2 ms instead of ~20.
 
-Calls that do not split run whole: the cached-normal path (fewer than 16 or
-strided ``normal_``, ``log_normal_``), ``bernoulli_`` with MKL (one seed word
-for the whole call), rejection loops and other composites whose draws depend
-on values, ``randperm``, and anything the draw model does not know. A
-stepped rejection loop (``rng.rejection``) could split by its steps later.
+* **cached normals** (``log_normal_``): a sample takes the generator's cached
+  normal or draws a pair (four words) and caches the second; a chunk starts
+  after a whole pair (:func:`pair_bounds`, :func:`draw_pairs`).
+
+Calls that do not split run whole: strided ``normal_`` (cached normals in
+iteration order), ``bernoulli_`` with MKL (one seed word for the whole call),
+rejection loops and other composites whose draws depend on values,
+``randperm``, and anything the draw model does not know. A stepped rejection
+loop (``rng.rejection``) could split by its steps later.
 
 The last chunk's end state is the call's end state: the generator is left
 where one eager call leaves it.
@@ -43,7 +47,8 @@ from torchdefer.errors import InternalError
 from torchdefer.rng import mt19937, ranges
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
-__all__ = ["MIN_CHUNK", "bounds", "draw_chunks", "draw_range"]
+__all__ = ["MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
+           "pair_bounds"]
 
 # Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of
 # x known, 5-40 ms for a new one) and a thread; float32 normal_ draws ~2.5 ns
@@ -102,6 +107,53 @@ def draw_chunks(
     fill kernels are serial). Returns the state after the last chunk: where
     the call drawn whole leaves the generator.
     """
+    def state_for(s: int) -> torch.Tensor:
+        return mt19937.advance(state, model.words * s, recurring=True)
+
+    return _threaded(out, state, starts, state_for, run)
+
+
+def pair_bounds(n: int, cached: bool, threads: int, min_chunk: int = MIN_CHUNK) -> list[int]:
+    """Chunk starts of ``n`` cached-normal samples (``log_normal_``), then ``n``.
+
+    Each sample of ``at::normal_distribution<double>`` takes the generator's
+    cached normal if it has one, else draws a pair (two 64-bit uniforms, four
+    words), returns the first and caches the second. A chunk starts right
+    after a whole pair (the first sample takes a cached normal if ``cached``),
+    at whole refills of words from the call's start.
+    """
+    step = 2 * (mt19937.N // math.gcd(mt19937.N, PAIR_WORDS))  # samples per whole refills
+    parts = min(threads, n // max(min_chunk, 1))
+    if parts < 2 or n < 2 * step + 1:
+        return [0, n]
+    per_part = -(-n // parts)  # ceil
+    size = -(-per_part // step) * step
+    first = int(cached)
+    starts = [0, *(first + k * size for k in range(1, parts) if first + k * size < n)]
+    return [*starts, n]
+
+
+PAIR_WORDS = 4  # words of one pair of cached-normal samples
+
+
+def draw_pairs(out: torch.Tensor, state: torch.Tensor, run: Runner,
+               starts: list[int]) -> torch.Tensor:
+    """A cached-normal call into the 1-D contiguous ``out``, chunk by chunk (see
+    :func:`pair_bounds`); returns the state the call drawn whole leaves."""
+    first = int(mt19937.cache_valid(state))
+
+    def state_for(s: int) -> torch.Tensor:
+        # Eager reaches sample s with the cached normal just taken: none cached.
+        moved = mt19937.advance(state, PAIR_WORDS * (s - first) // 2, recurring=True)
+        return mt19937.without_cached_normal(moved)
+
+    return _threaded(out, state, starts, state_for, run)
+
+
+def _threaded(out: torch.Tensor, state: torch.Tensor, starts: list[int],
+              state_for: Callable[[int], torch.Tensor], run: Runner) -> torch.Tensor:
+    """Chunk ``[s, e)`` of ``starts`` drawn by ``run`` from ``state_for(s)`` (the first
+    from ``state``), each on a thread; the state after the last chunk."""
     pieces = list(itertools.pairwise(starts))
     if len(pieces) == 1:
         return run(out, state)
@@ -110,8 +162,7 @@ def draw_chunks(
     def chunk(s: int, e: int) -> torch.Tensor:
         # Grad and inference mode are per thread: the caller's hold here too.
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            start = state if s == 0 else mt19937.advance(state, model.words * s, recurring=True)
-            return run(out[s:e], start)
+            return run(out[s:e], state if s == 0 else state_for(s))
 
     with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
         futures = [pool.submit(chunk, s, e) for s, e in pieces]

@@ -40,6 +40,7 @@ __all__ = [
     "layout_known",
     "one_thread",
     "with_engine",
+    "without_cached_normal",
     "words_left_in_block",
 ]
 
@@ -87,6 +88,16 @@ def fresh(state: torch.Tensor) -> bool:
         return False
     untouched = _field(state, _LEFT, torch.int32) == 1 and _field(state, _NEXT, torch.int64) == 0
     return untouched and not cache_valid(state) and not bool(state[_FLOAT_VALID].item())
+
+
+def without_cached_normal(state: torch.Tensor) -> torch.Tensor:
+    """``state`` holding no cached double normal (as ``get_state`` writes it: zeroed)."""
+    if not cache_valid(state):
+        return state
+    out = state.clone()
+    out[NORMAL_Y : NORMAL_Y + 8].zero_()
+    out[NORMAL_VALID : NORMAL_VALID + 4].zero_()
+    return out
 
 
 def words_left_in_block(state: torch.Tensor) -> int:

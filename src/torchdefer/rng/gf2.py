@@ -33,8 +33,8 @@ __all__ = [
     "DEGREE",
     "ENTRY_BYTES",
     "EXPONENTS",
-    "P",
     "TABLE_DIGITS",
+    "P",
     "clmul",
     "computed_table",
     "reduce",
@@ -179,8 +179,9 @@ def _shipped() -> dict[tuple[int, int], int]:
         return {}
     if len(raw) != TABLE_DIGITS * 15 * ENTRY_BYTES:
         return {}  # not the table this module writes: compute instead
+    size = ENTRY_BYTES
     return {
-        (i // 15, i % 15 + 1): int.from_bytes(raw[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES], "little")
+        (i // 15, i % 15 + 1): int.from_bytes(raw[i * size : (i + 1) * size], "little")
         for i in range(TABLE_DIGITS * 15)
     }
 

@@ -1,15 +1,16 @@
-"""The in-place fills that make up most of a model's construction, recorded in one step.
+"""The ops that make up most of a model's construction, recorded in one step.
 
 ``normal_``, ``uniform_`` and ``fill_`` on a whole floating-point deferred
-tensor with plain number arguments are about half of the ops a large model's
-``__init__`` records (1285 of the 70B Llama's 2748). ``record_call`` answers
-them after a dozen general steps (flattening, schema walks, write and resize
-plans, the refusal questions, output wrapping); here, once the arguments are
-seen to be of that plain form, the node is built directly, with exactly the
-fields the general path gives it (``tests/recorder/test_fast_fills.py``
-records the same programs both ways and compares the graphs field by field).
+tensor with plain number arguments, and ``detach`` (every ``nn.Parameter(t)``),
+are about three quarters of the ops a large model's ``__init__`` records (2010
+of the 70B Llama's 2748). ``record_call`` answers them after a dozen general
+steps (flattening, schema walks, write and resize plans, the refusal
+questions, output wrapping); here, once the arguments are seen to be of the
+plain form, the node is built directly, with exactly the fields the general
+path gives it (``tests/recorder/test_fast_paths.py`` records the same programs
+both ways and compares the graphs field by field).
 
-What is deliberately *not* here: anything with a tensor or generator argument,
+What is deliberately *not* here: fills with a tensor or generator argument,
 keyword arguments, other dtypes, meta tensors, overlapping strides,
 out-of-range numbers, writes into inference tensors. Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
@@ -22,13 +23,16 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
+from torchdefer.fake._state import STATE
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage import write
 from torchdefer.recorder.ambient import current_ambient
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
+from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["SLOW", "fast_fill"]
+__all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_fill"]
 
 SLOW = object()
 """What :func:`fast_fill` returns when the call is not of the plain form."""
@@ -98,5 +102,41 @@ def _plain(func: Any, args: tuple, graph: Graph) -> bool:
     return True
 
 
+def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``detach`` of a deferred tensor of ``graph`` (every ``nn.Parameter(t)``
+    detaches ``t``) as ``record_call`` would: a view with the input's metadata."""
+    self = args[0] if len(args) == 1 and not kwargs else None
+    if getattr(self, "_graph", None) is not graph:
+        return SLOW
+    value = self._value
+    device = self.fake_device
+    node = Node(graph.next_seq(), NodeKind.VIEW, func, [value], _SPECS[1], (value,),
+                (value.storage.version,))
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
+    elem = _on_meta(func, self)
+    out = DeferredTensor(elem, device)
+    out._graph = graph
+    out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
+    node.outputs.append(out._value)
+    return out
+
+
+def _on_meta(func: Any, t: torch.Tensor) -> torch.Tensor:
+    """``func(t)`` on the meta kernel, for an op of one fake tensor argument
+    whose output layout is the kernel's (what ``fake.run_on_meta`` does for it)."""
+    previous = _compat.meta_in_tls_dispatch_include()
+    STATE.in_kernel = True
+    _compat.set_meta_in_tls_dispatch_include(True)
+    try:
+        with _compat.DisableTorchDispatch():
+            return func(t)
+    finally:
+        STATE.in_kernel = False
+        _compat.set_meta_in_tls_dispatch_include(previous)
+
+
 FAST_OPS: dict[int, Any] = {id(f): fast_fill for f in (_NORMAL_, _UNIFORM_, _FILL_)}
+FAST_OPS[id(torch.ops.aten.detach.default)] = fast_detach
 """``id(op overload)`` -> its one-step recorder (OpOverload's hash is Python: by id)."""

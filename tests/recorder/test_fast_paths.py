@@ -1,4 +1,4 @@
-"""The one-step recording of plain fills (recorder/_fast.py) gives the general path's graph.
+"""The one-step recording of plain fills and detach (recorder/_fast.py) gives the general path's graph.
 
 Each program is recorded twice, with the fast path and without it
 (``record.FAST_OPS`` emptied): the recorded graphs must agree field by field,
@@ -21,7 +21,7 @@ from torchdefer.recorder import record
 from torchdefer.recorder.graph import Value
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
-           torch.complex64]
+           torch.complex64, torch.bool]
 _NUMBERS = st.one_of(
     st.floats(-3, 3), st.integers(-5, 5), st.booleans(),
     st.sampled_from([0.0, -0.0, 1e300, -1e300, 7e4, math.inf, -math.inf, math.nan, 2**70]),
@@ -31,6 +31,7 @@ _OPS = st.one_of(
     st.tuples(st.sampled_from(["normal_", "uniform_"]), st.lists(_NUMBERS, max_size=2),
               _MODES),
     st.tuples(st.just("fill_"), st.lists(_NUMBERS, min_size=1, max_size=1), _MODES),
+    st.tuples(st.just("detach"), st.just([]), _MODES),
     # argument counts eager refuses
     st.tuples(st.sampled_from(["normal_", "uniform_", "fill_"]), st.lists(_NUMBERS, max_size=3),
               _MODES),
@@ -52,13 +53,18 @@ def _program(dtype, view, device, grad, ops, errors, inference_base=False):
             base = torch.nn.Parameter(base)
         t = {"whole": base, "t": base.t(), "slice": base[1:3], "expand": base[:1].expand(3, 6),
              "conj": base.conj()}[view]
+        kept = []
         for name, numbers, mode in ops:
             try:
                 with _MODE_CONTEXTS[mode]():
-                    getattr(t, name)(*numbers)
+                    if name == "detach":
+                        t = t.detach()
+                        kept.append(t)
+                    else:
+                        getattr(t, name)(*numbers)
             except Exception as e:  # compared with the other path's
                 errors.append((type(e), str(e)))
-        return base, t
+        return base, t, *kept
 
     return build
 
@@ -106,7 +112,7 @@ def _record(program, fast, monkeypatch):
        device=st.sampled_from(["cpu", "cpu", "cuda", "meta"]), grad=st.booleans(),
        inference_base=st.sampled_from([False, False, True]),
        ops=st.lists(_OPS, min_size=1, max_size=4))
-def test_fast_fills_record_the_general_paths_graph(dtype, view, device, grad, inference_base,
+def test_fast_paths_record_the_general_paths_graph(dtype, view, device, grad, inference_base,
                                                    ops, monkeypatch):
     if view == "conj" and not dtype.is_complex:
         view = "whole"

@@ -42,14 +42,22 @@ _MODE_CONTEXTS = {"grad": torch.enable_grad, "no_grad": torch.no_grad,
                   "inference": torch.inference_mode}
 
 
-def _program(dtype, view, device, grad, ops, errors, inference_base=False):
+def _program(dtype, view, device, grad, ops, errors, inference_base=False, factory="empty",
+             how="explicit"):
     """A tensor of ``dtype`` (maybe a view, a parameter) filled by ``ops``; their
     errors, in words, appended to ``errors``."""
 
     def build():
+        make = getattr(torch, factory)
         with torch.inference_mode(inference_base):
-            base = torch.empty(4, 6, dtype=dtype, device=device)
-        if grad and dtype.is_floating_point and not inference_base:
+            if how == "explicit":
+                base = make(4, 6, dtype=dtype, device=device)
+            elif how == "context":  # the device from torch.device's mode, dtype from default
+                with torch.device(device):
+                    base = make((4, 6))
+            else:  # dtype=None given: the default dtype
+                base = make([4, 6], dtype=None)
+        if grad and base.dtype.is_floating_point and not inference_base:
             base = torch.nn.Parameter(base)
         t = {"whole": base, "t": base.t(), "slice": base[1:3], "expand": base[:1].expand(3, 6),
              "conj": base.conj()}[view]
@@ -111,13 +119,15 @@ def _record(program, fast, monkeypatch):
        view=st.sampled_from(["whole", "whole", "t", "slice", "expand", "conj"]),
        device=st.sampled_from(["cpu", "cpu", "cuda", "meta"]), grad=st.booleans(),
        inference_base=st.sampled_from([False, False, True]),
+       factory=st.sampled_from(["empty", "ones", "zeros"]),
+       how=st.sampled_from(["explicit", "explicit", "context", "none"]),
        ops=st.lists(_OPS, min_size=1, max_size=4))
 def test_fast_paths_record_the_general_paths_graph(dtype, view, device, grad, inference_base,
-                                                   ops, monkeypatch):
-    if view == "conj" and not dtype.is_complex:
+                                                   factory, how, ops, monkeypatch):
+    if view == "conj" and not (dtype.is_complex and how == "explicit"):
         view = "whole"
     def program(errors):
-        return _program(dtype, view, device, grad, ops, errors, inference_base)
+        return _program(dtype, view, device, grad, ops, errors, inference_base, factory, how)
 
     fast, slow = _record(program, True, monkeypatch), _record(program, False, monkeypatch)
     assert fast[1] == slow[1]  # the same errors
@@ -156,3 +166,21 @@ def test_fast_fills_outside_deferred_init_move_the_generator_at_once():
     assert torch.equal(after, torch.get_rng_state())
     torchdefer.materialize_module(m)
     assert torch.equal(m.weight, eager.weight)
+
+
+def test_fast_factories_record_the_default_dtype_at_their_call():
+    def program(defer):
+        def build():
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                a = torch.empty(3, 2).normal_()
+                b = torch.ones(4, dtype=None)
+            finally:
+                torch.set_default_dtype(previous)
+            c = torch.zeros([2, 2]).uniform_(-1, 1)
+            return a, b, c
+
+        return defer(build)
+
+    check_program(program)

@@ -25,6 +25,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
+from torchdefer.fake.tensor import run_on_meta
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage import write
 from torchdefer.recorder.ambient import current_ambient
@@ -32,7 +33,7 @@ from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.source import user_frame
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_fill"]
+__all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 
 SLOW = object()
 """What :func:`fast_fill` returns when the call is not of the plain form."""
@@ -137,6 +138,50 @@ def _on_meta(func: Any, t: torch.Tensor) -> torch.Tensor:
         _compat.set_meta_in_tls_dispatch_include(previous)
 
 
+_FACTORY_KEYS = frozenset({"dtype", "device", "pin_memory"})
+
+
+def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``empty``/``ones``/``zeros`` of a list of sizes as ``record_call`` would.
+
+    Only the keywords a plain ``torch.empty(*sizes, dtype=, device=)`` passes
+    (``pin_memory=False``); the meta kernel still makes the output
+    (``run_on_meta``: its device and layout rules stay in one place).
+    """
+    if len(args) != 1 or type(args[0]) is not list or not kwargs.keys() <= _FACTORY_KEYS:
+        return SLOW
+    if kwargs.get("pin_memory") is not False:
+        return SLOW
+    sizes = args[0]
+    for n in sizes:
+        if type(n) is not int:
+            return SLOW
+    out, device = run_on_meta(func, args, kwargs, [])
+    leaves = [*sizes, *kwargs.values()]
+    keys = tuple(kwargs)
+    shape = ((list, len(sizes)), *(None for _ in keys))
+    if kwargs.get("dtype") is None:  # "the default dtype now": recorded as the dtype it gave
+        if "dtype" in keys:
+            leaves[len(sizes) + keys.index("dtype")] = out.dtype
+        else:
+            leaves.append(out.dtype)
+            keys, shape = (*keys, "dtype"), (*shape, None)
+    node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, (1, keys, shape), (), ())
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
+    fake = DeferredTensor(out, device)
+    storage = graph.new_storage(node, out.untyped_storage().nbytes())
+    graph.holders[_compat.storage_id(fake)] = fake
+    fake._graph = graph
+    fake._value = Value(node, 0, storage, TensorMeta.of(out, device))
+    node.outputs.append(fake._value)
+    return fake
+
+
 FAST_OPS: dict[int, Any] = {id(f): fast_fill for f in (_NORMAL_, _UNIFORM_, _FILL_)}
+for _factory in (torch.ops.aten.empty.memory_format, torch.ops.aten.ones.default,
+                 torch.ops.aten.zeros.default):
+    FAST_OPS[id(_factory)] = fast_factory
 FAST_OPS[id(torch.ops.aten.detach.default)] = fast_detach
 """``id(op overload)`` -> its one-step recorder (OpOverload's hash is Python: by id)."""

@@ -159,7 +159,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     out, device = run_on_meta(func, args, kwargs, [])
     leaves = [*sizes, *kwargs.values()]
     keys = tuple(kwargs)
-    shape = ((list, len(sizes)), *(None for _ in keys))
+    shape = ((list, len(sizes)),) + (None,) * len(keys)
     if kwargs.get("dtype") is None:  # "the default dtype now": recorded as the dtype it gave
         if "dtype" in keys:
             leaves[len(sizes) + keys.index("dtype")] = out.dtype

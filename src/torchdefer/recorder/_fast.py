@@ -1,20 +1,23 @@
 """The ops that make up most of a model's construction, recorded in one step.
 
-``normal_``, ``uniform_`` and ``fill_`` on a whole floating-point deferred
-tensor with plain number arguments, and ``detach`` (every ``nn.Parameter(t)``),
-are about three quarters of the ops a large model's ``__init__`` records (2010
-of the 70B Llama's 2748). ``record_call`` answers them after a dozen general
-steps (flattening, schema walks, write and resize plans, the refusal
-questions, output wrapping); here, once the arguments are seen to be of the
-plain form, the node is built directly, with exactly the fields the general
-path gives it (``tests/recorder/test_fast_paths.py`` records the same programs
-both ways and compares the graphs field by field).
+``normal_``, ``uniform_`` and ``fill_`` on a floating-point deferred tensor
+with plain number arguments, ``detach`` (every ``nn.Parameter(t)``) and
+``empty``/``ones``/``zeros`` of plain sizes are nearly all the ops a large
+model's ``__init__`` records (2733 of the 70B Llama's 2748). ``record_call``
+answers them after a dozen general steps (flattening, schema walks, write and
+resize plans, the refusal questions, output wrapping); here, once the
+arguments are seen to be of the plain form, the node is built directly, with
+exactly the fields the general path gives it
+(``tests/recorder/test_fast_paths.py`` records the same programs both ways
+and compares the graphs field by field).
 
 What is deliberately *not* here: fills with a tensor or generator argument,
 keyword arguments, other dtypes, meta tensors, overlapping strides,
-out-of-range numbers, writes into inference tensors. Those return
+out-of-range numbers, writes into inference tensors; factories with other
+keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
-answers them.
+answers them. The meta kernel still makes a factory's or a detach's output,
+and ``rng.ledger`` still places each random call.
 """
 
 from __future__ import annotations

@@ -184,3 +184,30 @@ def test_fast_factories_record_the_default_dtype_at_their_call():
         return defer(build)
 
     check_program(program)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.empty(-1),
+    lambda: torch.ones(2, -3),
+    lambda: torch.zeros([2**62, 2**62]),
+    lambda: torch.empty(3, dtype=torch.float32, device="cpu", pin_memory=True),
+    lambda: torch.empty(2, 2).fill_(torch.tensor(1.0)),
+    lambda: torch.empty(2, 2).normal_(0, -1),
+    lambda: torch.empty(2, 2).uniform_(1, 0),
+    lambda: torch.empty(2, 2, dtype=torch.float16).fill_(1e6),
+])
+def test_fast_paths_raise_the_general_paths_errors(make, monkeypatch):
+    def outcome(fast):
+        with monkeypatch.context() as m:
+            if not fast:
+                m.setattr(record, "FAST_OPS", {})
+            torch.manual_seed(0)
+            try:
+                out = torchdefer.deferred_init(make)
+            except Exception as e:
+                return type(e), str(e), torch.get_rng_state()
+            return _dump([out]), None, torch.get_rng_state()
+
+    fast, slow = outcome(True), outcome(False)
+    assert fast[:2] == slow[:2]
+    assert torch.equal(fast[2], slow[2])

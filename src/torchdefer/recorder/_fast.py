@@ -39,7 +39,7 @@ from torchdefer.recorder.tensor import DeferredTensor
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 
 SLOW = object()
-"""What :func:`fast_fill` returns when the call is not of the plain form."""
+"""What a fast path returns when the call is not of its plain form."""
 
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
@@ -114,12 +114,12 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return SLOW
     value = self._value
     device = self.fake_device
+    elem = _on_meta(func, self)
     node = Node(graph.next_seq(), NodeKind.VIEW, func, [value], _SPECS[1], (value,),
                 (value.storage.version,))
     node.source = user_frame(2)
     node.graph = graph
     node.ambient = current_ambient()
-    elem = _on_meta(func, self)
     out = DeferredTensor(elem, device)
     out._graph = graph
     out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
@@ -159,7 +159,10 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     for n in sizes:
         if type(n) is not int:
             return SLOW
-    out, device = run_on_meta(func, args, kwargs, [])
+    try:
+        out, device = run_on_meta(func, args, kwargs, [])
+    except Exception:  # nothing recorded yet: the general path raises it,
+        return SLOW  # in eager's words where they differ (record.eager_error)
     leaves = [*sizes, *kwargs.values()]
     keys = tuple(kwargs)
     shape = ((list, len(sizes)),) + (None,) * len(keys)
@@ -182,9 +185,10 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     return fake
 
 
-FAST_OPS: dict[int, Any] = {id(f): fast_fill for f in (_NORMAL_, _UNIFORM_, _FILL_)}
-for _factory in (torch.ops.aten.empty.memory_format, torch.ops.aten.ones.default,
-                 torch.ops.aten.zeros.default):
-    FAST_OPS[id(_factory)] = fast_factory
-FAST_OPS[id(torch.ops.aten.detach.default)] = fast_detach
+FAST_OPS: dict[int, Any] = {
+    **{id(f): fast_fill for f in (_NORMAL_, _UNIFORM_, _FILL_)},
+    **{id(f): fast_factory for f in (torch.ops.aten.empty.memory_format,
+                                     torch.ops.aten.ones.default, torch.ops.aten.zeros.default)},
+    id(torch.ops.aten.detach.default): fast_detach,
+}
 """``id(op overload)`` -> its one-step recorder (OpOverload's hash is Python: by id)."""

@@ -15,6 +15,7 @@ from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
+from torchdefer.recorder._fast import FAST_OPS, SLOW
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder._refusals import (
@@ -48,6 +49,11 @@ _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
+    fast = FAST_OPS.get(id(func))  # the plain fills, in one step (recorder/_fast.py)
+    if fast is not None:
+        out = fast(graph, func, args, kwargs)
+        if out is not SLOW:
+            return out
     facts = facts_of(func)
     if facts.special:
         if facts.collective:

@@ -273,7 +273,7 @@ def _check_copy(target: torch.Tensor, source: torch.Tensor, path: str) -> None:
             "which cannot be copied into; Module.load_state_dict refuses it too. Make it "
             "a tensor of its own (.clone()) before loading. Nothing was loaded."
         )
-    if target.is_meta and not source.is_meta:
+    if target.is_meta:  # (a checkpoint of meta tensors is refused earlier, by check_entries)
         raise CheckpointUsageError(
             f"'{path}' is a real tensor on the meta device, which holds no values: "
             "copying into it would load nothing (Module.load_state_dict only warns). Build "

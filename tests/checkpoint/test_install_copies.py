@@ -272,6 +272,20 @@ def test_sources_that_are_other_targets_are_read_as_they_were_at_the_call():
     assert not torch.equal(model[0].weight, model[1].weight)
 
 
+def test_a_deferred_tensor_loaded_from_a_real_ones_memory_gets_its_own_storage():
+    """``1.weight`` (deferred) loaded from ``0.weight`` (real, loaded with new values in
+    the same call): it keeps the value held at the call, in a storage of its own (it
+    took the new values, sharing the storage, before)."""
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_real_pair)
+    torchdefer.materialize_module(model[0])
+    old = model[0].weight.detach().clone()
+    new = torch.ones(4, 4)
+    torchdefer.load_state_dict(model, {"0.weight": new, "1.weight": model[0].weight.detach()})
+    assert torch.equal(model[0].weight, new) and torch.equal(model[1].weight, old)
+    assert model[1].weight.untyped_storage().data_ptr() != model[0].weight.untyped_storage().data_ptr()
+
+
 def test_a_source_overlapping_its_own_target_is_read_before_the_copy():
     """``w.t()`` into ``w`` (eager's copy_ refuses: partial overlap): the transposed values."""
     model = _real_pair()

@@ -189,18 +189,26 @@ class Installation:
             ) from e
 
     def _isolate_sources(self) -> None:
-        """Clone a copy's source that overlaps another copy's target (a state dict
-        holding the module's own tensors under other names): each copy then reads
-        the value the state dict held at the call, whatever was copied before.
+        """Clone a source that overlaps a copy's target (a state dict holding the
+        module's own real tensors under other names, for a copy or a swap): each
+        tensor then gets the value the state dict held at the call, whatever was
+        copied before, and a storage of its own.
         A source that *is* its target is left out: the copy would change nothing."""
         copies = [*self._guarded, *self._plain]
         if not copies:
             return
-        spans = [_span(c.target) for c in copies]
         by_storage: dict[tuple[torch.device, int], list[tuple[int, int]]] = {}
-        for span in spans:
+        for copy in copies:
+            span = _span(copy.target)
             if span is not None:
                 by_storage.setdefault(span[0], []).append(span[1])
+        for swap in self._swaps:
+            # A deferred tensor loaded from a real one's memory would see its copy.
+            span = _span(swap.real) if swap.loaded else None
+            if span is not None and any(_overlap(span[1], o) for o in by_storage.get(span[0], ())):
+                swap.real = swap.real.clone()
+                swap.shell = shell_for(swap.target, swap.real, swap.path)
+                check_swap(swap.target, swap.shell, swap.path)
         for kind in (self._guarded, self._plain):
             for copy in list(kind):
                 span = _span(copy.source)

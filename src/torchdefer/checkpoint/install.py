@@ -126,10 +126,10 @@ class Installation:
                 change; it raises when another process did not (the
                 distributed loader's vote), and then everything is undone.
         """
-        self._isolate_sources()
         undos: list[Callable[[], None]] = []
         with _interrupts_held():
             try:
+                self._isolate_sources()  # allocates: inside, so that a failure is voted
                 self._make_undoable(undos, then)
             except BaseException:
                 _undo_all(undos)

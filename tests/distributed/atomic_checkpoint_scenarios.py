@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 import torchdefer
 import torchdefer.checkpoint.install as install_module
+import torchdefer.distributed
 import torchdefer.distributed._staged as staged_module
 import torchdefer.distributed.checkpoint as checkpoint_module
 import torchdefer.materialize.api as api_module
@@ -36,6 +37,7 @@ ALL = [
     "a_failure_on_one_rank_leaves_every_rank_unchanged_full_source",
     "a_failure_on_one_rank_leaves_every_rank_unchanged_dcp_source",
     "a_failure_on_one_rank_leaves_real_plain_tensors_unchanged",
+    "a_materialized_sharded_model_is_refused_unchanged",
 ]
 
 
@@ -268,3 +270,18 @@ def a_failure_on_one_rank_leaves_real_plain_tensors_unchanged(rank: int, world: 
     torchdefer.load_state_dict(model, state)
     assert model.scale is real and real.untyped_storage().data_ptr() == storage
     _check(model, _eager(state))
+
+
+def a_materialized_sharded_model_is_refused_unchanged(rank: int, world: int) -> None:
+    """Real DTensors are refused with an error that says what to use instead (copying
+    into them raised a bare RuntimeError from DTensor's dispatch before)."""
+    model = _deferred()
+    torchdefer.distributed.materialize_module(model)
+    before = _snapshot(model)
+    try:
+        torchdefer.load_state_dict(model, _state())
+    except torchdefer.checkpoint.CheckpointUsageError as e:
+        assert "DTensor" in str(e) and "set_model_state_dict" in str(e), e
+    else:
+        raise AssertionError("a checkpoint was copied into real DTensors")
+    _assert_unchanged(model, before, "materialized sharded model")

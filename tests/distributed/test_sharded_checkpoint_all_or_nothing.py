@@ -42,3 +42,7 @@ def test_one_rank_failing_while_loading_a_dcp_checkpoint_changes_no_rank(outcome
 
 def test_one_rank_failing_leaves_real_plain_tensors_unchanged_on_every_rank(outcomes):
     _passed(outcomes, "a_failure_on_one_rank_leaves_real_plain_tensors_unchanged")
+
+
+def test_a_materialized_sharded_model_is_refused_with_what_to_use_instead(outcomes):
+    _passed(outcomes, "a_materialized_sharded_model_is_refused_unchanged")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.checkpoint.errors import CheckpointError, CheckpointUsageError
 from torchdefer.materialize.api import mark_materialized
 from torchdefer.materialize.cache import keep_loaded
@@ -280,6 +281,14 @@ def _check_copy(target: torch.Tensor, source: torch.Tensor, path: str) -> None:
             f"'{path}' is a tensor whose elements share memory (expanded: stride 0), "
             "which cannot be copied into; Module.load_state_dict refuses it too. Make it "
             "a tensor of its own (.clone()) before loading. Nothing was loaded."
+        )
+    if _compat.is_traceable_wrapper_subclass(target):  # DTensor, Float8, NF4, ...
+        raise CheckpointUsageError(
+            f"'{path}' is a real {type(target).__qualname__} (a tensor subclass wrapping other "
+            "tensors, such as a DTensor of a materialized FSDP2 or tensor-parallel model): "
+            "torchdefer.load_state_dict copies into plain real tensors, and loads sharded "
+            "models while their shards are deferred. Load before materializing, or use "
+            "torch.distributed.checkpoint.state_dict.set_model_state_dict. Nothing was loaded."
         )
     if target.is_meta:  # (a checkpoint of meta tensors is refused earlier, by check_entries)
         raise CheckpointUsageError(

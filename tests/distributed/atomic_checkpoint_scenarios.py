@@ -25,12 +25,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import torchdefer
+import torchdefer.checkpoint.dcp as dcp_module
 import torchdefer.checkpoint.install as install_module
 import torchdefer.distributed
 import torchdefer.distributed._staged as staged_module
 import torchdefer.distributed.checkpoint as checkpoint_module
 import torchdefer.materialize.api as api_module
-from torchdefer.checkpoint import CheckpointRankError
+from torchdefer.checkpoint import CheckpointFormatError, CheckpointRankError
 from torchdefer.distributed.module import _fsdp2_params
 
 ALL = [
@@ -175,6 +176,9 @@ def _expect_refusal(model, load, inject, bad: int, what: str) -> None:
     except CheckpointRankError as e:
         assert rank != bad, f"{what}: the failing rank lost its own error: {e}"
         assert f"rank {bad}" in str(e) and "as it was" in str(e), e
+    except CheckpointFormatError as e:  # inside dcp.load: DCP tells every rank itself
+        assert what.startswith("dcp.load"), f"{what}: {e}"
+        assert "injected" in str(e), e
     else:
         raise AssertionError(f"{what}: rank {rank} loaded although rank {bad} failed")
     _assert_unchanged(model, before, f"{what}, failing on rank {bad}")
@@ -238,6 +242,8 @@ def a_failure_on_one_rank_leaves_every_rank_unchanged_dcp_source(rank: int, worl
     _each_failure(model, [
         ("a shard failing before dcp.load", load,
          lambda: _patched(checkpoint_module, "_stage_shard", 3)),
+        ("dcp.load's read failing", load,
+         lambda: _patched(dcp_module._SafeReader, "read_data", 0)),
         ("a plain tensor failing after dcp.load", load,
          lambda: _patched(checkpoint_module, "prepare", 2)),
         ("a swap failing", load, lambda: _patched(install_module, "exchange", 1)),

@@ -175,7 +175,7 @@ def _expect_refusal(model, load, inject, bad: int, what: str) -> None:
         assert rank == bad, f"{what}: rank {rank} raised the injected error of rank {bad}"
     except CheckpointRankError as e:
         assert rank != bad, f"{what}: the failing rank lost its own error: {e}"
-        assert f"rank {bad}" in str(e) and "as it was" in str(e), e
+        assert f"rank {bad}" in str(e) and "as it was" in str(e) and "injected" in str(e), e
     except CheckpointFormatError as e:  # inside dcp.load: DCP tells every rank itself
         assert what.startswith("dcp.load"), f"{what}: {e}"
         assert "injected" in str(e), e

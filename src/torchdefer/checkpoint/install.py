@@ -116,31 +116,31 @@ class Installation:
         self._steps.append((make, undo_it))
 
     def commit(self, then: Callable[[], None] | None = None,
-               agree: Callable[[bool], None] | None = None) -> None:
+               agree: Callable[[BaseException | None], None] | None = None) -> None:
         """Make every staged change; a failure undoes those made, and raises.
 
         Args:
             then: runs after the swaps and steps, before the copies (the missing
                 views of loaded tensors, which need those in place); if it
                 raises, everything is undone too.
-            agree: called once, with whether this process made every undoable
-                change; it raises when another process did not (the
-                distributed loader's vote), and then everything is undone.
+            agree: called once, with ``None`` if this process made every undoable
+                change, else its error; it raises when another process failed
+                (the distributed loader's vote), and then everything is undone.
         """
         undos: list[Callable[[], None]] = []
         with _interrupts_held():
             try:
                 self._isolate_sources()  # allocates: inside, so that a failure is voted
                 self._make_undoable(undos, then)
-            except BaseException:
+            except BaseException as error:
                 _undo_all(undos)
                 if agree is not None:
                     with contextlib.suppress(CheckpointError):  # this process's error wins
-                        agree(False)
+                        agree(error)
                 raise
             if agree is not None:
                 try:
-                    agree(True)
+                    agree(None)
                 except BaseException:
                     _undo_all(undos)
                     raise

@@ -30,46 +30,40 @@ __all__ = ["Vote", "stage_missing_shards", "stage_shard"]
 class Vote:
     """Each rank says whether its part of a load holds; all learn whether every part does.
 
-    Called with ``ok`` (default ``True``) on every rank at the same point (one
-    ``all_reduce`` over the default group), it raises
+    Called on every rank at the same point, with ``None`` or this rank's
+    error (one ``all_gather_object`` over the default group), it raises
     :class:`~torchdefer.checkpoint.CheckpointRankError` on every rank when any
-    said no. A rank that fails between votes calls :meth:`refuse`, which votes
-    no once, at the vote the others are waiting in.
+    rank failed, quoting the failing ranks' errors. A rank that fails between
+    votes calls :meth:`refuse`, which votes once, at the vote the others are
+    waiting in.
     """
 
     def __init__(self, where: str) -> None:
         self.where = where  # the checkpoint, for the message
-        self._settled = False  # a vote that saw a refusal was taken: no more votes
+        self._settled = False  # a vote that saw a failure was taken: no more votes
 
-    def __call__(self, ok: bool = True) -> None:
+    def __call__(self, error: BaseException | None = None) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             return
-        me, world = dist.get_rank(), dist.get_world_size()
-        flags = torch.zeros(world, dtype=torch.int32, device=_vote_device())
-        flags[me] = 0 if ok else 1
-        dist.all_reduce(flags)
-        failed = [rank for rank, flag in enumerate(flags.tolist()) if flag]
+        said: list[str | None] = [None] * dist.get_world_size()
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        dist.all_gather_object(said, mine)  # strings of our own ranks, not of the file
+        failed = {rank: text for rank, text in enumerate(said) if text is not None}
         if failed:
             self._settled = True
+            ranks = ", ".join(map(str, failed))
+            first = next(iter(failed.values()))
             raise CheckpointRankError(
-                f"Loading {self.where} failed on rank{'s' if len(failed) > 1 else ''} "
-                f"{', '.join(map(str, failed))}, so rank {me} refused it too: every rank's "
-                "module is as it was before the load. The failing rank's own error says "
-                "what is wrong and what to do."
+                f"Loading {self.where} failed on rank{'s' if len(failed) > 1 else ''} {ranks} "
+                f"({first}), so rank {dist.get_rank()} refused it too: every rank's module is "
+                "as it was before the load. Fix what that error names and load again."
             )
 
-    def refuse(self) -> None:
-        """Vote no, unless a vote already ended this load (every rank knows)."""
+    def refuse(self, error: BaseException) -> None:
+        """Vote ``error``, unless a vote already ended this load (every rank knows)."""
         if not self._settled:
             with contextlib.suppress(CheckpointError):
-                self(False)
-
-
-def _vote_device() -> torch.device:
-    backend = str(dist.get_backend())
-    if "gloo" in backend or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())  # NCCL reduces on the GPU
+                self(error)
 
 
 def stage_shard(changes: Installation, dtensor: DTensor, real: torch.Tensor,

@@ -24,7 +24,7 @@ tensor (full sources only).
 All or nothing, on every rank: each rank stages its changes in an
 :class:`~torchdefer.checkpoint.install.Installation` (the unsharded loader's:
 swaps checked first, copies into real tensors last) and makes the undoable
-ones; then the ranks vote (one ``all_reduce``,
+ones; then the ranks vote (one ``all_gather_object``,
 :class:`~torchdefer.distributed._staged.Vote`). If any rank failed, at any
 point before, every rank undoes its changes and raises; the failing one its
 own error, the others :class:`~torchdefer.checkpoint.CheckpointRankError`.
@@ -105,8 +105,8 @@ def load_state_dict(
     try:
         result, views = _stage(module, source, strict, materialize_missing, progress,
                                changes, vote)
-    except BaseException:
-        vote.refuse()  # the other ranks refuse too, at their next vote
+    except BaseException as error:
+        vote.refuse(error)  # the other ranks refuse too, at their next vote
         raise
     # Every rank made every change it can undo, or none: the vote is taken
     # after them, so a failure anywhere undoes them on every rank.

@@ -92,7 +92,7 @@ def _put(hook: Callable[[Any], None] | None) -> None:
         for redirect in _redirects.values():
             redirect.remove(type_dict)
         type_dict.pop("__deepcopy__", None)
-        method_table._modified(_TYPE)
+        method_table.type_modified(_TYPE)
         return
     _installed[:] = [hook]
     if "__deepcopy__" not in _TYPE.__dict__ and "__reduce__" in _redirects:

@@ -36,7 +36,7 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SLOT_DUNDERS", "Redirect", "type_dict", "usable"]
+__all__ = ["SLOT_DUNDERS", "Redirect", "type_dict", "type_modified", "usable"]
 
 _P = ctypes.sizeof(ctypes.c_void_p)
 _D_METHOD = 5 * _P  # PyObject_HEAD (2) + d_type, d_name, d_qualname
@@ -67,7 +67,8 @@ def type_dict(cls: type) -> dict[str, Any] | None:
     return found[0] if len(found) == 1 and found[0].keys() == cls.__dict__.keys() else None
 
 
-def _modified(cls: type) -> None:
+def type_modified(cls: type) -> None:
+    """Drop CPython's caches of ``cls``'s attributes (after its dict changed)."""
     ctypes.pythonapi.PyType_Modified(ctypes.py_object(cls))
 
 
@@ -139,16 +140,19 @@ class Redirect:
         """The original C method, never redirected: ``original(self)``."""
 
     def install(self, function: Callable[[Any], Any], cls_dict: dict[str, Any]) -> None:
-        """Make every call of the method call ``function(self)`` (``cls_dict``: :func:`type_dict`)."""
+        """Make every call of the method call ``function(self)``.
+
+        ``cls_dict``: the type's dict, from :func:`type_dict`.
+        """
         cls_dict[self.dunder] = function
-        _modified(self.cls)
+        type_modified(self.cls)
         ctypes.c_void_p.from_address(self._entry + _ML_METH).value = self._slot
 
     def remove(self, cls_dict: dict[str, Any]) -> None:
         """Put the original function pointer back, then drop the dunder."""
         ctypes.c_void_p.from_address(self._entry + _ML_METH).value = self._meth
         cls_dict.pop(self.dunder, None)
-        _modified(self.cls)
+        type_modified(self.cls)
 
     def installed(self) -> bool:
         return _pointer(self._entry + _ML_METH) == self._slot

@@ -14,9 +14,9 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from test_pointwise_layouts import LAYOUTS, _aten_overloads, _named
 
 import torchdefer
-from test_pointwise_layouts import LAYOUTS, _aten_overloads, _named
 from torchdefer.fake._iterator import iterator_strides
 from torchdefer.fake._pointwise import (
     BY_DTYPE,

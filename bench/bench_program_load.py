@@ -1,11 +1,11 @@
-"""What the program-file checks cost at load: torchdefer.load vs torch.export.load.
+"""What the program-file checks cost at load: torchdefer.load_program vs torch.export.load.
 
 A 4-layer ``nn.TransformerEncoder`` (d_model 64, fp32, CPU) is scripted with
-a symbolic batch and sequence length and written with ``torchdefer.save``;
+a symbolic batch and sequence length and written with ``torchdefer.save_program``;
 the same model's ``torch.export.export`` is written with
 ``torch.export.save``. Each round times, interleaved so that load on a shared
 machine hits all alike: ``torch.export.load`` of its file (the baseline),
-``torchdefer.load`` of ours (every check: zip headers and sizes, pytree specs
+``torchdefer.load_program`` of ours (every check: zip headers and sizes, pytree specs
 decoded, shape expressions parsed, the operator allowlist on the JSON and on
 the built graph, descriptors), and the operator allowlist alone (both
 passes). The report gives medians over ``--rounds`` and per-round ratios
@@ -50,11 +50,11 @@ def files(folder: Path) -> dict[str, object]:
     ours, theirs = folder / "model.tdp", folder / "model.pt2"
     program = torchdefer.script(model, {"src": MetaTensorType(["b", "s", 64], torch.float32)})
     program(x)
-    torchdefer.save(program, ours)
+    torchdefer.save_program(program, ours)
     batch, length = torch.export.Dim("b"), torch.export.Dim("s")
     exported = torch.export.export(model, (x,), dynamic_shapes=({0: batch, 1: length},))
     torch.export.save(exported, theirs)
-    loaded = torchdefer.load(ours)
+    loaded = torchdefer.load_program(ours)
     torch.testing.assert_close(loaded(x), model(x))
     torch.testing.assert_close(torch.export.load(theirs).module()(x), model(x))
     graph = json.loads(zipfile.ZipFile(ours).read("graph0.json"))
@@ -65,7 +65,7 @@ def files(folder: Path) -> dict[str, object]:
         check_graph_module(module)
 
     return {BASELINE: lambda: torch.export.load(theirs),
-            "torchdefer.load": lambda: torchdefer.load(ours),
+            "torchdefer.load_program": lambda: torchdefer.load_program(ours),
             "operator allowlist alone (JSON + graph module)": allowlist,
             "nodes": len(list(module.graph.nodes))}
 

@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from torchdefer.checkpoint import load_state_dict, save_state_dict, set_distributed_loader
+from torchdefer.checkpoint.write import set_sharded_writer
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
@@ -42,11 +43,11 @@ __all__ = [
     "fake_mode",
     "is_deferred",
     "is_fake",
-    "load",
+    "load_program",
     "load_state_dict",
     "materialize_module",
     "materialize_tensor",
-    "save",
+    "save_program",
     "save_state_dict",
     "script",
 ]
@@ -56,8 +57,10 @@ if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
         DescriptorMismatch,
         MetaTensorType,
         describe,
-        load,
-        save,
+        load,  # noqa: F401 (deprecated name, resolved lazily)
+        load_program,
+        save,  # noqa: F401 (deprecated name, resolved lazily)
+        save_program,
         script,
     )
     from torchdefer.viz import explain
@@ -67,8 +70,10 @@ _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
     "MetaTensorType": "torchdefer.descriptors",
     "describe": "torchdefer.descriptors",
-    "load": "torchdefer.descriptors",
-    "save": "torchdefer.descriptors",
+    "load": "torchdefer.descriptors",  # deprecated: load_program
+    "load_program": "torchdefer.descriptors",
+    "save": "torchdefer.descriptors",  # deprecated: save_program
+    "save_program": "torchdefer.descriptors",
     "script": "torchdefer.descriptors",
     "explain": "torchdefer.viz",
 }
@@ -88,8 +93,15 @@ def _load_distributed(module: Any, source: Any, **options: Any) -> Any:
     return loader(module, source, **options)
 
 
+def _save_sharded(model: Any, path: Any, **options: Any) -> Any:
+    # Models with DTensor tensors: each rank writes its shards (distributed extension).
+    writer = importlib.import_module("torchdefer.distributed.save").save_sharded
+    return writer(model, path, **options)
+
+
 set_sharded_materializer(_materialize_sharded)
 set_distributed_loader(_load_distributed)
+set_sharded_writer(_save_sharded)
 
 
 def __getattr__(name: str) -> Any:

@@ -111,6 +111,15 @@ def test_dcp_directory_loads_with_dcp_load_into_an_eager_model_and_equals_it(tmp
         assert torch.equal(state[name], tensor), name
 
 
+def test_torchdefer_load_state_dict_reads_the_dcp_directory_back(tmp_path):
+    eager, lazy = _both(_config(tied=True))
+    out = torchdefer.save_state_dict(lazy, tmp_path / "seed", format="dcp", dtype=torch.bfloat16)
+    _, target = _both(_config(tied=True), seed=7)
+    torchdefer.load_state_dict(target, out, strict=True, dtype=torch.bfloat16)
+    for name, tensor in eager.to(torch.bfloat16).state_dict().items():
+        assert torch.equal(target.state_dict()[name], tensor), name
+
+
 def test_the_model_stays_deferred_and_later_materializes_as_eager(tmp_path):
     eager, lazy = _both(_config(tied=False))
     torchdefer.save_state_dict(lazy, tmp_path / "a")

@@ -71,5 +71,5 @@ def _from_file(victim):
 
 def save_filled(path):
     """Save the program of :func:`_filled` (``zeros``, ``fill_``, ``add``) to ``path``."""
-    torchdefer.save(torchdefer.script(_filled, {"x": MetaTensorType([4], torch.float32)}), path)
+    torchdefer.save_program(torchdefer.script(_filled, {"x": MetaTensorType([4], torch.float32)}), path)
     return path

@@ -41,8 +41,8 @@ def test_loaded_program_checks_and_runs_the_same(backend, tmp_path):
     for b in [0, 1]:  # an export program keeps the graphs these calls build
         p(torch.randn(b, 6), True)
     path = tmp_path / "model.tdp"
-    torchdefer.save(p, path)
-    q = torchdefer.load(path, allow_torchscript=backend == "jit")
+    torchdefer.save_program(p, path)
+    q = torchdefer.load_program(path, allow_torchscript=backend == "jit")
     for b in [0, 1, 5]:
         x = torch.randn(b, 6)
         torch.testing.assert_close(q(x, True), model(x, True))
@@ -57,14 +57,14 @@ def test_loaded_program_checks_and_runs_the_same(backend, tmp_path):
 
 def test_torchscript_archive_is_refused_unless_allowed(tmp_path):
     path = tmp_path / "model.tdp"
-    torchdefer.save(torchdefer.script(Model(), DESC, backend="jit"), path)
+    torchdefer.save_program(torchdefer.script(Model(), DESC, backend="jit"), path)
     with pytest.raises(ProgramFileError, match="holds a TorchScript program .* pass allow_torchscript=True if you trust"):
-        torchdefer.load(path)
+        torchdefer.load_program(path)
 
 
 def test_descriptors_are_stored_as_json(tmp_path):
     path = tmp_path / "model.tdp"
-    torchdefer.save(torchdefer.script(Model(), DESC), path)
+    torchdefer.save_program(torchdefer.script(Model(), DESC), path)
     header = json.loads(_members(path)["torchdefer.json"])
     x, flag = header["params"]["tuple"]
     assert from_json(x) == torchdefer.descriptors.tree.Param("x", "POSITIONAL_OR_KEYWORD", DESC["x"], described=True)
@@ -108,7 +108,7 @@ PAYLOAD = f"__import__('builtins').setattr(__import__('sys'), '{MARK}', 1) or Sy
 @pytest.fixture
 def saved(tmp_path):
     path = tmp_path / "model.tdp"
-    torchdefer.save(torchdefer.script(Model(), DESC), path)
+    torchdefer.save_program(torchdefer.script(Model(), DESC), path)
     yield path
     assert not hasattr(sys, MARK), "code from the file ran"
 
@@ -154,7 +154,7 @@ def test_crafted_shape_expression_runs_code_in_torchs_loader_but_is_refused_by_o
     _edit_json(saved, "graph0.json", lambda g: _first_expr(g).update(expr_str=PAYLOAD))
     members = _members(saved)
     with pytest.raises(ProgramFileError, match=r"graph0.json holds something loading would execute \(BoolOp is not allowed"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
     assert not hasattr(sys, MARK)
     # The hole being closed: torch's own deserializer evaluates the text.
     state = torch.load(io.BytesIO(members["weights.pt"]), weights_only=True)
@@ -169,7 +169,7 @@ def test_crafted_shape_expression_runs_code_in_torchs_loader_but_is_refused_by_o
 def test_guards_code_that_torch_would_exec_is_refused(saved):
     _edit_json(saved, "graph0.json", lambda g: g.update(guards_code=["__import__('os').getpid()"]))
     with pytest.raises(ProgramFileError, match="carries guards_code, Python source torch would exec"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_graph_node_calling_a_python_function_is_refused(saved):
@@ -179,7 +179,7 @@ def test_graph_node_calling_a_python_function_is_refused(saved):
 
     _edit_json(saved, "graph0.json", edit)
     with pytest.raises(ProgramFileError, match=r"graph0.json: node 'linear' calls torch.serialization.os.system \(from File .*test_archive.py\", line \d+, in forward\), which is outside the allowed operators"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_crafted_coverage_guard_is_refused(saved):
@@ -188,7 +188,7 @@ def test_crafted_coverage_guard_is_refused(saved):
 
     _edit_json(saved, "torchdefer.json", edit)
     with pytest.raises(ProgramFileError, match="graph 0 of torchdefer.json holds something loading would execute"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_output_structure_naming_an_unregistered_type_imports_nothing(saved):
@@ -197,7 +197,7 @@ def test_output_structure_naming_an_unregistered_type_imports_nothing(saved):
 
     _edit_json(saved, "torchdefer.json", edit)
     with pytest.raises(ProgramFileError, match="graph 0 of torchdefer.json is not what torchdefer wrote"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
     assert "antigravity" not in sys.modules
 
 
@@ -232,7 +232,7 @@ def test_pytree_spec_naming_something_to_import_is_refused_before_torch_reads_it
     else:
         _edit_json(saved, "torchdefer.json", lambda h: (_spec_in_descriptor if where == "descriptor" else _spec_in_outputs)(h, text))
     with pytest.raises(ProgramFileError, match="holds something loading would execute .*a pytree spec naming something to import"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
     assert "tabnanny" not in sys.modules
 
 
@@ -242,7 +242,7 @@ def test_value_that_reads_back_otherwise_is_refused_at_save(tmp_path):
 
     p = torchdefer.script(f, {"x": MetaTensorType(["b"], F32)})
     with pytest.raises(TypeError, match=r"\{\(1, 2\): 3\} \(a dict\) cannot be saved in a program file"):
-        torchdefer.save(p, tmp_path / "f.tdp")
+        torchdefer.save_program(p, tmp_path / "f.tdp")
 
 
 class _Payload:
@@ -259,7 +259,7 @@ def test_crafted_pickle_in_the_archive_is_not_executed(member, saved):
         members[member] = data
         _write(saved, members)
         with pytest.raises(ProgramFileError, match=f"{member} holds more than tensors, or is damaged; refusing to unpickle it"):
-            torchdefer.load(saved)
+            torchdefer.load_program(saved)
 
 
 # ------------------------------------------------------------ damaged files
@@ -267,7 +267,7 @@ def test_truncated_file_names_the_file_and_the_damage(saved):
     data = saved.read_bytes()
     saved.write_bytes(data[: len(data) // 2])
     with pytest.raises(ProgramFileError, match=rf"{saved.name}': the archive is damaged or truncated"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_corrupted_member_is_reported_with_its_name(saved):
@@ -276,7 +276,7 @@ def test_corrupted_member_is_reported_with_its_name(saved):
     data[start + 3] ^= 0x55
     saved.write_bytes(bytes(data))
     with pytest.raises(ProgramFileError, match=r"graph0.json is damaged or truncated \(Bad CRC-32"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 @pytest.mark.parametrize("member", ["weights.pt", "graph0.json", "graph0.constants.pt"])
@@ -285,28 +285,28 @@ def test_missing_member_is_reported_as_an_incomplete_file(member, saved):
     del members[member]
     _write(saved, members)
     with pytest.raises(ProgramFileError, match=f"{member} is missing; the file is incomplete"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_header_from_another_version_or_not_json_says_so(saved):
     _edit_json(saved, "torchdefer.json", lambda h: h.update(version=99))
     with pytest.raises(ProgramFileError, match="unsupported version 99; this torchdefer reads torchdefer.program version 3"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
     members = _members(saved)
     members["torchdefer.json"] = b"{not json"
     _write(saved, members)
     with pytest.raises(ProgramFileError, match="torchdefer.json is not what torchdefer wrote"):
-        torchdefer.load(saved)
+        torchdefer.load_program(saved)
 
 
 def test_loading_a_file_that_is_not_a_program_says_so(tmp_path):
     path = tmp_path / "other.zip"
     _write(path, {"x.txt": "hi"})
     with pytest.raises(ProgramFileError, match="is not a torchdefer program"):
-        torchdefer.load(os.fspath(path))
+        torchdefer.load_program(os.fspath(path))
     path.write_bytes(b"plain text")
     with pytest.raises(ProgramFileError, match="the archive is damaged or truncated"):
-        torchdefer.load(path)
+        torchdefer.load_program(path)
 
 
 def test_outputs_holding_dtypes_devices_and_numbers_save_and_load(tmp_path):
@@ -314,9 +314,22 @@ def test_outputs_holding_dtypes_devices_and_numbers_save_and_load(tmp_path):
         return {"y": x * 2, "dtype": x.dtype, "device": x.device, "n": 3}
 
     path = tmp_path / "f.tdp"
-    torchdefer.save(torchdefer.script(f, {"x": MetaTensorType(["b", 3], F32)}), path)
-    q = torchdefer.load(path)
+    torchdefer.save_program(torchdefer.script(f, {"x": MetaTensorType(["b", 3], F32)}), path)
+    q = torchdefer.load_program(path)
     x = torch.randn(4, 3)
     out = q(x)
     assert (out["dtype"], out["device"], out["n"]) == (F32, torch.device("cpu"), 3)
     assert torch.equal(out["y"], x * 2)
+
+
+def test_the_old_program_names_still_work_and_warn_with_the_new_ones(tmp_path):
+    p = torchdefer.script(lambda x: x * 2, {"x": MetaTensorType(["n"], torch.float32)})
+    f = tmp_path / "double.tdp"
+    with pytest.warns(DeprecationWarning, match=r"torchdefer.save is renamed "
+                                                r"torchdefer.save_program .*torchdefer 0.3"):
+        torchdefer.save(p, f)
+    with pytest.warns(DeprecationWarning, match=r"torchdefer.load is renamed "
+                                                r"torchdefer.load_program"):
+        q = torchdefer.load(f)
+    assert torch.equal(q(torch.arange(3.0)), torch.arange(3.0) * 2)
+    assert "save" not in torchdefer.__all__ and "save_program" in torchdefer.__all__

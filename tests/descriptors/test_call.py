@@ -101,8 +101,8 @@ def test_a_module_program_counts_self_as_calling_the_module_does(cls, calls, bac
 def test_a_loaded_program_words_its_refusals_as_the_scripted_one(tmp_path):
     model = Forward()
     p = torchdefer.script(model, {"x": X})
-    torchdefer.save(p, tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp")
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp")
     for args in [(T, True, 1), ()]:
         assert _message(q, args, {}) == _message(model, args, {})
 
@@ -134,8 +134,8 @@ def test_extra_arguments_for_a_variadic_callable_say_the_program_takes_none(back
             torchdefer.script(with_rest, {"x": X}, backend=backend)
         return
     p = torchdefer.script(with_rest, {"x": X})
-    torchdefer.save(p, tmp_path / "p.tdp")
-    for program in (p, torchdefer.load(tmp_path / "p.tdp")):
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    for program in (p, torchdefer.load_program(tmp_path / "p.tdp")):
         with pytest.raises(TypeError, match=r"with_rest\(\) takes 1 positional argument but 2 were "
                                             r"given \(the program takes no \*args or \*\*kwargs"):
             program(T, T)

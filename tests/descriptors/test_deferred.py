@@ -34,8 +34,8 @@ def test_script_of_a_deferred_module_allocates_no_weights(tmp_path):
     model = torchdefer.deferred_init(Wide)  # 64 MiB of weights if real
     before = rss()
     p = torchdefer.script(model, DESC)
-    torchdefer.save(p, tmp_path / "wide.tdp")
-    q = torchdefer.load(tmp_path / "wide.tdp")
+    torchdefer.save_program(p, tmp_path / "wide.tdp")
+    q = torchdefer.load_program(tmp_path / "wide.tdp")
     assert rss() - before < 32 * 2**20
     assert torchdefer.is_deferred(model)
     assert os.path.getsize(tmp_path / "wide.tdp") < 2**20
@@ -50,10 +50,10 @@ def test_deferred_program_runs_with_the_real_weights_after_materialize(tmp_path)
     torch.manual_seed(0)
     model = torchdefer.deferred_init(Wide, 16)
     p = torchdefer.script(model, {"x": MetaTensorType(["b", 16], torch.float32)})
-    torchdefer.save(p, tmp_path / "wide.tdp")
+    torchdefer.save_program(p, tmp_path / "wide.tdp")
     with pytest.raises(RuntimeError, match=r"has no data .*materialize_module"):
         p(torch.randn(2, 16))
-    q = torchdefer.load(tmp_path / "wide.tdp")
+    q = torchdefer.load_program(tmp_path / "wide.tdp")
     with pytest.raises(RuntimeError, match="saved from a deferred model, without weights"):
         q(torch.randn(2, 16))
     torchdefer.materialize_module(model)

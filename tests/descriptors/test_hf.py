@@ -70,7 +70,7 @@ def test_program_rejects_float_ids(family):
 def test_program_with_a_cache_in_its_outputs_says_how_to_save_it(family, tmp_path):
     _, _, _, p = family
     with pytest.raises(TypeError, match=r"outputs hold a transformers.cache_utils.DynamicCache, which torch.utils._pytree does not know.*register_dynamic_cache_export_support"):
-        torchdefer.save(p, tmp_path / "model.tdp")
+        torchdefer.save_program(p, tmp_path / "model.tdp")
 
 
 def test_deferred_model_scripts_without_weights_and_matches_eager_once_materialized(family):
@@ -93,8 +93,8 @@ def test_program_without_cache_round_trips_through_save_and_load(tmp_path):
     model = transformers.LlamaForCausalLM(llama_config()).eval()
     desc = {**IDS, "use_cache": False}
     p = torchdefer.script(model, desc)
-    torchdefer.save(p, tmp_path / "llama.tdp")
-    q = torchdefer.load(tmp_path / "llama.tdp")
+    torchdefer.save_program(p, tmp_path / "llama.tdp")
+    q = torchdefer.load_program(tmp_path / "llama.tdp")
     assert q.output_descriptors.logits.shape == ("b", "s", VOCAB)
     ids = torch.randint(0, VOCAB, (2, 5))
     with torch.no_grad():

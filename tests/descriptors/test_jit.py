@@ -220,8 +220,8 @@ def test_undescribed_parameters_stay_generic_instead_of_pinned_to_their_defaults
 
 def test_generic_jit_program_survives_save_and_load(tmp_path):
     p = torchdefer.script(with_defaults, {"x": V}, backend="jit")
-    torchdefer.save(p, tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp", allow_torchscript=True)
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp", allow_torchscript=True)
     x = torch.randn(4)
     for args in [(), (False, 3), (True, 3, 2.0)]:
         torch.testing.assert_close(q(x, *args), with_defaults(x, *args))

@@ -56,7 +56,7 @@ def test_enum_key_spelled_with_a_json_escape_is_refused_before_torch_reads_it(wh
     part = "graph0.json" if where.endswith("_spec") else "torchdefer.json"
     with pytest.raises(ProgramFileError, match=rf"{part} holds something loading would execute "
                        r"\(a pytree spec naming something to import \(an enum key naming 'tabnanny:NannyNag'\)"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     assert "tabnanny" not in sys.modules
 
 
@@ -67,7 +67,7 @@ def test_spec_with_an_unregistered_type_or_another_protocol_says_what_to_do(fill
 
     _edit_graph(filled_file, edit)
     with pytest.raises(ProgramFileError, match="pytree type 'my.Box' is not registered in this process; register it"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 @pytest.mark.parametrize("data", [{"dtype": "onnx"}, {"layout": "_inductor"}, {"dtype": ["float32"]}])
@@ -89,7 +89,7 @@ def test_source_fn_stack_naming_a_torch_submodule_imports_nothing(filled_file, m
     asked, lazy = [], torch.__getattr__
     monkeypatch.setattr(torch, "__getattr__", lambda name: asked.append(name) or lazy(name))
     x = torch.arange(4.0)
-    assert torch.equal(torchdefer.load(filled_file)(x), _filled(x))
+    assert torch.equal(torchdefer.load_program(filled_file)(x), _filled(x))
     assert "lazy_submodule" not in asked
 
 
@@ -106,7 +106,7 @@ def test_node_names_and_stack_traces_cannot_break_out_of_fx_generated_code(fille
         graph.update(json.loads(text))
 
     _edit_graph(filled_file, edit)
-    q = torchdefer.load(filled_file)
+    q = torchdefer.load_program(filled_file)
     x = torch.arange(4.0)
     assert torch.equal(q(x), _filled(x))
     runner = next(iter(q._variants.values()))

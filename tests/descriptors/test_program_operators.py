@@ -30,7 +30,7 @@ def test_graph_writing_a_file_through_from_file_is_refused_at_load_and_no_file_c
     with pytest.raises(ProgramFileError, match=(
             rf"{filled_file.name}': graph0.json: node 'zeros' calls aten.from_file.default, which reads "
             r"and writes files.*refusing to load it")):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     assert (victim.read_bytes() if victim.exists() else None) == before
 
 
@@ -89,7 +89,7 @@ def test_graph_calling_anything_but_tensor_math_is_refused_naming_node_and_opera
     _edit_graph(filled_file, edit)
     shown = target.removeprefix("torch.ops.")
     with pytest.raises(ProgramFileError, match=rf"graph0.json: node 'fill_' calls {re.escape(shown)}, which .*{re.escape(why)}") as e:
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     assert isinstance(e.value, torchdefer.TorchdeferError) and isinstance(e.value, ValueError)
 
 
@@ -100,7 +100,7 @@ def test_pin_memory_argument_is_refused(filled_file):
 
     _edit_graph(filled_file, edit)
     with pytest.raises(ProgramFileError, match=r"node 'zeros' calls aten.zeros.default, which .*pin_memory=True"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_operator_passed_as_an_argument_is_refused(filled_file):
@@ -110,7 +110,7 @@ def test_operator_passed_as_an_argument_is_refused(filled_file):
 
     _edit_graph(filled_file, operator_argument)
     with pytest.raises(ProgramFileError, match="an argument names aten.from_file.default, which reads and writes files"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_torchbind_object_argument_is_refused(filled_file):
@@ -120,7 +120,7 @@ def test_torchbind_object_argument_is_refused(filled_file):
 
     _edit_graph(filled_file, torchbind)
     with pytest.raises(ProgramFileError, match="graph0.json: an argument is a torchbind object, whose methods are code outside the graph"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_built_graph_is_checked_again_subgraphs_included():
@@ -152,8 +152,8 @@ def test_cond_no_grad_item_and_dropout_programs_load_and_match_eager(tmp_path):
     model = _Branches()
     descriptors = {"x": MetaTensorType([4], torch.float32, requires_grad=True),
                    "n": MetaTensorType([], torch.int64)}
-    torchdefer.save(torchdefer.script(model, descriptors), tmp_path / "branches.tdp")
-    q = torchdefer.load(tmp_path / "branches.tdp")
+    torchdefer.save_program(torchdefer.script(model, descriptors), tmp_path / "branches.tdp")
+    q = torchdefer.load_program(tmp_path / "branches.tdp")
     graph = q.graph
     assert "cond" in graph and "wrap_with_set_grad_enabled" in graph and "item" in graph
     for sign in (1, -1):
@@ -183,10 +183,10 @@ def test_every_export_db_example_that_scripts_saves_loads_and_runs_the_same(tmp_
             continue
         if name == "scalar_output":  # a graph without outputs: torch's serializer cannot write it
             with pytest.raises(TypeError, match="returns only constants .* which torch.export's serializer cannot write"):
-                torchdefer.save(program, tmp_path / f"{name}.tdp")
+                torchdefer.save_program(program, tmp_path / f"{name}.tdp")
             continue
-        torchdefer.save(program, tmp_path / f"{name}.tdp")
-        got = torchdefer.load(tmp_path / f"{name}.tdp")(**copy.deepcopy(arguments))
+        torchdefer.save_program(program, tmp_path / f"{name}.tdp")
+        got = torchdefer.load_program(tmp_path / f"{name}.tdp")(**copy.deepcopy(arguments))
         assert pytree.tree_structure(got) == pytree.tree_structure(expected), name
         for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected)):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, name
@@ -208,15 +208,15 @@ def test_program_calling_a_custom_operator_is_refused_at_save_not_only_at_load(t
     p = torchdefer.script(lambda x: _double(x) + 1, {"x": MetaTensorType(["b"], torch.float32)})
     x = torch.arange(3.0)
     assert torch.equal(p(x), x * 2 + 1)  # it runs in the process that registered the operator
-    with pytest.raises(TypeError, match=r"save\(\): graph 0 of .*: node 'double' calls torchdefer_test.double.default, which is outside the allowed operators.*load\(\) would refuse the file"):
-        torchdefer.save(p, tmp_path / "custom.tdp")
+    with pytest.raises(TypeError, match=r"save_program\(\): graph 0 of .*: node 'double' calls torchdefer_test.double.default, which is outside the allowed operators.*load_program\(\) would refuse the file"):
+        torchdefer.save_program(p, tmp_path / "custom.tdp")
     assert not (tmp_path / "custom.tdp").exists()
 
 
 def test_forbidden_operator_inside_a_cond_branch_is_found_in_the_json(tmp_path):
     path = tmp_path / "branches.tdp"
     descriptors = {"x": MetaTensorType([4], torch.float32, requires_grad=True), "n": MetaTensorType([], torch.int64)}
-    torchdefer.save(torchdefer.script(_Branches(), descriptors), path)
+    torchdefer.save_program(torchdefer.script(_Branches(), descriptors), path)
 
     def edit(graph):
         branch = next(a["arg"]["as_graph"]["graph"] for n in _nodes(graph) for a in n["inputs"] if "as_graph" in a["arg"])
@@ -224,7 +224,7 @@ def test_forbidden_operator_inside_a_cond_branch_is_found_in_the_json(tmp_path):
 
     _edit_graph(path, edit)
     with pytest.raises(ProgramFileError, match=r"graph0.json: node 'cos' calls aten.from_file.default \(from File .*test_program_operators.py\", line \d+, in forward\), which reads and writes files"):
-        torchdefer.load(path)
+        torchdefer.load_program(path)
 
 
 class _Autocast(torch.nn.Module):
@@ -247,8 +247,8 @@ class _WhileLoop(torch.nn.Module):
 def test_autocast_and_while_loop_programs_load_and_match_eager(model, operator, tmp_path):
     torch.manual_seed(0)
     m, x = model(), torch.randn(2, 4)
-    torchdefer.save(torchdefer.script(m, {"x": MetaTensorType([2, 4], torch.float32)}), tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp")
+    torchdefer.save_program(torchdefer.script(m, {"x": MetaTensorType([2, 4], torch.float32)}), tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp")
     assert operator in q.graph
     assert torch.equal(q(x), m(x))
 
@@ -279,12 +279,12 @@ print(torch.export.load(io.BytesIO(out.getvalue())).module()(torch.zeros(4)).sum
 
 def test_graph_reading_outside_its_memory_crashes_torch_export_load_and_is_refused_by_ours(tmp_path):
     """The same crafted _reshape_alias: torch.export.load runs it (the process dies
-    reading 2**40 elements past its storage); torchdefer.load refuses it."""
+    reading 2**40 elements past its storage); torchdefer.load_program refuses it."""
     crash = subprocess.run([sys.executable, "-c", _READ_ANYWHERE], capture_output=True, timeout=300)
     assert crash.returncode < 0 and b"Traceback" not in crash.stderr, crash.stderr[-2000:]  # a signal
     # Our file: the same node in a torchdefer program.
     path = tmp_path / "view.tdp"
-    torchdefer.save(torchdefer.script(lambda x: x.view(2, 2) * 1, {"x": MetaTensorType([4], torch.float32)}), path)
+    torchdefer.save_program(torchdefer.script(lambda x: x.view(2, 2) * 1, {"x": MetaTensorType([4], torch.float32)}), path)
 
     def edit(graph):
         node = next(n for n in _nodes(graph) if "view" in n["target"])
@@ -294,4 +294,4 @@ def test_graph_reading_outside_its_memory_crashes_torch_export_load_and_is_refus
 
     _edit_graph(path, edit)
     with pytest.raises(ProgramFileError, match="calls aten._reshape_alias.default, which makes a view with strides torch does not check"):
-        torchdefer.load(path)
+        torchdefer.load_program(path)

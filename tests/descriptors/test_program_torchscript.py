@@ -21,7 +21,7 @@ class _Scripted(torch.nn.Module):
 def _jit_file(tmp_path, edit_code):
     """A jit program file whose TorchScript source is rewritten by ``edit_code``."""
     path = tmp_path / "jit.tdp"
-    torchdefer.save(torchdefer.script(_Scripted(), {"x": MetaTensorType(["b"], torch.float32)}, backend="jit"), path)
+    torchdefer.save_program(torchdefer.script(_Scripted(), {"x": MetaTensorType(["b"], torch.float32)}, backend="jit"), path)
     members = _members(path)
     inner = zipfile.ZipFile(io.BytesIO(members["program.ts"]))
     records = {n: inner.read(n) for n in inner.namelist()}
@@ -49,7 +49,7 @@ def test_trusted_torchscript_still_may_not_reach_files_seeds_or_custom_ops(call,
     statement = call.format(victim=victim)
     path = _jit_file(tmp_path, lambda code: code.replace("return torch.mul(", f"_9 = {statement}\n    return torch.mul("))
     with pytest.raises(ProgramFileError, match=rf"program.ts: archive/code/__torch__/test_program_torchscript.py, line \d+: {re.escape(why)}.*; even with allow_torchscript=True"):
-        torchdefer.load(path, allow_torchscript=True)
+        torchdefer.load_program(path, allow_torchscript=True)
     assert not victim.exists()
 
 
@@ -59,13 +59,13 @@ def test_trusted_torchscript_defining_setstate_is_refused_before_jit_load_runs_i
                 "    self.training = state[0]\n    return None\n")
     path = _jit_file(tmp_path, lambda code: code + setstate)
     with pytest.raises(ProgramFileError, match="defines __setstate__, code torch.jit.load would run while loading"):
-        torchdefer.load(path, allow_torchscript=True)
+        torchdefer.load_program(path, allow_torchscript=True)
 
 
 def test_trusted_torchscript_with_tensor_code_loads_and_matches_eager(tmp_path):
     path = _jit_file(tmp_path, lambda code: code)
     x = torch.randn(5)
-    assert torch.equal(torchdefer.load(path, allow_torchscript=True)(x), _Scripted()(x))
+    assert torch.equal(torchdefer.load_program(path, allow_torchscript=True)(x), _Scripted()(x))
 
 
 class _Reseeding(torch.nn.Module):
@@ -76,5 +76,5 @@ class _Reseeding(torch.nn.Module):
 
 def test_torchscript_program_reseeding_the_process_is_refused_at_save(tmp_path):
     p = torchdefer.script(_Reseeding(), {"x": MetaTensorType(["b"], torch.float32)}, backend="jit")
-    with pytest.raises(TypeError, match=r"save\(\): the TorchScript of _Reseeding.forward: .*calls torch.manual_seed, which reseeds the process's random generator"):
-        torchdefer.save(p, tmp_path / "seed.tdp")
+    with pytest.raises(TypeError, match=r"save_program\(\): the TorchScript of _Reseeding.forward: .*calls torch.manual_seed, which reseeds the process's random generator"):
+        torchdefer.save_program(p, tmp_path / "seed.tdp")

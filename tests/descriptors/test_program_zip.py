@@ -50,7 +50,7 @@ def test_one_gib_zip_bomb_member_is_refused_before_anything_is_inflated(filled_f
         with pytest.raises(ProgramFileError, match=(
                 rf"{filled_file.name}': member 'graph0.json' is compressed and says it inflates to "
                 rf"1073741824 bytes, which takes the compressed members past {INFLATED_LIMIT} bytes; refusing")):
-            torchdefer.load(filled_file)
+            torchdefer.load_program(filled_file)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -61,7 +61,7 @@ def test_compressed_members_inflating_to_little_still_load(filled_file):
     members = _members(filled_file)
     _write(filled_file, members, compress=dict.fromkeys(members, zipfile.ZIP_DEFLATED))
     x = torch.arange(4.0)
-    assert torch.equal(torchdefer.load(filled_file)(x), _filled(x))
+    assert torch.equal(torchdefer.load_program(filled_file)(x), _filled(x))
 
 
 def _patch_central(path, member, **fields):
@@ -85,14 +85,14 @@ def test_stored_member_claiming_more_bytes_than_it_stores_is_damaged(filled_file
     size = _members(filled_file)["weights.pt"].__len__()
     _patch_central(filled_file, "weights.pt", file_size=size + 1000)
     with pytest.raises(ProgramFileError, match=r"member 'weights.pt' is stored uncompressed in \d+ bytes but says it holds \d+: the archive is damaged"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_member_reaching_past_the_end_of_the_archive_is_truncated(filled_file):
     size = os.path.getsize(filled_file)
     _patch_central(filled_file, "weights.pt", file_size=size, compress_size=size)
     with pytest.raises(ProgramFileError, match=rf"member 'weights.pt' says it takes {size} bytes from offset \d+, past the end of the {size}-byte archive"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_member_cut_short_inside_the_archive_is_reported_with_its_name(filled_file):
@@ -100,14 +100,14 @@ def test_member_cut_short_inside_the_archive_is_reported_with_its_name(filled_fi
     longer = len(members["graph0.json"]) + 10
     _patch_central(filled_file, "graph0.json", file_size=longer, compress_size=longer)
     with pytest.raises(ProgramFileError, match=rf"filled.tdp': member 'graph0.json' holds {longer} bytes, torchdefer.json declares {longer - 10}"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     # A file filled_file before headers declared sizes: zipfile's CRC-32 check names the member.
     header = json.loads(members["torchdefer.json"])
     del header["members"]
     _write(filled_file, {**members, "torchdefer.json": json.dumps(header).encode()}, declare=False)
     _patch_central(filled_file, "graph0.json", file_size=longer, compress_size=longer)
     with pytest.raises(ProgramFileError, match=r"filled.tdp': graph0.json is damaged or truncated \(Bad CRC-32 for file 'graph0.json'\)"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_member_twice_in_the_archive_is_refused(filled_file):
@@ -115,7 +115,7 @@ def test_member_twice_in_the_archive_is_refused(filled_file):
     with zipfile.ZipFile(filled_file, "a") as zf, pytest.warns(UserWarning, match="Duplicate name"):
         zf.writestr("weights.pt", members["weights.pt"])
     with pytest.raises(ProgramFileError, match="member 'weights.pt' appears twice in the archive"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_member_size_other_than_the_header_declares_is_refused(filled_file):
@@ -123,11 +123,11 @@ def test_member_size_other_than_the_header_declares_is_refused(filled_file):
     members["graph0.json"] = members["graph0.json"] + b" "
     _write(filled_file, members, declare=False)
     with pytest.raises(ProgramFileError, match=r"member 'graph0.json' holds \d+ bytes, torchdefer.json declares \d+: the file was changed after it was saved"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     members["extra.bin"] = b"x"
     _write(filled_file, {**members, "graph0.json": members["graph0.json"][:-1]}, declare=False)
     with pytest.raises(ProgramFileError, match="member 'extra.bin' is not one torchdefer.json declares"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
 
 
 def test_compressed_record_inside_the_weights_archive_is_bounded_too(filled_file):
@@ -143,7 +143,7 @@ def test_compressed_record_inside_the_weights_archive_is_bounded_too(filled_file
     members["weights.pt"] = buffer.getvalue()
     _write(filled_file, members)
     with pytest.raises(ProgramFileError, match=rf"filled.tdp': weights.pt: member 'archive/data/bomb' is compressed and says it inflates to {INFLATED_LIMIT + 1} bytes"):
-        torchdefer.load(filled_file)
+        torchdefer.load_program(filled_file)
     assert pickle_name  # the rest of the archive was torch's own
 
 
@@ -151,12 +151,12 @@ def test_fifo_named_like_a_program_is_refused_without_blocking(tmp_path):
     path = tmp_path / "model.tdp"
     os.mkfifo(path)
     with pytest.raises(ProgramFileError, match="model.tdp' is not a regular file"):
-        torchdefer.load(path)
+        torchdefer.load_program(path)
 
 
 def test_missing_file_raises_what_open_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.tdp"):
-        torchdefer.load(tmp_path / "nothing.tdp")
+        torchdefer.load_program(tmp_path / "nothing.tdp")
     (tmp_path / "folder.tdp").mkdir()
     with pytest.raises(ProgramFileError, match="folder.tdp' is not a regular file"):
-        torchdefer.load(tmp_path / "folder.tdp")
+        torchdefer.load_program(tmp_path / "folder.tdp")

@@ -281,8 +281,8 @@ def test_outputs_of_pytree_registered_classes_are_rebuilt_and_saved(tmp_path):
     assert type(got["out"]) is Registered and got["n"] == 3
     torch.testing.assert_close(got["out"].value, x * 2)
     assert p.output_descriptors["out"].value.shape == ("b",)
-    torchdefer.save(p, tmp_path / "p.tdp")
-    again = torchdefer.load(tmp_path / "p.tdp")(x)
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    again = torchdefer.load_program(tmp_path / "p.tdp")(x)
     assert type(again["out"]) is Registered
     torch.testing.assert_close(again["out"].scale, x.sum())
 
@@ -294,7 +294,7 @@ def test_outputs_of_unregistered_classes_are_rebuilt_in_process_and_refused_by_s
     assert type(obj) is Unregistered and obj.label == "plus one"
     torch.testing.assert_close((obj.value, same), (x + 1, x))
     with pytest.raises(TypeError, match=r"outputs hold a test_script.Unregistered, which torch.utils._pytree does not know"):
-        torchdefer.save(p, tmp_path / "p.tdp")
+        torchdefer.save_program(p, tmp_path / "p.tdp")
 
 
 class Dropout(torch.nn.Module):

@@ -77,10 +77,10 @@ def test_range_that_lies_below_two_is_served_by_fixed_graphs():
 
 def test_loaded_program_refuses_a_size_it_has_no_graph_for(tmp_path):
     p = torchdefer.script(SingletonBranch(), {"x": MetaTensorType(["b", 3], F32)})
-    torchdefer.save(p, tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp")
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp")
     torch.testing.assert_close(q(torch.ones(4, 3)), SingletonBranch()(torch.ones(4, 3)))
-    with pytest.raises(RuntimeError, match=r"has no graph for this call \(b=1; inputs cpu, torch.strided\).*call the scripted program with such inputs once before save\(\)"):
+    with pytest.raises(RuntimeError, match=r"has no graph for this call \(b=1; inputs cpu, torch.strided\).*call the scripted program with such inputs once before save_program\(\)"):
         q(torch.ones(1, 3))
 
 
@@ -90,8 +90,8 @@ def test_graphs_built_before_save_are_loaded_and_used(tmp_path):
     x = torch.randn(5)
     p(x, 1)
     p(torch.randn(1), 4)
-    torchdefer.save(p, tmp_path / "p.tdp")
-    q = torchdefer.load(tmp_path / "p.tdp")
+    torchdefer.save_program(p, tmp_path / "p.tdp")
+    q = torchdefer.load_program(tmp_path / "p.tdp")
     assert q.variants == p.variants == 3
     torch.testing.assert_close(q(x, 1), model(x, 1))
     torch.testing.assert_close(q(x, 6), model(x, 6))

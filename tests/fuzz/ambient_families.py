@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from context import Ctx
+from torchdefer._compat import restore_default_device
 
 __all__ = ["MATERIALIZE_UNDER", "ambient", "attempt", "refused", "reset_ambient", "settings", "stop_worker", "thread",
            "worker"]
@@ -162,7 +163,7 @@ def stop_worker() -> None:
 def reset_ambient() -> None:
     """What the harness puts back after each segment, in both worlds."""
     torch.use_deterministic_algorithms(False)
-    torch.set_default_device(None)
+    restore_default_device(None)  # torch 2.8's set_default_device(None) breaks get_default_device
 
 
 @contextlib.contextmanager

@@ -174,7 +174,8 @@ def render(program: Program, order: str, sequence: list[str], detail: str) -> st
             out.append("    torch.randn(3)  # an eager draw between two segments")
         out += [f"    results.append(run(segment{k}, g0, g1, ext, arr))",
                 "    torch.set_default_dtype(torch.float32)  # as deferred_init leaves it",
-                "    torch.use_deterministic_algorithms(False); torch.set_default_device(None)"]
+                "    torch.use_deterministic_algorithms(False)",
+                "    __import__('torchdefer._compat', fromlist=['_']).restore_default_device(None)"]
     if "ambient_families" in "\n".join(program.lines):
         out.append("    __import__('ambient_families').stop_worker()  # tests/fuzz on sys.path")
     if program.mutation:

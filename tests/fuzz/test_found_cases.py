@@ -65,6 +65,18 @@ CASES: dict[str, Program] = {
         "t1.requires_grad_()",
         "t15 = t4.reshape(-1)",
     ),)),
+    # seed 20261202 (storage_growth): set_'s binding takes no __torch_function__,
+    # so autograd's assert on the source view's history escaped as a raw
+    # "new_fn INTERNAL ASSERT FAILED" (issue 24)
+    "set_to_a_view_whose_history_autograd_cannot_rebuild_is_refused_not_crashed": Program(
+        20261673, ((
+            "t1 = torch.arange(16.0).sin().reshape((4, 4))",
+            "t1.requires_grad_()",
+            "t3 = t1.as_strided((2,), (2,), 1)",
+            "t6 = t3[1:]",
+            "with torch.no_grad(): t6.add_(1)",
+            "t13 = torch.empty(0, dtype=t3.dtype).set_(t3)",
+        ),)),
     # the replay cache: a view rebuilt through its base (the layout replay gave
     # differs from the meta kernel's) still aliases the base materialized before
     "data_of_a_zeros_like_with_eager_strides_shares_its_storage": Program(86028489, ((

@@ -214,7 +214,7 @@ def test_the_generator_methods_are_put_back_when_recording_ends():
                                                                      "__deepcopy__")}
 
     def build():
-        assert torch.Generator.__dict__["get_state"] is not before["get_state"]
+        assert "__deepcopy__" in torch.Generator.__dict__  # the redirects are in
         torch.randn(3)
         raise KeyError("the constructor fails")
 

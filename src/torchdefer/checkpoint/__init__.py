@@ -21,6 +21,7 @@ from torchdefer.checkpoint.errors import (
     CheckpointKeyError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    CheckpointRankError,
     CheckpointUsageError,
     UnsafeCheckpointError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "CheckpointKeyError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointRankError",
     "CheckpointUsageError",
     "CheckpointWriteError",
     "LoadResult",

@@ -3,21 +3,24 @@
 ``save_pretrained`` writes ``config.json`` (with ``dtype`` set to the model's
 dtype and ``architectures`` to its class) and, for models that generate,
 ``generation_config.json``. The same files are written here from the model's
-config, without changing the model's own config object. Remote-code models
-(whose files ``save_pretrained`` also copies) are not handled.
+config, without changing the model's own config object, and the tensor names
+are the ones ``save_pretrained`` writes (:func:`saved_layout`). Remote-code
+models (whose files ``save_pretrained`` also copies) are not handled.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from torchdefer.checkpoint.write_errors import CheckpointWriteError
+from torchdefer.checkpoint.write_plan import Entry
 
-__all__ = ["check_no_conversions", "total_parameters", "write_configs"]
+__all__ = ["saved_layout", "total_parameters", "write_configs"]
 
 
 def write_configs(model: nn.Module, directory: Path, dtype: torch.dtype | None) -> None:
@@ -36,27 +39,81 @@ def total_parameters(model: nn.Module) -> int:
     return int(model.num_parameters())
 
 
-def check_no_conversions(model: nn.Module) -> None:
-    """Refuse models transformers stores in another layout than their modules.
+def saved_layout(model: nn.Module, entries: list[Entry]) -> list[Entry]:
+    """``entries`` under the names and in the order ``save_pretrained`` writes them.
 
-    Models with weight conversions (fused MoE experts, renamed keys) are
-    written by ``save_pretrained`` in their original checkpoint layout, after
-    ops over several tensors at once; writing the module's own names instead
-    would give a directory ``from_pretrained`` reads differently.
+    Models whose checkpoint layout differs from their modules (ViT, Llava,
+    GraniteMoe, ...) are saved by ``save_pretrained`` through transformers'
+    ``revert_weight_conversion``. That function is run here on one meta
+    placeholder per tensor: where it only renames (``WeightRenaming``), every
+    placeholder comes back, as itself, under its saved name, in the order
+    ``save_pretrained`` writes (sorted by ``dot_natural_key``); the written
+    values are then the module's. Anything else it does (a ``WeightConverter``
+    that fuses, splits or transposes tensors) is refused.
     """
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without weight conversions
+        _refuse_legacy_mapping(model)
+        return entries
+    placeholders = {e.name: torch.empty(e.shape, dtype=e.dtype, device="meta") for e in entries}
+    by_id = {id(t): e for t, e in zip(placeholders.values(), entries, strict=True)}
+    try:
+        reverted = revert_weight_conversion(model, dict(placeholders))
+    except Exception as e:  # a converter that cannot run on placeholders: not a rename
+        raise _conversion_error(model, f"it raised {type(e).__name__}: {e}") from e
+    if reverted is placeholders or list(reverted) == list(placeholders):
+        return entries  # nothing renamed (the quick escape, or renames that match nothing)
+    out, seen = [], set()
+    for name, value in reverted.items():
+        entry = by_id.get(id(value))
+        if entry is None or id(value) in seen:
+            raise _conversion_error(model, f"the saved '{name}' is not a module tensor renamed")
+        seen.add(id(value))
+        out.append(dataclasses.replace(entry, names=(name,)))
+    if len(out) != len(entries):
+        lost = [e.name for e in entries if id(placeholders[e.name]) not in seen]
+        raise _conversion_error(model, f"{_few(lost)} would not be saved")
+    return out
+
+
+def _conversion_error(model: nn.Module, what: str) -> CheckpointWriteError:
+    converters = [c for c in _conversions(model) if type(c).__name__ == "WeightConverter"]
+    shown = converters[0] if converters else (_conversions(model) or ["?"])[0]
+    return CheckpointWriteError(
+        f"transformers saves {type(model).__name__} in its original checkpoint layout through "
+        f"weight conversions that are not renames ({len(converters)} WeightConverter(s), e.g. "
+        f"{shown!r}; {what}). save_state_dict writes renamed tensors only, never tensors "
+        "computed from several. Use format='dcp' (the module's own names), or materialize "
+        "the model and call save_pretrained."
+    )
+
+
+def _conversions(model: nn.Module) -> list:
+    """The transforms save_pretrained reverts (as revert_weight_conversion finds them)."""
     conversions = getattr(model, "_weight_conversions", None)
-    if conversions is None:
-        try:
-            from transformers.conversion_mapping import get_model_conversion_mapping
-            from transformers.core_model_loading import PrefixChange
-        except ImportError:  # a transformers without conversions
-            return
-        conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False)
-                       if not isinstance(c, PrefixChange)]
-    if conversions:
-        raise CheckpointWriteError(
-            f"transformers saves {type(model).__name__} in another layout than its modules "
-            f"({len(conversions)} weight conversion(s), e.g. {conversions[0]!r}), which "
-            "save_state_dict does not reproduce. Use format='dcp', or materialize the model "
-            "and call save_pretrained."
-        )
+    if conversions is not None:
+        return list(conversions)
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import PrefixChange
+    except ImportError:
+        return []
+    return [c for c in get_model_conversion_mapping(model, add_legacy=False)
+            if not isinstance(c, PrefixChange)]
+
+
+def _refuse_legacy_mapping(model: nn.Module) -> None:
+    for sub in model.modules():
+        if getattr(sub, "_checkpoint_conversion_mapping", None):
+            raise CheckpointWriteError(
+                f"{type(sub).__name__} declares _checkpoint_conversion_mapping, which "
+                "save_pretrained of this transformers version applies in reverse; "
+                "save_state_dict does not reproduce it here. Upgrade transformers (>= 5), "
+                "use format='dcp', or materialize the model and call save_pretrained."
+            )
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:4])
+    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")

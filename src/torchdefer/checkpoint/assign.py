@@ -2,9 +2,10 @@
 
 :func:`prepare` makes, for one module tensor, the exact real tensor it will
 become (device, dtype, eager's strides, a storage of its own) without
-touching the module; :func:`install` puts it in. The loader prepares every
-tensor first and installs only when all were prepared, so a failure while
-reading or converting leaves the model as it was.
+touching the module; :class:`~torchdefer.checkpoint.install.Installation`
+puts it in. The loader prepares every tensor first and installs only when all
+were prepared, so a failure while reading or converting leaves the model as
+it was.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import torch
 
 from torchdefer.checkpoint.errors import CheckpointMismatchError
 from torchdefer.checkpoint.targets import TensorGroup
-from torchdefer.materialize.cache import keep_loaded
 from torchdefer.materialize.convert import cast
-from torchdefer.materialize.swap import recorded_inference, swap_in
+from torchdefer.materialize.swap import recorded_inference
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["install", "pick_tied", "prepare", "same_values", "tie_mismatch"]
+__all__ = ["pick_tied", "prepare", "same_values", "tie_mismatch"]
 
 
 def pick_tied(group: TensorGroup, names: list[str], values: Mapping[str, torch.Tensor],
@@ -71,7 +71,8 @@ def prepare(group: TensorGroup, loaded: torch.Tensor, device: torch.device | Non
     construction gave (a transposed or broadcast stored tensor would make
     ``optimizer.step`` fail). ``taken`` collects the storages handed out, so
     two untied names stored as one tensor get a storage each. A real tensor
-    is copied into at :func:`install`; here ``loaded`` is converted for that.
+    is copied into at the install; here ``loaded`` is converted for that (the
+    conversion allocates, so it happens before anything is changed).
     """
     target = group.tensor
     with torch.no_grad():
@@ -123,17 +124,3 @@ def _own_and_exact(real: torch.Tensor, stride: tuple[int, ...],
     )
     taken.add(key)
     return exact
-
-
-def install(group: TensorGroup, real: torch.Tensor) -> None:
-    """Put ``real`` (from :func:`prepare`) where ``group``'s tensor is."""
-    target = group.tensor
-    if not isinstance(target, DeferredTensor):
-        with torch.no_grad():
-            target.copy_(real)
-        return
-    value = target._value
-    swap_in(target, real, group.path)
-    # Later recorded writes to this storage would never reach the loaded tensor.
-    value.storage.materialized = True
-    keep_loaded(value, target)  # target is the loaded tensor now

@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointKeyError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointRankError",
     "CheckpointUsageError",
     "UnsafeCheckpointError",
 ]
@@ -58,3 +59,7 @@ class CheckpointDeviceError(CheckpointError, RuntimeError):
 
 class CheckpointUsageError(CheckpointError, TypeError):
     """The arguments cannot be honoured for this module or source."""
+
+
+class CheckpointRankError(CheckpointError, RuntimeError):
+    """A sharded load failed on another rank; this rank refused it too, unchanged."""

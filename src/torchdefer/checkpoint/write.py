@@ -15,6 +15,10 @@ Two formats:
 * ``"dcp"``: a ``torch.distributed.checkpoint`` directory, loadable by
   ``dcp.load`` into the model's state dict (a torchtitan seed checkpoint).
 
+Sharded models (DTensor parameters: FSDP2, tensor parallel) are written as
+DCP by every rank, each its own shards (:mod:`torchdefer.distributed.save`,
+installed by the top-level package).
+
 The files are written to a hidden sibling directory that is renamed to
 ``path`` once complete, so a failed save leaves nothing at ``path``.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Callable
@@ -40,9 +45,15 @@ from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.value import one_call, replay_value
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["save_state_dict"]
+__all__ = ["check_destination", "publish", "run_pipeline", "save_state_dict",
+           "set_sharded_writer"]
 
+Replayer = Callable[[DeferredTensor, str], torch.Tensor]
 FORMATS = ("safetensors", "dcp")
+# How to write models with DTensor tensors (torchdefer.distributed); the
+# checkpoint package never imports torchdefer.distributed, the top-level
+# package injects it.
+_sharded_writer: list[Callable[..., Path]] = []
 # Bytes the writer may hold beyond the largest tensor, so that small tensors
 # are replayed while a big one is written: peak = largest tensor + this.
 _SLACK_BYTES = 256 << 20
@@ -61,10 +72,11 @@ def save_state_dict(
 
     For a deferred model the values are those eager construction gives (then
     ``.to(dtype)``), bit for bit, and the model stays deferred. Peak memory:
-    the largest tensor (as replayed, before conversion) plus 256 MiB for
-    safetensors; for DCP, which takes whole converted tensors and still holds
-    the previous one when it asks for the next, up to two consecutive tensors
-    and a converted copy. Replaying overlaps with writing (a writer thread).
+    the largest tensor (as replayed, before conversion) plus 256 MiB of small
+    tensors made while a big one is written; for DCP, whose files hold whole
+    ``torch.save``'d tensors, plus the converted copy of the tensor being
+    converted when ``dtype`` converts. Replaying overlaps with writing (a
+    writer thread), and each tensor is released once written.
 
     Args:
         model: a module, deferred (:func:`torchdefer.deferred_init`), materialized,
@@ -87,6 +99,16 @@ def save_state_dict(
     Returns:
         ``path``, as a :class:`~pathlib.Path`.
 
+    A transformers model is written under the names ``save_pretrained`` writes:
+    where it reverts weight conversions that only rename (ViT, Llava, GraniteMoe),
+    under the renamed names; conversions that compute tensors from several
+    (Mixtral's fused experts) are refused in safetensors.
+
+    A sharded model (DTensor parameters: FSDP2, tensor parallel, HSDP) is
+    written with ``format="dcp"`` by calling this on every rank with the same
+    ``path``: each rank writes its own shards (a chunk several ranks hold, once),
+    and ``dcp.load`` reads the directory under any parallelism.
+
     Ties (one tensor under several names) are written once in safetensors, under
     the name ``save_pretrained`` keeps (``from_pretrained`` re-ties from the
     config; :func:`torchdefer.load_state_dict` fills every name), and under
@@ -95,9 +117,10 @@ def save_state_dict(
     Raises:
         CheckpointExistsError: ``path`` is a file or a non-empty directory.
         CheckpointWriteError: an unknown format, a bad ``max_shard_size``, a
-            dtype safetensors cannot hold, ties or aliases the format cannot express.
+            dtype safetensors cannot hold, ties or aliases the format cannot express,
+            a transformers weight conversion that is not a rename (safetensors).
         CheckpointUsageError: ``dtype`` is not a floating point or complex
-            torch dtype, or the model is sharded.
+            torch dtype, or a sharded model in safetensors format.
 
     >>> import tempfile, torch, torchdefer
     >>> _ = torch.manual_seed(0)
@@ -112,12 +135,14 @@ def save_state_dict(
     """
     _check_arguments(format, dtype)
     shard_bytes = _safetensors_writer.parse_size(max_shard_size)
-    destination = _check_destination(Path(path))
+    if _holds_dtensors(model):
+        return _save_sharded(model, Path(path), format, dtype, progress)
+    destination = check_destination(Path(path))
     if format == "dcp":
         _dcp_writer.check_available()
     plan = plan_write(model, format, dtype)
     if plan.hf and format == "safetensors":
-        _hf_files.check_no_conversions(model)
+        plan.entries = _hf_files.saved_layout(model, plan.entries)
     staging = destination.parent / f".{destination.name}.partial-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
@@ -128,9 +153,10 @@ def save_state_dict(
                 # dcp.save's notice that it saves in one process, which is the point.
                 warnings.filterwarnings("ignore", "torch.distributed is disabled",
                                         UserWarning)
-                _run(plan.entries, progress, cast=True, writer=lambda p: _dcp_writer.write_dcp(
-                    staging, plan.entries, plan.extras, p))
-        _publish(staging, destination)
+                run_pipeline(plan.entries, progress, cast=True,
+                             writer=lambda p: _dcp_writer.write_dcp(
+                                 staging, plan.entries, plan.extras, p))
+        publish(staging, destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -146,30 +172,61 @@ def _write_safetensors(model: nn.Module, plan: WritePlan, staging: Path, shard_b
         _hf_files.write_configs(model, staging, dtype)
     # The writer converts to the written dtype piece by piece, so the producer
     # hands over tensors as replayed.
-    _run(_safetensors_writer.write_order(shards), progress, cast=False,
-         writer=lambda p: _safetensors_writer.write_shards(staging, shards, p))
+    run_pipeline(_safetensors_writer.write_order(shards), progress, cast=False,
+                 writer=lambda p: _safetensors_writer.write_shards(staging, shards, p))
     if index is not None:
         (staging / "model.safetensors.index.json").write_text(index, encoding="utf-8")
 
 
-def _run(entries: list[Entry], progress: ProgressSpec, *, cast: bool,
-         writer: Callable[[Pipeline], None]) -> None:
+def run_pipeline(entries: list[Entry], progress: ProgressSpec, *, cast: bool,
+                 writer: Callable[[Pipeline], None], replay: Replayer | None = None) -> None:
+    """Make ``entries`` on this thread (``replay`` for deferred ones) while ``writer``
+    writes them on another; peak: the largest entry plus the slack."""
     budget = max((e.source_nbytes for e in entries), default=0) + _SLACK_BYTES
     total = sum(e.nbytes for e in entries)
     with Progress("save", len(entries), total, progress) as bar, \
             one_call(e.tensor for e in entries):
         pipeline = Pipeline(budget, bar)
-        pipeline.run(entries, lambda e: _make(e, cast), lambda: writer(pipeline))
+        pipeline.run(entries, lambda e: _make(e, cast, replay), lambda: writer(pipeline))
 
 
-def _make(entry: Entry, cast: bool) -> torch.Tensor:
+
+def _make(entry: Entry, cast: bool, replay: Replayer | None = None) -> torch.Tensor:
     """The values of ``entry`` (on the calling thread): replayed, or the real tensor."""
     t = entry.tensor
-    real = replay_value(t, entry.name) if isinstance(t, DeferredTensor) else t.detach()
+    if isinstance(t, DeferredTensor):
+        real = (replay or replay_value)(t, entry.name)
+    else:
+        real = t.detach()
     if cast:  # DCP takes whole tensors, on the CPU
         with torch.no_grad():
             real = real.detach().to("cpu", entry.dtype)
     return real
+
+
+def set_sharded_writer(fn: Callable[..., Path]) -> None:
+    """Install the writer for models with DTensor (FSDP2, tensor parallel) tensors."""
+    _sharded_writer[:] = [fn]
+
+
+def _holds_dtensors(model: nn.Module) -> bool:
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return dtensor is not None and any(
+        isinstance(t, dtensor) for t in model.state_dict(keep_vars=True).values())
+
+
+def _save_sharded(model: nn.Module, path: Path, fmt: str, dtype: torch.dtype | None,
+                  progress: ProgressSpec) -> Path:
+    if fmt != "dcp":
+        raise CheckpointUsageError(
+            f"{type(model).__name__} is sharded (DTensor parameters: fully_shard or tensor "
+            "parallel), and a safetensors file holds whole tensors, which no rank has. "
+            "Pass format='dcp': every rank writes its own shards, and dcp.load reads them "
+            "back under any parallelism. Or call save_state_dict before sharding."
+        )
+    if not _sharded_writer:  # pragma: no cover - torchdefer/__init__ installs it
+        raise CheckpointUsageError("torchdefer.distributed is needed to save a sharded model.")
+    return _sharded_writer[0](model, path, dtype=dtype, progress=progress)
 
 
 def _check_arguments(fmt: str, dtype: torch.dtype | None) -> None:
@@ -191,7 +248,8 @@ def _check_arguments(fmt: str, dtype: torch.dtype | None) -> None:
         )
 
 
-def _check_destination(path: Path) -> Path:
+def check_destination(path: Path) -> Path:
+    """``path``, if a checkpoint may be written there (new, or an empty directory)."""
     if path.is_file() or (path.exists() and not path.is_dir()):
         raise CheckpointExistsError(
             f"{path} is a file; save_state_dict writes a directory. Pass a new path.")
@@ -204,7 +262,7 @@ def _check_destination(path: Path) -> Path:
     return path
 
 
-def _publish(staging: Path, destination: Path) -> None:
+def publish(staging: Path, destination: Path) -> None:
     """Move the finished directory into place (onto an empty directory too, on POSIX)."""
     try:
         os.replace(staging, destination)

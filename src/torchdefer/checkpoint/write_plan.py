@@ -98,9 +98,14 @@ def is_hf_model(model: nn.Module) -> bool:
     return base is not None and isinstance(model, base)
 
 
-def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None) -> WritePlan:
-    """The entries of ``model`` for format ``fmt`` (``"safetensors"`` or ``"dcp"``)."""
-    state = model.state_dict(keep_vars=True)
+def plan_write(model: nn.Module, fmt: str, dtype: torch.dtype | None,
+               state: dict[str, Any] | None = None) -> WritePlan:
+    """The entries of ``model`` for format ``fmt`` (``"safetensors"`` or ``"dcp"``).
+
+    ``state``: the part of ``model.state_dict(keep_vars=True)`` to write (default: all).
+    """
+    if state is None:
+        state = model.state_dict(keep_vars=True)
     hf = is_hf_model(model)
     if hf:
         for key in getattr(model, "_keys_to_ignore_on_save", None) or ():

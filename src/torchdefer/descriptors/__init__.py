@@ -11,7 +11,7 @@ every call::
     })
     program(torch.randn(7, 10), True)                   # checked, then run
     program.output_descriptors                          # e.g. MetaTensorType(['b', 3], ...)
-    torchdefer.save(program, "model.tdp"); torchdefer.load("model.tdp")
+    torchdefer.save_program(program, "model.tdp"); torchdefer.load_program("model.tdp")
 
 Each module's docstring says how its part works and why. Modules import only
 those before them in this order: ``errors``, ``_call``, ``_expr``,
@@ -21,7 +21,7 @@ private torch APIs they use (export's serializer, ShapeEnv, dynamo) come
 from the project's compat package, ``torchdefer._compat.export``.
 """
 
-from torchdefer.descriptors.archive import load, save
+from torchdefer.descriptors.archive import load, load_program, save, save_program
 from torchdefer.descriptors.describe import describe
 from torchdefer.descriptors.errors import (
     DescriptorConflict,
@@ -34,4 +34,5 @@ from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.program import Program, script
 
 __all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "MissingGraph",
-           "ObjectOf", "Program", "ProgramFileError", "describe", "load", "save", "script"]
+           "ObjectOf", "Program", "ProgramFileError", "describe", "load", "load_program", "save",
+           "save_program", "script"]

@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 
 from torchdefer._compat.export import int_oo, prefix_str
 from torchdefer._compat.export import sympy_functions as _fns
+from torchdefer.errors import UsageError
 
 __all__ = ["TORCH_SYMBOL", "UnsafeExpression", "checked_treespec", "parse", "treespec"]
 
@@ -186,9 +187,9 @@ def checked_treespec(text: str) -> str:
     try:
         protocol, root = json.loads(text)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"not a pytree spec ({e})") from None
+        raise UsageError(f"not a pytree spec ({e})") from None
     if protocol != 1:
-        raise ValueError(f"pytree spec protocol {protocol!r}; torchdefer reads protocol 1")
+        raise UsageError(f"pytree spec protocol {protocol!r}; torchdefer reads protocol 1")
     return json.dumps([protocol, _checked_node(root)])
 
 
@@ -196,19 +197,19 @@ def _checked_node(node: Any) -> dict[str, Any]:
     """A copy of one spec node with its children, each context decoded and re-encoded."""
     if not isinstance(node, dict) or node.keys() != {"type", "context", "children_spec"} or (
             not isinstance(node["children_spec"], list)):
-        raise ValueError(f"not a pytree spec node: {str(node)[:80]}")
+        raise UsageError(f"not a pytree spec node: {str(node)[:80]}")
     children = [_checked_node(child) for child in node["children_spec"]]
     kind, context = node["type"], node["context"]
     if kind is None and context is None and not children:
         return {"type": None, "context": None, "children_spec": []}
     typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(kind) if isinstance(kind, str) else None
     if typ is None:
-        raise ValueError(f"pytree type {str(kind)[:80]!r} is not registered in this process; "
+        raise UsageError(f"pytree type {str(kind)[:80]!r} is not registered in this process; "
                          "register it with torch.utils._pytree before loading")
     reader = pytree.SUPPORTED_SERIALIZED_TYPES[typ].from_dumpable_context
     if reader is None:  # torch decodes the context as JSON, enum keys importing their module
         if not isinstance(context, str):
-            raise ValueError(f"the context of a {kind} node is not JSON text")
+            raise UsageError(f"the context of a {kind} node is not JSON text")
         context = json.dumps(json.loads(context, object_hook=_refuse_enum))
     elif reader is not _NAMEDTUPLE_READER or not isinstance(context, str):
         raise UnsafeExpression(f"a pytree spec naming something to import ({kind} has its own "

@@ -7,7 +7,7 @@ the loader inflate whatever the file asks for. Before any member is read,
 names are unique, no member is encrypted, each member's stored bytes lie
 inside the archive and their stored sizes together fit in it (headers cannot
 point at the same bytes to multiply them), a stored member is as large as it says, and compressed
-members (``torchdefer.save`` writes none; ``torch.jit.save`` compresses its
+members (``torchdefer.save_program`` writes none; ``torch.jit.save`` compresses its
 code) inflate to at most ``INFLATED_LIMIT`` together. What is then read is
 at most the archive's own size plus that limit, and zipfile stops at each
 header's size and checks its CRC-32 (a damaged or cut member fails there).
@@ -78,7 +78,7 @@ def checked_members(zf: zipfile.ZipFile, size: int, name: str,
                 raise ProgramFileError(
                     f"{part} is compressed and says it inflates to {info.file_size} bytes, "
                     f"which takes the compressed members past {INFLATED_LIMIT} bytes; refusing "
-                    "to inflate it (torchdefer.save writes members uncompressed: save the "
+                    "to inflate it (torchdefer.save_program writes members uncompressed: save the "
                     "program again rather than recompressing the file)")
     if stored > size:
         raise ProgramFileError(f"{name!r}: {prefix}the members' headers claim {stored} bytes in "

@@ -30,7 +30,7 @@ those of the archives inside it) is checked against the archive before a
 byte is read, compressed members are bounded (``_zip``), and each member
 must be as large as ``torchdefer.json`` declares. A TorchScript archive
 contains code that runs when it is loaded, so jit programs load only with
-``allow_torchscript=True`` (see :func:`load` for what that trusts). Damaged
+``allow_torchscript=True`` (see :func:`load_program` for what that trusts). Damaged
 or refused files raise :class:`ProgramFileError` naming the file and the
 part.
 
@@ -45,6 +45,7 @@ import io
 import json
 import os
 import stat
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -71,16 +72,17 @@ from torchdefer.descriptors.outputs import OutputRecipe
 from torchdefer.descriptors.program import Program
 from torchdefer.descriptors.tree import Param, from_json, to_json
 from torchdefer.descriptors.weights import Weights, has_data
+from torchdefer.errors import UsageError, UsageTypeError
 from torchdefer.fake.layout import meta_twin
 
-__all__ = ["load", "save"]
+__all__ = ["load", "load_program", "save", "save_program"]
 
 _FORMAT = "torchdefer.program"
 _VERSION = 3
 
 
-def save(program: Program, path: str | os.PathLike[str]) -> None:
-    """Write ``program`` to ``path``; :func:`load` reads it back, checks included.
+def save_program(program: Program, path: str | os.PathLike[str]) -> None:
+    """Write ``program`` to ``path``; :func:`load_program` reads it back, checks included.
 
     Every graph the program has built so far is written (an export program
     builds one per dtype, list length, 0/1 size ... on first use), so a loaded
@@ -94,13 +96,13 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
         >>> x = MetaTensorType(["b", 3], torch.float32)
         >>> p = torchdefer.script(torch.nn.Linear(3, 2), {"input": x})
         >>> f = os.path.join(tempfile.mkdtemp(), "linear.tdp")
-        >>> torchdefer.save(p, f)
-        >>> torchdefer.load(f)(torch.ones(4, 3)).shape
+        >>> torchdefer.save_program(p, f)
+        >>> torchdefer.load_program(f)(torch.ones(4, 3)).shape
         torch.Size([4, 2])
     """
     if not isinstance(program, Program):
-        raise TypeError("save() takes a program from torchdefer.script(), got "
-                        f"{type(program).__name__}")
+        raise UsageTypeError("save_program() takes a program from torchdefer.script(), got "
+                             f"{type(program).__name__}")
     program._saveable()  # a file without a graph could run nothing
     header: dict[str, Any] = {
         "format": _FORMAT, "version": _VERSION, "backend": program.backend,
@@ -113,11 +115,12 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
     if program.backend == "jit":
         scripted = next(iter(program._variants.values())).scripted
         files["program.ts"] = _bytes(torch.jit.save, scripted)
-        try:  # say it now rather than write a file load() refuses
+        try:  # say it now rather than write a file load_program() refuses
             check_torchscript_code(files["program.ts"])
         except ForbiddenOperator as e:
-            raise TypeError(f"save(): the TorchScript of {program.qualname}: {e}; load() would "
-                            "refuse the file, so it is not written") from None
+            raise UsageTypeError(
+                f"save_program(): the TorchScript of {program.qualname}: {e}; "
+                "load_program() would refuse the file, so it is not written") from None
         try:  # descriptors of what TorchScript returns are plain trees
             header["outputs"] = to_json(program.output_descriptors)
         except TypeError:
@@ -131,8 +134,8 @@ def save(program: Program, path: str | os.PathLike[str]) -> None:
             zf.writestr(name, data)
 
 
-def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Program:
-    """Read a program written by :func:`save`; it checks and runs as before.
+def load_program(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Program:
+    """Read a program written by :func:`save_program`; it checks and runs as before.
 
     Args:
         path: the file.
@@ -161,8 +164,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         >>> from torchdefer.descriptors import MetaTensorType
         >>> p = torchdefer.script(lambda x: x * 2, {"x": MetaTensorType(["n"], torch.float32)})
         >>> f = os.path.join(tempfile.mkdtemp(), "double.tdp")
-        >>> torchdefer.save(p, f)
-        >>> loaded = torchdefer.load(f)
+        >>> torchdefer.save_program(p, f)
+        >>> loaded = torchdefer.load_program(f)
         >>> loaded(torch.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
         >>> loaded(torch.arange(3))  # still checked: an int64 tensor is refused
@@ -175,7 +178,8 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
     header = _json(members, "torchdefer.json", name) if "torchdefer.json" in members else None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:
         raise ProgramFileError(f"{name!r} is not a torchdefer program (no torchdefer.json header); "
-                               "torchdefer.load reads files written by torchdefer.save")
+                               "torchdefer.load_program reads files written by "
+                               "torchdefer.save_program")
     if header.get("version") != _VERSION:
         raise ProgramFileError(f"{name!r}: unsupported version {header.get('version')!r}; this "
                                f"torchdefer reads {_FORMAT} version {_VERSION}")
@@ -191,7 +195,7 @@ def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Pr
         ranges = {n: (lo, hi) for n, lo, hi in header["ranges"]}
         MetaTensorType(dim_ranges=ranges)  # checks them
         if backend not in ("export", "jit") or not all(isinstance(p, Param) for p in params):
-            raise ValueError(f"backend {backend!r} or parameters {params!r}")
+            raise UsageError(f"backend {backend!r} or parameters {params!r}")
         variants = list(header["variants"]) if backend == "export" else []
         outputs = header.get("outputs") and from_json(header["outputs"])
     if backend == "jit":
@@ -234,7 +238,7 @@ def _export_runners(header: dict[str, Any], variants: list[Any], members: dict[s
         constants = _tensors(members, f"graph{i}.constants.pt", name)
         with _reading(name, member):
             if not isinstance(graph, dict):
-                raise ValueError("not a JSON object")
+                raise UsageError("not a JSON object")
             if graph.get("guards_code"):
                 raise UnsafeExpression("it carries guards_code, Python source torch would exec")
             check_graph_json(graph)  # before torch resolves any name in it
@@ -254,11 +258,12 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
     variants = []
     for i, (case, runner) in enumerate(program._variants.items()):
         ep = runner.program
-        try:  # say it now rather than write a file load() refuses
+        try:  # say it now rather than write a file load_program() refuses
             check_graph_module(ep.graph_module)
         except ForbiddenOperator as e:
-            raise TypeError(f"save(): graph {i} of {program.qualname}: {e}; load() would refuse "
-                            "the file, so it is not written") from None
+            raise UsageTypeError(
+                f"save_program(): graph {i} of {program.qualname}: {e}; "
+                "load_program() would refuse the file, so it is not written") from None
         try:
             live = dict(zip(runner.held, runner.resolve()))
         except RuntimeError:  # deferred or unbound: store metadata only
@@ -269,10 +274,11 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
             is_param = isinstance(t, torch.nn.Parameter)  # torch's verifier wants them kept
             weights[n] = torch.nn.Parameter(source, t.requires_grad) if is_param else source
         if not ep.graph_signature.output_specs:  # torch's serializer fails on it (unpacking)
-            raise TypeError(f"save(): graph {i} of {program.qualname} returns only constants "
-                            "(no tensor or size computed by the graph), which torch.export's "
-                            "serializer cannot write; return a tensor as well, or save a program "
-                            "whose outputs depend on its inputs")
+            raise UsageTypeError(
+                f"save_program(): graph {i} of {program.qualname} returns only "
+                "constants (no tensor or size computed by the graph), which "
+                "torch.export's serializer cannot write; return a tensor as well, or "
+                "save a program whose outputs depend on its inputs")
         graph = json.loads(compat.serialize(ep, meta_twin))
         if "guards_code" in graph:  # torch >= 2.10: Python source torch would exec
             graph["guards_code"] = []  # coverage replaces it
@@ -280,8 +286,8 @@ def _export_files(program: Program, files: dict[str, bytes]) -> tuple[list[dict[
         constants = {}
         for n, c in ep.constants.items():
             if not isinstance(c, torch.Tensor):
-                raise TypeError(f"save(): constant {n!r} of the program is a {type(c).__name__}; "
-                                "only tensor constants can be saved")
+                raise UsageTypeError(f"save_program(): constant {n!r} of the program is a "
+                                     f"{type(c).__name__}; only tensor constants can be saved")
             constants[n] = weights[n] if n in weights else c.detach()
         files[f"graph{i}.constants.pt"] = _bytes(torch.save, constants)
         variants.append({"case": to_json(case), "coverage": runner.coverage.to_json(),
@@ -329,7 +335,7 @@ def _reading(name: str, part: str) -> Iterator[None]:
                                "refusing to load it") from None
     except ForbiddenOperator as e:
         raise ProgramFileError(f"{name!r}: {part}: {e}; refusing to load it (only load program "
-                               "files written by torchdefer.save)") from None
+                               "files written by torchdefer.save_program)") from None
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:
         raise ProgramFileError(f"{name!r}: {part} is damaged or truncated ({e}); the file cannot "
                                "be read, save the program again") from None
@@ -350,7 +356,7 @@ def _read(name: str) -> dict[str, bytes]:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise ProgramFileError(f"{name!r} is not a regular file; a program is read from a file "
-                               "written by torchdefer.save")
+                               "written by torchdefer.save_program")
     with open(fd, "rb") as f:
         with _reading(name, "the archive"), zipfile.ZipFile(f) as zf:
             members: dict[str, bytes] = {}
@@ -408,3 +414,23 @@ def _bytes(save: Callable[[Any, io.BytesIO], None], obj: Any) -> bytes:
     buffer = io.BytesIO()
     save(obj, buffer)
     return buffer.getvalue()
+
+
+def save(program: Program, path: str | os.PathLike[str]) -> None:
+    """Deprecated name of :func:`save_program` (beside ``save_state_dict``,
+    for weights, ``save`` read as if it wrote weights); removed in 0.3."""
+    _renamed("save", "save_program")
+    save_program(program, path)
+
+
+def load(path: str | os.PathLike[str], *, allow_torchscript: bool = False) -> Program:
+    """Deprecated name of :func:`load_program` (beside ``load_state_dict``,
+    for weights, ``load`` read as if it loaded weights); removed in 0.3."""
+    _renamed("load", "load_program")
+    return load_program(path, allow_torchscript=allow_torchscript)
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"torchdefer.{old} is renamed torchdefer.{new} (programs; the weights "
+                  f"are torchdefer.{old}_state_dict's); the old name goes in torchdefer 0.3",
+                  DeprecationWarning, stacklevel=3)

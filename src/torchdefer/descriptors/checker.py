@@ -32,6 +32,7 @@ from torchdefer.descriptors.meta_tensor_type import (
 )
 from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
+from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["NOT_ACCEPTED", "Checker", "Key", "concrete_trees", "concretize", "merge_ranges",
            "show_key"]
@@ -90,11 +91,11 @@ class Checker:
                                               or "unexpected keyword" in message):
                 message += (" (the program takes no *args or **kwargs, which descriptors cannot "
                             "describe; its parameters are the named ones)")
-            raise TypeError(message or f"{self.qualname}(): {e}") from None
+            raise UsageTypeError(message or f"{self.qualname}(): {e}") from None
         passed = [n for n, v in bound.arguments.items() if v is not NOT_ACCEPTED
                   and self.signature.parameters[n].default is NOT_ACCEPTED]
         if passed:
-            raise TypeError(
+            raise UsageTypeError(
                 f"{self.qualname}() program does not accept {passed}: their defaults are not "
                 "plain values, so the program was built with the defaults; describe them in "
                 "input_descriptors to pass them")
@@ -216,7 +217,7 @@ def merge_ranges(descs: list[MetaTensorType]) -> dict[str, DimRange]:
             new_lo, new_hi = max(lo, old_lo), min((h for h in (hi, old_hi) if h is not None),
                                                   default=None)
             if new_hi is not None and new_lo > new_hi:
-                raise ValueError(
+                raise UsageError(
                     f"dim_ranges for {name!r} do not overlap: ({old_lo}, {old_hi}) and "
                     f"({lo}, {hi}); give one range per name")
             merged[name] = (new_lo, new_hi)

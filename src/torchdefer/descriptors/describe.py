@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.meta_tensor_type import examples_descriptor
 from torchdefer.descriptors.object_of import node_keys, unflatten
+from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["describe"]
 
@@ -45,7 +46,7 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
         (('d0', 4), ('d0',), True)
     """
     if not example_calls:
-        raise ValueError("describe() needs at least one example call")
+        raise UsageError("describe() needs at least one example call")
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     sig = inspect.signature(target)
     bound = []
@@ -57,7 +58,8 @@ def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> d
             qualname = getattr(target, "__qualname__", type(target).__name__)
             why = None if _variadic(sig) else call_error(qualname, sig, args, kwargs,
                                                          inspect.ismethod(target))
-            raise TypeError(f"describe(): example call {i} does not fit {sig}: {why or e}") from e
+            raise UsageTypeError(
+                f"describe(): example call {i} does not fit {sig}: {why or e}") from e
         bound.append(dict(b.arguments))
     shared: dict[tuple[int, ...], str] = {}  # lengths across calls -> name, over all tensors
     return {n: _common([b[n] for b in bound], n, shared)
@@ -68,8 +70,8 @@ def _common(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) ->
     """The descriptor of one argument's values across the calls."""
     flat = [pytree.tree_flatten(v) for v in values]
     if any(spec != flat[0][1] for _, spec in flat):
-        raise TypeError(f"describe(): {path} differs in structure across example calls; "
-                        "describe it by hand")
+        raise UsageTypeError(f"describe(): {path} differs in structure across example calls; "
+                             "describe it by hand")
     leaves = [_leaf(list(column), path, shared) for column in zip(*(leaves for leaves, _ in flat))]
     # Containers of the model's own classes are ObjectOf: never built around descriptors.
     return unflatten(flat[0][1], iter(leaves), iter(node_keys(values[0], flat[0][1])))
@@ -90,5 +92,5 @@ def _leaf(values: list[Any], path: str, shared: dict[tuple[int, ...], str]) -> A
         return kinds.pop()
     if kinds <= {int, float}:
         return float
-    raise TypeError(f"describe(): {path} differs in kind across example calls "
-                    f"({', '.join(sorted(k.__name__ for k in kinds))}); describe it by hand")
+    raise UsageTypeError(f"describe(): {path} differs in kind across example calls "
+                         f"({', '.join(sorted(k.__name__ for k in kinds))}); describe it by hand")

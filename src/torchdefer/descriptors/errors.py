@@ -78,6 +78,6 @@ class MissingGraph(TorchdeferError, RuntimeError):
     before any graph was built (the file could run nothing).
 
     The message says which case is missing and how to have it built: call
-    the scripted program with such inputs before ``save()``, or list the
+    the scripted program with such inputs before ``save_program()``, or list the
     dtypes with ``script(..., dtypes=[...])``.
     """

@@ -41,6 +41,7 @@ from torchdefer.descriptors.object_of import real_spec
 from torchdefer.descriptors.outputs import OutputRecipe, describe_output
 from torchdefer.descriptors.tree import Node, TypeOf, Value, from_json, to_json
 from torchdefer.descriptors.weights import Weights
+from torchdefer.errors import StateError, UsageError, UsageTypeError
 
 __all__ = ["Coverage", "ExportRunner", "build"]
 
@@ -89,7 +90,7 @@ class Coverage:
         ranges = tuple((int(i), lo, hi) for i, lo, hi in from_json(data["ranges"]))
         if any(not 0 <= i < len(keys) or {type(lo), type(hi)} - {int, type(None)}
                for i, lo, hi in ranges):
-            raise ValueError(f"coverage ranges {ranges} over keys {keys}")
+            raise UsageError(f"coverage ranges {ranges} over keys {keys}")
         return cls(keys, ranges, tuple(parse(g, _V) for g in data["guards"]))
 
 
@@ -114,8 +115,9 @@ class ExportRunner:
         constants = [s for s in lifted if s.kind is InputKind.CONSTANT_TENSOR]
         if specs[: len(lifted)] != held + constants or any(
                 s.kind is not OutputKind.USER_OUTPUT for s in outputs):
-            raise TypeError(f"{qualname}: the exported graph has inputs or outputs this backend "
-                            f"does not run ({[s.kind.name for s in [*specs, *outputs]]})")
+            raise UsageTypeError(
+                f"{qualname}: the exported graph has inputs or outputs this backend "
+                f"does not run ({[s.kind.name for s in [*specs, *outputs]]})")
         # Non-persistent buffers sit in ``constants``; they are read live too.
         state, lifted_constants = program.state_dict, program.constants
         self.held = {s.target: state.get(s.target, lifted_constants.get(s.target)) for s in held}
@@ -129,9 +131,9 @@ class ExportRunner:
         module, traced = self.weights.module, self.training
         if traced is not None and module is not None and module.training is not traced:
             mode = "train" if traced else "eval"
-            raise RuntimeError(f"{self.qualname} program was built with the model in {mode} mode, "
-                               f"and the model is not any more; call model.{mode}(), or script "
-                               "it again in the mode you run it in")
+            raise StateError(f"{self.qualname} program was built with the model in {mode} mode, "
+                             f"and the model is not any more; call model.{mode}(), or script "
+                             "it again in the mode you run it in")
         flat: list[Any] = []
         for i, spec, positions in self.picks:
             if spec is None:

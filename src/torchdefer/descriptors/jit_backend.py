@@ -44,6 +44,7 @@ from torchdefer.descriptors.export_backend import Coverage
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
 from torchdefer.descriptors.weights import has_data, lookup
+from torchdefer.errors import StateError, UsageTypeError
 
 __all__ = ["JitRunner", "build"]
 
@@ -62,23 +63,26 @@ def build(target: Any, params: tuple[Param, ...], qualname: str) -> JitRunner:
     advice = "use backend='export' (the default)"
     weights = [*module.parameters(), *module.buffers()] if module is not None else []
     if not all(has_data(t) for t in weights):
-        raise TypeError(f"backend='jit' cannot script the deferred module {qualname}: TorchScript "
-                        "needs real weights; use backend='export' (no allocation) or call "
-                        "torchdefer.materialize_module(model) first")
+        raise UsageTypeError(
+            f"backend='jit' cannot script the deferred module {qualname}: TorchScript "
+            "needs real weights; use backend='export' (no allocation) or call "
+            "torchdefer.materialize_module(model) first")
     fn = type(module).forward if module is not None else target
     if module is not None and "forward" in vars(module):
-        raise TypeError(f"backend='jit': {qualname} is an instance attribute, which TorchScript "
-                        f"ignores (it compiles {type(module).__name__}.forward); {advice}")
+        raise UsageTypeError(
+            f"backend='jit': {qualname} is an instance attribute, which TorchScript "
+            f"ignores (it compiles {type(module).__name__}.forward); {advice}")
     if inspect.unwrap(fn) is not fn:
-        raise TypeError(f"backend='jit': {qualname} is decorated (functools.wraps); TorchScript "
-                        f"compiles the undecorated source and would drop the decorator; {advice}")
+        raise UsageTypeError(
+            f"backend='jit': {qualname} is decorated (functools.wraps); TorchScript "
+            f"compiles the undecorated source and would drop the decorator; {advice}")
     try:
         scripted = compat.jit_script(target, _annotations(fn, params))
     except Exception as e:
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
         reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
-        raise TypeError(f"backend='jit': torch.jit.script cannot compile {qualname}: "
-                        f"{reason}; {advice}") from e
+        raise UsageTypeError(f"backend='jit': torch.jit.script cannot compile {qualname}: "
+                             f"{reason}; {advice}") from e
     return JitRunner(scripted, params, qualname, module)
 
 
@@ -102,8 +106,9 @@ class JitRunner:
         first = 1 if self.is_module else 0
         inputs = list(graph.inputs())[first:]
         if len(inputs) != len(params):
-            raise TypeError(f"backend='jit': the scripted graph of {qualname} has {len(inputs)} "
-                            f"inputs but its signature has {len(params)} parameters")
+            raise UsageTypeError(
+                f"backend='jit': the scripted graph of {qualname} has {len(inputs)} "
+                f"inputs but its signature has {len(params)} parameters")
         schema = method.schema.arguments[first:]
         self.keep: list[int] = []
         self.defaults: dict[int, Any] = {}
@@ -115,7 +120,7 @@ class JitRunner:
             if p.node is None:  # a tensor default: passed as TorchScript recorded it
                 self.defaults[i] = schema[i].default_value
             elif not _fits(value.type(), p.node):
-                raise TypeError(
+                raise UsageTypeError(
                     f"backend='jit': TorchScript types {qualname}() parameter {p.name!r} as "
                     f"{value.type()} (from its annotation, or Tensor where no descriptor gives "
                     f"one), but it is described as {p.node!r}; annotate the parameter to match, "
@@ -167,8 +172,8 @@ class _Sync:
             except KeyError:
                 m = None
             if m is not owner:
-                raise RuntimeError(f"backend='jit': submodule {'.'.join(path)!r} was replaced "
-                                   "after script(); script the model again")
+                raise StateError(f"backend='jit': submodule {'.'.join(path)!r} was replaced "
+                                 "after script(); script the model again")
             if t is not last:
                 target.setattr(attr, t)
                 slot[4] = t

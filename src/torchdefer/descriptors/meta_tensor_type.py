@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchdefer.descriptors.errors import DescriptorMismatch
+from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["SCALARS", "Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
 
@@ -75,22 +76,22 @@ requires_grad=False, layout=torch.strided)
             set_(self, "shape", _normalize_shape(self.shape))
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
             if self.dtype not in _PYTHON_DTYPES:
-                raise ValueError(f"MetaTensorType: dtype must be a torch.dtype, got {self.dtype!r}")
+                raise UsageError(f"MetaTensorType: dtype must be a torch.dtype, got {self.dtype!r}")
             set_(self, "dtype", _PYTHON_DTYPES[self.dtype])
         if self.device is not None:
             set_(self, "device", torch.device(self.device))
         if self.rank is not None and (type(self.rank) is not int or self.rank < 0):
-            raise ValueError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
+            raise UsageError(f"MetaTensorType: rank must be an int >= 0, got {self.rank!r}")
         if self.shape is not None:
             if self.rank not in (None, len(self.shape)):
-                raise ValueError(f"MetaTensorType: rank={self.rank} contradicts shape "
+                raise UsageError(f"MetaTensorType: rank={self.rank} contradicts shape "
                                  f"{list(self.shape)}; give one of them or make them agree")
             set_(self, "rank", len(self.shape))
         if self.requires_grad not in (None, True, False):
-            raise ValueError("MetaTensorType: requires_grad must be a bool or None, got "
+            raise UsageError("MetaTensorType: requires_grad must be a bool or None, got "
                              f"{self.requires_grad!r}")
         if self.layout is not None and not isinstance(self.layout, torch.layout):
-            raise ValueError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
+            raise UsageError(f"MetaTensorType: layout must be a torch.layout, got {self.layout!r}")
         set_(self, "dim_ranges", _normalize_ranges(self.dim_ranges))
 
     @property
@@ -133,10 +134,10 @@ requires_grad=False, layout=torch.strided)
             ('d0', 'd0')
         """
         if not tensors:
-            raise ValueError("MetaTensorType.from_examples needs at least one example tensor")
+            raise UsageError("MetaTensorType.from_examples needs at least one example tensor")
         bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
         if bad:
-            raise TypeError(f"MetaTensorType.from_examples takes tensors, got {bad[0]}")
+            raise UsageTypeError(f"MetaTensorType.from_examples takes tensors, got {bad[0]}")
         return examples_descriptor(tensors, {})
 
     def widen(self, tensor: torch.Tensor) -> MetaTensorType:
@@ -152,7 +153,9 @@ requires_grad=False, layout=torch.strided)
             ('w0', 3)
         """
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"MetaTensorType.widen takes a tensor, got {type(tensor).__name__}")
+            raise UsageTypeError(
+                f"MetaTensorType.widen takes a tensor, got {type(tensor).__name__}"
+            )
         if self.admits(tensor):
             return self
         shape, ranges, rank = self.shape, self.ranges, self.rank
@@ -260,10 +263,10 @@ def describe_value(value: Any) -> str:
 
 def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
-        raise ValueError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
+        raise UsageError(f"MetaTensorType: shape must be a list of dims, got {shape!r}")
     for i, d in enumerate(out := tuple(shape)):
         if not (d is None or (isinstance(d, str) and d) or (type(d) is int and d >= 0)):
-            raise ValueError(f"MetaTensorType: shape[{i}] is {d!r}; each entry must be an int "
+            raise UsageError(f"MetaTensorType: shape[{i}] is {d!r}; each entry must be an int "
                              ">= 0 (static), a non-empty str (symbolic) or None (any length)")
     return out
 
@@ -274,7 +277,7 @@ def _normalize_ranges(ranges: Any) -> tuple[tuple[str, int, int | None], ...]:
         name, lo, hi = entry if len(entry) == 3 else (entry, None, None)
         if not (isinstance(name, str) and type(lo) is int and lo >= 0
                 and (hi is None or (type(hi) is int and hi >= lo))):
-            raise ValueError(f"MetaTensorType: dim_ranges entry {entry!r} is not (name, min, max) "
+            raise UsageError(f"MetaTensorType: dim_ranges entry {entry!r} is not (name, min, max) "
                              "with a str name, an int min >= 0 and an int max >= min or None")
     return tuple(sorted(items))
 

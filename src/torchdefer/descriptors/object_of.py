@@ -23,6 +23,7 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from torchdefer._compat.export import spec_children
+from torchdefer.errors import LookupAttributeError, LookupKeyError
 
 __all__ = ["KEYS", "ObjectOf", "key_kind", "key_value", "node_keys", "plain", "real_spec",
            "unflatten"]
@@ -70,15 +71,15 @@ class ObjectOf:
         for key, child in zip(self.keys, self.children):
             if key_value(key) == name and not isinstance(key, pytree.SequenceKey):
                 return child
-        raise AttributeError(f"the descriptor of a {self.type.__qualname__} has no "
-                             f"{name!r}; it has {self._names()}")
+        raise LookupAttributeError(f"the descriptor of a {self.type.__qualname__} has no "
+                                   f"{name!r}; it has {self._names()}")
 
     def __getitem__(self, name: Any) -> Any:
         for key, child in zip(self.keys, self.children):
             if key_value(key) == name and type(key_value(key)) is type(name):
                 return child
-        raise KeyError(f"the descriptor of a {self.type.__qualname__} has no {name!r}; "
-                       f"it has {self._names()}")
+        raise LookupKeyError(f"the descriptor of a {self.type.__qualname__} has no {name!r}; "
+                             f"it has {self._names()}")
 
     def _names(self) -> str:
         return ", ".join(pytree.keystr((k,)) for k in self.keys) or "no children"

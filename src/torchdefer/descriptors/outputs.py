@@ -43,6 +43,7 @@ from torchdefer.descriptors.object_of import (
     unflatten,
 )
 from torchdefer.descriptors.tree import TypeOf, from_json, to_json
+from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["OutputRecipe", "describe_output"]
 
@@ -125,7 +126,7 @@ class OutputRecipe:
         (unregistered classes), saying what to register or return instead."""
         objects = [s.cls for s in self.slots if isinstance(s, _Object)]
         if objects:
-            raise TypeError(
+            raise UsageTypeError(
                 f"the program's outputs hold a {objects[0].__module__}.{objects[0].__qualname__}, "
                 "which torch.utils._pytree does not know, so a file cannot rebuild it without "
                 "running code; register it with torch.utils._pytree.register_pytree_node(..., "
@@ -135,7 +136,7 @@ class OutputRecipe:
         try:
             slots = [_GRAPH if s is _GRAPH else {"const": to_json(s.value)} for s in self.slots]
         except TypeError as e:
-            raise TypeError(f"the program's outputs hold a constant that {e}") from None
+            raise UsageTypeError(f"the program's outputs hold a constant that {e}") from None
         keys = [[_key_json(k, i) for i, k in enumerate(node)] for node in self.keys]
         return {"spec": pytree.treespec_dumps(self.spec), "slots": slots, "keys": keys}
 
@@ -145,10 +146,10 @@ class OutputRecipe:
         slots = [_GRAPH if s == _GRAPH else _Const(from_json(s["const"])) for s in data["slots"]]
         spec = treespec(data["spec"])
         if len(slots) != spec.num_leaves:
-            raise ValueError(f"{len(slots)} slots for {spec.num_leaves} leaves")
+            raise UsageError(f"{len(slots)} slots for {spec.num_leaves} leaves")
         keys = tuple(tuple(_key_from_json(k) for k in node) for node in data.get("keys", ()))
         if keys and [len(k) for k in keys] != [len(spec_children(s)) for s in _objects(spec)]:
-            raise ValueError(f"output keys {keys} do not fit the structure {spec}")
+            raise UsageError(f"output keys {keys} do not fit the structure {spec}")
         return cls(spec, tuple(slots), keys)
 
 
@@ -173,7 +174,7 @@ def _key_from_json(data: Any) -> Any:
     cls, _ = KEYS[kind]
     value = from_json(value)
     if {"attr": str, "index": int}.get(kind, type(value)) is not type(value):
-        raise ValueError(f"output key {data!r}")
+        raise UsageError(f"output key {data!r}")
     return cls(value)
 
 

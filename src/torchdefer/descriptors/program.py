@@ -36,6 +36,7 @@ from torchdefer.descriptors.errors import MissingGraph
 from torchdefer.descriptors.meta_tensor_type import DimRange
 from torchdefer.descriptors.tree import Node, Param, parameters, tensors
 from torchdefer.descriptors.weights import Weights
+from torchdefer.errors import InternalError, UsageError, UsageTypeError
 
 __all__ = ["Backend", "Program", "script"]
 
@@ -45,7 +46,7 @@ Backend = Literal["export", "jit"]
 class Program:
     """A callable specialized to input descriptors; checks every call.
 
-    Built by :func:`script` or :func:`~torchdefer.load`; not constructed directly.
+    Built by :func:`script` or :func:`~torchdefer.load_program`; not constructed directly.
 
     Attributes:
         backend: ``"export"`` or ``"jit"``.
@@ -67,7 +68,7 @@ class Program:
                               method=method, variadic=variadic)
         self._variants = dict(runners)  # (facts, fixed symbols) -> runner
         self._target = target  # what export traces for a new case (None: loaded, or jit)
-        self._unbuilt: str | None = None  # why script() built no graph, for save()
+        self._unbuilt: str | None = None  # why script() built no graph, for save_program()
         # Named sizes whose range lies below 2, where export cannot keep them
         # symbolic: always fixed to the call's value.
         self._pinned = [n for n, (_, hi) in self._ranges.items() if hi is not None and hi < 2]
@@ -90,7 +91,8 @@ class Program:
             if not missing:
                 return runner
             if all(fixed.get(k) == v for k, v in missing.items()):
-                raise RuntimeError(f"{self.qualname}: a graph built for {fixed} does not cover it")
+                raise InternalError(f"{self.qualname}: the graph built for {fixed} does not cover "
+                                    "the call it was built for; please report this")
             fixed.update(missing)
 
     def _add(self, facts: tuple, fixed: dict, sizes: dict | None = None) -> Any:
@@ -104,7 +106,7 @@ class Program:
                 f"({case}): each export graph covers the sizes and values it was traced for "
                 "(symbolic sizes >= 2 and its guards), and a loaded program cannot trace the "
                 "model; script it again, or call the scripted program with such inputs once "
-                "before save() so the file holds it")
+                "before save_program() so the file holds it")
         concrete = concrete_trees(self._params, facts, fixed)
         runner = export_backend.build(self._target, self._params, concrete, self._ranges,
                                       self._weights, self.qualname, sizes or {})
@@ -128,7 +130,7 @@ class Program:
             facts = _default_facts(self._params, module, dtype)
             if facts is None:
                 if dtypes:
-                    raise TypeError(
+                    raise UsageTypeError(
                         f"script(..., dtypes={list(dtypes)}): the descriptors of {self.qualname} "
                         f"also leave {_blocking(self._params)} open, so no case can be "
                         "built before a call; describe them, or call the program once per case")
@@ -150,9 +152,9 @@ class Program:
         why = self._unbuilt or (
             f"its descriptors leave {_blocking(self._params)} open")
         raise MissingGraph(
-            f"save(): the {self.qualname} program holds no graph yet ({why}), so the file could "
-            "run no call. Call the program once with each kind of input you will run (each call "
-            "builds its case) before save(), or script it with the dtypes to build: "
+            f"save_program(): the {self.qualname} program holds no graph yet ({why}), so the file "
+            "could run no call. Call the program once with each kind of input you will run (each "
+            "call builds its case) before save_program(), or script it with the dtypes to build: "
             "script(..., dtypes=[torch.float32, ...]), or describe what is open")
 
     @property
@@ -173,7 +175,7 @@ class Program:
     def with_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> Program:
         """The same program running with weights from ``source``.
 
-        Use it after :func:`~torchdefer.load` of a program saved without
+        Use it after :func:`~torchdefer.load_program` of a program saved without
         weights (from a deferred model): pass the materialized module or its
         ``state_dict()``.
 
@@ -187,8 +189,8 @@ class Program:
             torch.Size([1, 2])
         """
         if self.backend != "export":
-            raise TypeError("with_weights() rebinds export programs; a jit program runs with "
-                            "the weights it was scripted (or saved) with")
+            raise UsageTypeError("with_weights() rebinds export programs; a jit program runs with "
+                                 "the weights it was scripted (or saved) with")
         module = source if isinstance(source, torch.nn.Module) else None
         new = copy.copy(self)
         new._weights = Weights(module=module, tensors=None if module is not None else dict(source))
@@ -226,7 +228,7 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
             the dtypes to build graphs for at ``script()`` time (every open
             dtype takes each in turn), besides the default dtype's, which is
             tried too. A graph is otherwise built by the first call of its
-            case, and only built graphs go into :func:`~torchdefer.save`.
+            case, and only built graphs go into :func:`~torchdefer.save_program`.
 
     Returns:
         A :class:`Program` that checks each call, then runs the specialized graph.
@@ -248,14 +250,14 @@ def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors:
         MetaTensorType(shape=['b', 4], dtype=torch.float32, device='cpu', layout=torch.strided)
     """
     if backend not in ("export", "jit"):
-        raise ValueError(f"backend must be 'export' or 'jit', got {backend!r}")
+        raise UsageError(f"backend must be 'export' or 'jit', got {backend!r}")
     if isinstance(dtypes, torch.dtype) or not all(isinstance(d, torch.dtype) for d in dtypes):
-        raise TypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
+        raise UsageTypeError(f"dtypes must be a list of torch dtypes, got {dtypes!r}")
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     fn = module.forward if module is not None else model_or_fn
     if not callable(fn):
-        raise TypeError("script() takes an nn.Module or a function, got "
-                        f"{type(model_or_fn).__name__}")
+        raise UsageTypeError("script() takes an nn.Module or a function, got "
+                             f"{type(model_or_fn).__name__}")
     qualname, params = parameters(fn, input_descriptors)
     ranges = merge_ranges([leaf for p in params for leaf in tensors(p.node)])
     weights = Weights(module=module, tensors=None if module is not None else {})

@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torchdefer.descriptors._expr import treespec
 from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 from torchdefer.descriptors.object_of import ObjectOf
+from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
            "parameters", "tensors", "to_json"]
@@ -42,7 +43,7 @@ class Value:
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, SCALARS):
-            raise ValueError(f"Value takes a plain value, got a {type(self.value).__name__}")
+            raise UsageError(f"Value takes a plain value, got a {type(self.value).__name__}")
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -56,7 +57,7 @@ class TypeOf:
 
     def __post_init__(self) -> None:
         if _TYPES.get(getattr(self.type, "__name__", None)) is not self.type:
-            raise ValueError(f"TypeOf takes one of {list(_TYPES)}, got {self.type!r}")
+            raise UsageError(f"TypeOf takes one of {list(_TYPES)}, got {self.type!r}")
 
     def __repr__(self) -> str:
         return self.type.__name__
@@ -104,7 +105,7 @@ class Param:
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and type(self.described) is bool and self.kind in (
                 "POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")):
-            raise ValueError(f"not a parameter: {self.name!r} {self.kind!r} {self.described!r}")
+            raise UsageError(f"not a parameter: {self.name!r} {self.kind!r} {self.described!r}")
 
 
 def parameters(fn: Callable[..., Any],
@@ -112,26 +113,28 @@ def parameters(fn: Callable[..., Any],
     """``fn``'s name and parameters (``*args``/``**kwargs`` left out), each
     with its descriptor tree; raises ``TypeError`` for what does not fit."""
     if not isinstance(descriptors, Mapping):
-        raise TypeError("input_descriptors must be a dict from parameter name to descriptor, got "
-                        f"{type(descriptors).__name__}")
+        raise UsageTypeError(
+            "input_descriptors must be a dict from parameter name to descriptor, got "
+            f"{type(descriptors).__name__}")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"cannot read the signature of {fn!r}: {e}") from e
+        raise UsageTypeError(f"cannot read the signature of {fn!r}: {e}") from e
     qualname = getattr(fn, "__qualname__", type(fn).__name__)
     accepted = [p for p in signature.parameters.values()
                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [k for k in descriptors if k not in {p.name for p in accepted}]
     if unknown:
-        raise TypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
-                        f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
+        raise UsageTypeError(f"input_descriptors names {unknown} but {qualname}() has parameters "
+                             f"{[p.name for p in accepted]} (*args/**kwargs cannot be described)")
     params = []
     for p in accepted:
         plain = p.default is not p.empty and all(
             isinstance(v, SCALARS) for v in pytree.tree_leaves(p.default))
         if p.name not in descriptors and p.default is p.empty:
-            raise TypeError(f"parameter {p.name!r} of {qualname}() has no default and no input "
-                            f"descriptor; add input_descriptors[{p.name!r}]")
+            raise UsageTypeError(
+                f"parameter {p.name!r} of {qualname}() has no default and no input "
+                f"descriptor; add input_descriptors[{p.name!r}]")
         node = (normalize(descriptors[p.name], p.name) if p.name in descriptors
                 else normalize(p.default, p.name) if plain else None)
         params.append(Param(p.name, p.kind.name, node, p.default if plain else p.empty,
@@ -170,12 +173,12 @@ def _leaf(d: Any, path: str) -> Node:
     if isinstance(d, type) and _TYPES.get(d.__name__) is d:
         return TypeOf(d)
     if isinstance(d, torch.Tensor):
-        raise TypeError(
+        raise UsageTypeError(
             f"input descriptor for {path} is a tensor; describe tensors with MetaTensorType(...) "
             f"(MetaTensorType.from_examples(t) builds one from an example)")
     if isinstance(d, SCALARS):
         return Value(d)
-    raise TypeError(
+    raise UsageTypeError(
         f"input descriptor for {path} is {d!r}; expected a MetaTensorType, a type (int, float, "
         "bool, str, torch.Tensor, List[...], Tuple[...], Optional[...]), a plain value (None, "
         "bool, int, float, str, torch.dtype, torch.device) or a tuple/list/dict of these")
@@ -215,7 +218,7 @@ def to_json(x: Any) -> Any:
     if type(x) in (list, tuple):
         return {type(x).__name__: [to_json(v) for v in x]}
     if isinstance(x, ObjectOf):
-        raise TypeError(
+        raise UsageTypeError(
             f"{x!r} cannot be saved in a program file: it describes a {x.type.__qualname__} "
             "without building one, which a file cannot name; save a program whose inputs are "
             "tensors, plain values and containers registered with torch.utils._pytree")
@@ -223,9 +226,9 @@ def to_json(x: Any) -> Any:
     try:
         text = None if spec.is_leaf() else pytree.treespec_dumps(spec)
         if text is None or treespec(text) != spec:
-            raise ValueError
+            raise UsageError
     except Exception:  # what loading would refuse or read back otherwise
-        raise TypeError(
+        raise UsageTypeError(
             f"{x!r} (a {type(x).__name__}) cannot be saved in a program file, which holds "
             "plain values (None, bool, int, float, str), torch dtypes, layouts and devices, "
             "and containers registered with torch.utils._pytree") from None

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat.export import FakeTensor
+from torchdefer.errors import StateError
 from torchdefer.fake import is_fake
 
 __all__ = ["Weights", "has_data", "lookup"]
@@ -44,25 +45,25 @@ class Weights:
 
         def resolve() -> list[torch.Tensor]:
             if module is None and tensors is None:
-                raise RuntimeError(missing)
+                raise StateError(missing)
             out = []
             for name, owner, attr, dtype, shape in slots:
                 try:
                     t = tensors[name] if module is None else lookup(module, owner, attr)[1]
                 except KeyError:
                     source = "the module" if module is not None else "the bound weights"
-                    raise RuntimeError(
+                    raise StateError(
                         f"{qualname} program: its weight {name!r} is missing from {source}; "
                         "bind weights with every name the program needs, or script the model "
                         "again after changing its structure") from None
                 if t is None or (type(t) not in _PLAIN and not has_data(t)) or t.is_meta:
-                    raise RuntimeError(
+                    raise StateError(
                         f"{qualname} program: weight {name!r} has no data (it is "
                         f"{'deferred' if t is not None and not t.is_meta else 'meta or None'}); "
                         "call torchdefer.materialize_module(model) first, or bind real weights "
                         "with program.with_weights(module_or_state_dict)")
                 if t.dtype is not dtype or t.shape != shape:
-                    raise RuntimeError(
+                    raise StateError(
                         f"{qualname} program: weight {name!r} is now {t.dtype} {list(t.shape)}, "
                         f"but the program was built for {dtype} {list(shape)}; script the model "
                         "again after changing its weights' dtype or shape")

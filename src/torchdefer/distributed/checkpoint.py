@@ -3,8 +3,8 @@
 :func:`torchdefer.load_state_dict` hands sharded modules here (the checkpoint
 package never imports ``torchdefer.distributed``). The checkpoint is validated
 as for any module (:mod:`torchdefer.checkpoint.plan`: keys, shapes, entries,
-devices), then every shard is prepared, then all are installed, so a failed
-load changes nothing:
+devices), then every shard is prepared, then all are installed, all or
+nothing on every rank:
 
 * from a DCP directory (``dcp.save(model.state_dict(), checkpoint_id=path)``),
   real tensors are allocated for the keys the checkpoint has (for a sharded
@@ -16,9 +16,20 @@ load changes nothing:
 
 FSDP2 keeps a padded flat shard and the parameter's local tensor as a view of
 it; both are rebuilt with the layout the deferred ones recorded, so FSDP2 sees
-what it built itself. Afterwards :func:`torchdefer.distributed.materialize_module`
-materializes what the checkpoint lacked. Peak per rank: its loaded shards, the
-missing tensors' shards, and one full tensor (full sources only).
+what it built itself. What the checkpoint lacks is replayed before anything is
+installed, as :func:`torchdefer.distributed.materialize_module` makes it.
+Peak per rank: its loaded shards, the missing tensors' shards, and one full
+tensor (full sources only).
+
+All or nothing, on every rank: each rank stages its changes in an
+:class:`~torchdefer.checkpoint.install.Installation` (the unsharded loader's:
+swaps checked first, copies into real tensors last) and makes the undoable
+ones; then the ranks vote (one ``all_gather_object``,
+:class:`~torchdefer.distributed._staged.Vote`). If any rank failed, at any
+point before, every rank undoes its changes and raises; the failing one its
+own error, the others :class:`~torchdefer.checkpoint.CheckpointRankError`.
+Ranks also vote before ``dcp.load``, so that a rank failing earlier does not
+leave the others waiting in its collectives.
 """
 
 from __future__ import annotations
@@ -30,10 +41,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchdefer.checkpoint.assign import install as install_plain
 from torchdefer.checkpoint.assign import pick_tied, prepare, same_values, tie_mismatch
 from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.load import loaded_nbytes, open_source
+from torchdefer.checkpoint.install import Installation
+from torchdefer.checkpoint.load import _install_views, _stage_missing, loaded_nbytes, open_source
 from torchdefer.checkpoint.module_rules import kept_keys
 from torchdefer.checkpoint.plan import (
     LoadResult,
@@ -44,8 +55,8 @@ from torchdefer.checkpoint.plan import (
 )
 from torchdefer.checkpoint.source import CheckpointSource
 from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
+from torchdefer.distributed._staged import Vote, stage_missing_shards, stage_shard
 from torchdefer.distributed.module import _fsdp2_params
-from torchdefer.distributed.module import materialize_module as materialize_sharded
 from torchdefer.fake import _pinned
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder import DeferredTensor
@@ -83,14 +94,33 @@ def load_state_dict(
         fully_shard(model)
         torchdefer.load_state_dict(model, "checkpoints/step-1000")  # dcp.save'd
     """
-    groups = tensor_groups(module)
     if dtype is not None or device is not None:
         raise CheckpointUsageError(
             "The module is sharded (FSDP2 or DTensor parameters): its shards are created on "
             "their mesh's device in their recorded dtype. Call load_state_dict without "
             "device= and dtype= (convert before sharding, or use FSDP2's MixedPrecisionPolicy)."
         )
+    vote = Vote(str(source))
+    changes = Installation()
+    try:
+        result, views = _stage(module, source, strict, materialize_missing, progress,
+                               changes, vote)
+    except BaseException as error:
+        vote.refuse(error)  # the other ranks refuse too, at their next vote
+        raise
+    # Every rank made every change it can undo, or none: the vote is taken
+    # after them, so a failure anywhere undoes them on every rank.
+    changes.commit(then=(lambda: _install_views(module, views, None, None)) if views else None,
+                   agree=vote)
+    return result
+
+
+def _stage(module: nn.Module, source: Any, strict: bool, materialize_missing: bool,
+           progress: ProgressSpec, changes: Installation, vote: Vote):
+    """Validate, read and prepare every change of this rank; the module is untouched."""
+    groups = tensor_groups(module)
     checkpoint = open_source(source)
+    vote.where = checkpoint.where
     result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
@@ -99,35 +129,34 @@ def load_state_dict(
     fsdp = _fsdp_params_by_tensor(module)
     with Progress("load", len(work), _bytes(work), progress) as bar:
         if checkpoint.kind == "DCP":
-            ready = _prepare_dcp(work, checkpoint, fsdp, bar)
+            _prepare_dcp(work, checkpoint, fsdp, bar, changes, vote)
         else:
-            ready = _prepare_full(work, checkpoint, fsdp, bar)
-    for finish in ready:  # all prepared: only now is the module changed
-        finish()
+            _prepare_full(work, checkpoint, fsdp, bar, changes)
+    views: dict = {}
     if materialize_missing:
-        materialize_sharded(module)
-    return result
+        stage_missing_shards(module, {id(g.tensor) for g, _ in work}, changes)
+        views = _stage_missing(module, changes, work, None, None, progress)
+    return result, views
 
 
-def _prepare_full(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
-    ready: list = []
+def _prepare_full(work: Work, checkpoint: CheckpointSource, fsdp, bar,
+                  changes: Installation) -> None:
     taken: set = set()
     for group, names in work:
         full = pick_tied(group, names, {n: checkpoint.read(n) for n in names}, checkpoint.where)
         if _is_sharded(group.tensor):
-            local, finish = _empty_shard(group.tensor, fsdp)
+            local = _stage_shard(group.tensor, fsdp, changes)
             with torch.no_grad():
                 local.copy_(_slice(full, group.tensor, local.device))
-            ready.append(finish)
         else:
             local = prepare(group, full, None, None, taken)
-            ready.append(_installer(group, local))
+            changes.stage_loaded(group.tensor, local, group.path)
         del full
         bar.advance(names[0], local.nbytes)
-    return ready
 
 
-def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
+def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar,
+                 changes: Installation, vote: Vote) -> None:
     """One ``dcp.load`` into fresh shards and tensors; tied names are all read and compared."""
     from torchdefer.checkpoint.dcp import load_into
 
@@ -136,33 +165,31 @@ def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar) -> list:
     for group, names in work:
         tensor = group.tensor
         if _is_sharded(tensor):
-            local, finish = _empty_shard(tensor, fsdp)
+            local = _stage_shard(tensor, fsdp, changes)
             for name in names:  # tied names: each read into a shard of its own, compared below
                 own = local if name == names[0] else torch.empty_like(local)
                 targets[name] = DTensor.from_local(
                     own, tensor.device_mesh, tensor.placements, run_check=False,
                     shape=tensor.shape, stride=tensor.stride(),
                 )
-            sharded.append((names[0], finish, local))
+            sharded.append((names[0], local))
         else:
             for name in names:
                 entry = checkpoint.entries[name]
                 targets[name] = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")
+    vote()  # dcp.load's collectives: entered by every rank or by none
     load_into(targets, Path(checkpoint.where), checkpoint.handle, no_dist=False)
     _check_sharded_ties(work, targets, checkpoint.where)
-    ready: list = []
     taken: set = set()
     for group, names in work:
         if _is_sharded(group.tensor):
             continue
         loaded = pick_tied(group, names, targets, checkpoint.where)
         real = prepare(group, loaded, None, None, taken)
-        ready.append(_installer(group, real))
+        changes.stage_loaded(group.tensor, real, group.path)
         bar.advance(names[0], real.nbytes)
-    for name, finish, local in sharded:
-        ready.append(finish)
+    for name, local in sharded:
         bar.advance(name, local.nbytes)
-    return ready
 
 
 def _check_sharded_ties(work: Work, targets: dict[str, torch.Tensor], where: str) -> None:
@@ -183,10 +210,6 @@ def _check_sharded_ties(work: Work, targets: dict[str, torch.Tensor], where: str
             raise tie_mismatch(first, other, where)
 
 
-def _installer(group: TensorGroup, real: torch.Tensor):
-    return lambda: install_plain(group, real)
-
-
 def _is_sharded(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DTensor) and isinstance(tensor._local_tensor, DeferredTensor)
 
@@ -195,8 +218,9 @@ def _fsdp_params_by_tensor(module: nn.Module) -> dict[int, Any]:
     return {id(p.sharded_param): p for p in _fsdp2_params(module)}
 
 
-def _empty_shard(dtensor: DTensor, fsdp: dict[int, Any]):
-    """A real, zeroed local shard laid out as the deferred one, and how to install it."""
+def _stage_shard(dtensor: DTensor, fsdp: dict[int, Any], changes: Installation) -> torch.Tensor:
+    """A real, zeroed local shard laid out as the deferred one (filled by the caller),
+    staged to replace it."""
     local = dtensor._local_tensor
     fsdp_param = fsdp.get(id(dtensor))
     flat = None if fsdp_param is None else fsdp_param._sharded_param_data
@@ -207,22 +231,13 @@ def _empty_shard(dtensor: DTensor, fsdp: dict[int, Any]):
         if flat._value.storage.pinned:  # CPUOffloadPolicy(pin_memory=True) pinned it
             real_flat = _pinned.pin(real_flat)
         real = real_flat.as_strided(local.shape, local.stride(), local.storage_offset())
+        stage_shard(changes, dtensor, real, fsdp_param, real_flat)
     else:
-        real_flat = None
         real = torch.empty(local.shape, dtype=local.dtype, device=local.fake_device)
         if local._value.storage.pinned:
             real = _pinned.pin(real)
-
-    def install() -> None:
-        real.requires_grad_(local.requires_grad)  # after the in-place load
-        if real_flat is not None:
-            fsdp_param._sharded_param_data = real_flat
-            flat._value.storage.materialized = True
-        dtensor._local_tensor = real
-        # Later recorded writes to the deferred shard would never reach this one.
-        local._value.storage.materialized = True
-
-    return real, install
+        stage_shard(changes, dtensor, real)
+    return real
 
 
 def _slice(full: torch.Tensor, dtensor: DTensor, device: torch.device) -> torch.Tensor:

@@ -11,12 +11,13 @@ from torch.distributed.tensor import DTensor
 
 from torchdefer.distributed.shard import compact, replay_local
 from torchdefer.materialize import materialize_module as materialize_plain
+from torchdefer.materialize import parallel
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["materialize_module"]
 
 
-def materialize_module(module: nn.Module) -> nn.Module:
+def materialize_module(module: nn.Module, *, threads: int | None = None) -> nn.Module:
     """Materialize a deferred module whose parameters may be sharded, in place.
 
     Handles, in this order:
@@ -47,6 +48,10 @@ def materialize_module(module: nn.Module) -> nn.Module:
     Args:
         module: a module built by :func:`torchdefer.deferred_init`, then
             sharded with ``fully_shard`` or DTensor parameters.
+        threads: threads of this rank that draw each large CPU random fill
+            (its rows too), each a chunk from its own jumped generator state;
+            the bits are the same (see :mod:`torchdefer.materialize.parallel`).
+            None: ``torch.get_num_threads()``.
 
     Returns:
         ``module`` itself.
@@ -66,6 +71,12 @@ def materialize_module(module: nn.Module) -> nn.Module:
         torchdefer.distributed.materialize_module(model)
         assert not torchdefer.is_deferred(model[0].weight.to_local())
     """
+    threads = parallel.check_threads(threads, "torchdefer.distributed.materialize_module")
+    with parallel.threads_used(threads):
+        return _materialize(module)
+
+
+def _materialize(module: nn.Module) -> nn.Module:
     names = _parameter_names(module)
     for fsdp_param in _fsdp2_params(module):
         _materialize_fsdp_param(fsdp_param, names)

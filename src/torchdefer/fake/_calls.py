@@ -32,9 +32,9 @@ from torchdefer.fake._grad import (
 from torchdefer.fake._source import user_frame
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import device_available
-from torchdefer.fake.tensor import FakeTensorError, flat_tensors
+from torchdefer.fake.tensor import FakeTensor, FakeTensorError, flat_tensors
 
-__all__ = ["GUARDED", "call_grad_safe"]
+__all__ = ["GUARDED", "call_grad_safe", "set_refusing_lost_view_history"]
 
 # Autograd's own refusals about views and in-place ops: eager raises them too.
 _EAGER_AUTOGRAD_ERRORS = re.compile(
@@ -159,6 +159,30 @@ def _lost_view_history(error: Exception, func: Callable[..., Any], args: tuple,
         return False
     return any(t._is_view() for t in flat_tensors(args, kwargs)) and runs_on_twins(
         func, args, kwargs)
+
+
+def set_refusing_lost_view_history(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.set_`` that refuses, as :func:`call_grad_safe` does, a source view whose
+    history autograd cannot rebuild on fake tensors.
+
+    ``set_``'s Python binding takes no ``__torch_function__``, and its autograd
+    kernel asks the source's ``grad_fn`` before dispatching: the failure
+    (PyTorch's "new_fn INTERNAL ASSERT FAILED") reaches no hook of ours. The
+    recorder installs this while a recording runs (``recorder._threads``).
+    """
+
+    def set_(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        try:
+            return original(self, *args, **kwargs)
+        except (RuntimeError, IndexError) as e:
+            fakes = [t for t in flat_tensors((self, *args), kwargs) if isinstance(t, FakeTensor)]
+            if not fakes or not _lost_view_history(e, original, (self, *args), kwargs):
+                raise
+            raise _view_history_error(set_, e) from e
+
+    set_.__name__ = set_.__qualname__ = "set_"
+    set_.__doc__ = original.__doc__
+    return set_
 
 
 def _view_history_error(func: Callable[..., Any], error: Exception) -> FakeTensorError:

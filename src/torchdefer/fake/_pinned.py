@@ -18,9 +18,13 @@ FSDP2's ``CPUOffloadPolicy`` pins each parameter's shard that way.
 The allocator check is eager's own: an empty real tensor is pinned at the
 call (:func:`pinning_refusal`), so a fake tensor is refused exactly where and
 as eager is, whatever the host's accelerator. Where pinning works, a deferred
-tensor's recorded storage carries the flag (``recorder`` sets it) and replay
-pins (:func:`pin`). ``fake_mode`` records nothing and cannot carry the flag,
-so it refuses pinning rather than answer ``is_pinned`` wrongly later.
+tensor's recorded storage carries the flag (``recorder`` sets it, also for
+``torch.tensor(data, pin_memory=True)``, which pins a real tensor before
+lifting it: :func:`lifted_is_pinned`) and replay pins (:func:`pin`).
+``fake_mode`` records nothing and cannot carry the flag, so it refuses every
+pinning call (``t.pin_memory()``, ``pin_memory=True`` on a factory or a
+``*_like``, a pinned tensor lifted: :func:`refuse_in_fake_mode`) rather than
+answer ``is_pinned`` wrongly later; where eager refuses, with eager's error.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ import torch
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._source import user_frame
 
-__all__ = ["PinnedMemoryError", "is_pinned", "pin", "pin_memory_output", "pinning_refusal",
-           "storage_is_pinned"]
+__all__ = ["PinnedMemoryError", "is_pinned", "lifted_is_pinned", "pin", "pin_memory_output",
+           "pinning_refusal", "refuse_in_fake_mode", "storage_is_pinned"]
 
 
 class PinnedMemoryError(TorchdeferError, RuntimeError):
@@ -86,15 +90,35 @@ def pin_memory_output(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     fake_device = getattr(self, "fake_device", self.device)
     check_pinning("t.pin_memory()", fake_device, factory=False)
     if getattr(self, "_value", None) is None:  # fake_mode: no storage record to flag
-        raise PinnedMemoryError(
-            f"t.pin_memory() at {_where()} on a tensor of torchdefer.fake_mode, which "
-            "records nothing, so the tensor could not say it is pinned. Pin it under "
-            "torchdefer.deferred_init, or after materialization."
-        )
+        raise _fake_mode_refusal("t.pin_memory()")
     from torchdefer import _compat
 
     with _compat.DisableTorchDispatch():
         return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+
+
+def refuse_in_fake_mode(func: Any, device: torch.device) -> None:
+    """``pin_memory=True`` on a factory under ``fake_mode``: eager's error where eager
+    refuses (this host, a tensor off the CPU), else the refusal of a mode that records
+    nothing. Never an unpinned fake that eager would have pinned."""
+    what = f"{func}(pin_memory=True)"
+    check_pinning(what, device, factory=True)
+    raise _fake_mode_refusal(what)
+
+
+def lifted_is_pinned(real: torch.Tensor) -> bool:
+    """Whether a real tensor torch lifts into a mode (``torch.tensor(data,
+    pin_memory=True)`` pins it first, outside any mode) is pinned."""
+    return real.device.type == "cpu" and real.layout == torch.strided and real.is_pinned()
+
+
+def _fake_mode_refusal(what: str) -> PinnedMemoryError:
+    return PinnedMemoryError(
+        f"{what} at {_where(3)} under torchdefer.fake_mode, which records nothing, so "
+        "the fake tensor could not say it is pinned (is_pinned() would answer False "
+        "where eager answers True). Pin under torchdefer.deferred_init, which records "
+        "it and pins at materialization, or after materialization."
+    )
 
 
 def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
@@ -126,6 +150,6 @@ def pin(real: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._pin_memory.default(real)
 
 
-def _where() -> str:
-    frame = user_frame(2)
+def _where(depth: int = 2) -> str:
+    frame = user_frame(depth)
     return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"

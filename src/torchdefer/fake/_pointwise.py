@@ -19,10 +19,25 @@ kernels differ in size-1 dimensions (``torch.ones(1, 37).t() * 2``).
 The tables are what a sweep of every pointwise overload of one tensor, and
 of two, over many layouts and dtypes proved
 (``tests/fake/test_pointwise_layouts.py``, which re-checks them against the
-installed torch). Overloads that neither rule
-predicts (``isinf`` and ``isfinite`` of integers, ``pow.Scalar``,
-``float_power.Scalar``, ``mvlgamma``, ``conj_physical``, ``rrelu``) keep the
-meta kernel's layout.
+installed torch). The overloads that neither rule predicts have their own
+(``tests/fake/test_pointwise_layouts_rest.py`` sweeps them):
+
+- ``CONTIGUOUS``: a row-major output whatever the input's layout: a scalar
+  base (``pow.Scalar``, ``float_power.Scalar``: the structured meta function
+  sets the output without strides), ``masked_fill`` (``clone(Contiguous)`` of
+  the broadcast self); on the CPU ``log_sigmoid_forward`` too
+  (``empty_like(Contiguous)``; CUDA keeps the meta kernel's layout, unchecked);
+- ``BY_DTYPE``: integer ``isinf``/``isfinite`` are ``zeros_like``/``ones_like``
+  (``LIKE_INPUT``), complex ``abs`` writes an ``empty_like`` of the real dtype,
+  complex ``angle`` a row-major one; other dtypes as TensorIterator;
+- ``ITERATED_OPERANDS``: TensorIterator over other operands than the leading
+  tensors in order: ``lerp.Scalar`` (self, end), ``threshold_backward``
+  (self, grad), ``clamp.Tensor`` (the bounds given), ``native_dropout_backward``
+  (grad * mask, then * scale: a second fresh output).
+
+Composite functions (``ldexp``, ``mvlgamma``, ``logsigmoid``, ``isclose``,
+``conj_physical``...) decompose before a fake tensor sees them, into ops these
+rules cover; ``rrelu`` in training draws (``fake/layout.py``'s row-major rule).
 """
 
 from __future__ import annotations
@@ -32,9 +47,11 @@ from typing import Any
 import torch
 
 __all__ = [
-    "BINARY_ITERATED", "BINARY_ITERATED_NAMES", "ITERATED", "ITERATED_NAMES", "LIKE_INPUT",
+    "BINARY_ITERATED", "BINARY_ITERATED_NAMES", "BY_DTYPE", "BY_DTYPE_NAMES", "CONTIGUOUS",
+    "CONTIGUOUS_NAMES", "CONTIGUOUS_ON_CPU", "CONTIGUOUS_ON_CPU_NAMES", "ITERATED",
+    "ITERATED_NAMES", "ITERATED_OPERANDS", "ITERATED_OPERANDS_NAMES", "LIKE_INPUT",
     "LIKE_INPUT_NAMES", "TERNARY_ITERATED", "TERNARY_ITERATED_NAMES", "WITH_SCALAR",
-    "WITH_SCALAR_NAMES",
+    "WITH_SCALAR_NAMES", "dtype_kind",
 ]
 
 ITERATED_NAMES = """
@@ -104,6 +121,36 @@ special_xlog1py special_zeta sub.Tensor tanh_backward true_divide.Tensor xlogy.T
 TERNARY_ITERATED_NAMES = "addcdiv addcmul lerp.Tensor where.self".split()
 
 
+CONTIGUOUS_NAMES = "float_power.Scalar masked_fill.Scalar masked_fill.Tensor pow.Scalar".split()
+CONTIGUOUS_ON_CPU_NAMES = ["log_sigmoid_forward"]
+
+# overload -> {dtype kind: rule} (kinds: dtype_kind); a kind not named: "iterated".
+# "like_input_if_filled": LIKE_INPUT, but TensorIterator's for a tensor with no
+# elements (complex isinf: isinf(real) | isinf(imag) short-cut where it can).
+BY_DTYPE_NAMES: dict[str, dict[str, str]] = {
+    "abs": {"complex": "like_input"},
+    "angle": {"complex": "contiguous"},
+    "isinf": {"integral": "like_input", "complex": "like_input_if_filled"},
+    "isfinite": {"integral": "like_input"},
+}
+
+# overload -> (indices of TensorIterator's operands in its order, then a second
+# fresh output with a scalar); an absent (None) operand is left out.
+ITERATED_OPERANDS_NAMES: dict[str, tuple[tuple[int, ...], bool]] = {
+    "clamp.Tensor": ((0, 1, 2), False),
+    "lerp.Scalar": ((0, 1), False),
+    "native_dropout_backward": ((0, 1), True),
+    "threshold_backward": ((1, 0), False),
+}
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """'complex', 'floating' or 'integral' (bool included): how ``BY_DTYPE`` tells dtypes."""
+    if dtype.is_complex:
+        return "complex"
+    return "floating" if dtype.is_floating_point else "integral"
+
+
 def _overloads(names: list[str]) -> frozenset[Any]:
     """The overloads named ``op`` (its ``.default``) or ``op.overload`` that this torch has."""
     found = set()
@@ -120,3 +167,9 @@ LIKE_INPUT = _overloads(LIKE_INPUT_NAMES)
 BINARY_ITERATED = _overloads(BINARY_ITERATED_NAMES)
 WITH_SCALAR = _overloads(WITH_SCALAR_NAMES)
 TERNARY_ITERATED = _overloads(TERNARY_ITERATED_NAMES)
+CONTIGUOUS = _overloads(CONTIGUOUS_NAMES)
+CONTIGUOUS_ON_CPU = _overloads(CONTIGUOUS_ON_CPU_NAMES)
+BY_DTYPE = {op: BY_DTYPE_NAMES[name] for name in BY_DTYPE_NAMES
+            for op in _overloads([name])}
+ITERATED_OPERANDS = {op: ITERATED_OPERANDS_NAMES[name] for name in ITERATED_OPERANDS_NAMES
+                     for op in _overloads([name])}

@@ -59,10 +59,15 @@ from torchdefer import _compat
 from torchdefer.fake._iterator import iterator_strides, non_overlapping_and_dense
 from torchdefer.fake._pointwise import (
     BINARY_ITERATED,
+    BY_DTYPE,
+    CONTIGUOUS,
+    CONTIGUOUS_ON_CPU,
     ITERATED,
+    ITERATED_OPERANDS,
     LIKE_INPUT,
     TERNARY_ITERATED,
     WITH_SCALAR,
+    dtype_kind,
 )
 from torchdefer.fake._state import STATE
 
@@ -117,7 +122,8 @@ _RESTRIDED = frozenset(
 # unary pointwise overload -> how eager lays out its output (fake/_pointwise.py)
 _UNARY = {
     **dict.fromkeys(ITERATED, "iterated"), **dict.fromkeys(WITH_SCALAR, "with_scalar"),
-    **dict.fromkeys(LIKE_INPUT, "like_input"),
+    **dict.fromkeys(LIKE_INPUT, "like_input"), **dict.fromkeys(CONTIGUOUS, "contiguous"),
+    **dict.fromkeys(CONTIGUOUS_ON_CPU, "contiguous_on_cpu"), **dict.fromkeys(BY_DTYPE, "by_dtype"),
 }
 
 # id(op) -> (op, whether its packet is in _RESTRIDED): asked for every op, and
@@ -132,14 +138,19 @@ def eager_layout(
     known = _restrided.get(id(func))
     if known is None:
         packet = getattr(func, "overloadpacket", None)
-        special = packet in _RESTRIDED or func in _ITERATED or func in _UNARY
+        special = (packet in _RESTRIDED or func in _ITERATED or func in _UNARY
+                   or func in ITERATED_OPERANDS or func is _aten.ldexp.Tensor)
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
     if func in _ITERATED:
         return _iterated(args, _ITERATED[func], out)
     if func in _UNARY:
-        return _unary(_UNARY[func], args, kwargs, out)
+        return _unary(_unary_rule(func, args, kwargs, device), args, kwargs, out)
+    if func in ITERATED_OPERANDS:
+        return _iterated_operands(func, args, kwargs, out)
+    if func is _aten.ldexp.Tensor:
+        return _ldexp(args, kwargs, out)
     packet = getattr(func, "overloadpacket", None)
     if packet in _SUGGESTED_FORMAT:
         return _in_suggested_format(args[0], out)
@@ -201,14 +212,75 @@ def _iterated(args: tuple, count: int, out: Any) -> Any:
     return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
 
 
+def _unary_rule(func: Any, args: tuple, kwargs: dict, device: Any) -> str:
+    rule = _UNARY[func]
+    if rule == "contiguous_on_cpu":
+        return "contiguous" if device is None or device.type == "cpu" else "meta"
+    if rule == "by_dtype":
+        source = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        kind = "floating" if source is None else dtype_kind(source.dtype)
+        return BY_DTYPE[func].get(kind, "iterated")
+    return rule
+
+
+def _iterated_operands(func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    """TensorIterator over the operands ``ITERATED_OPERANDS`` names (fake/_pointwise.py)."""
+    indices, then_scalar = ITERATED_OPERANDS[func]
+    names = [a.name for a in func._schema.arguments]
+    layouts = []
+    for i in indices:
+        a = args[i] if i < len(args) else kwargs.get(names[i]) if i < len(names) else None
+        if isinstance(a, torch.Tensor):
+            layouts.append((tuple(a.shape), a.stride()))
+        elif a is not None:
+            return out
+    if not isinstance(out, torch.Tensor) or not layouts:
+        return out
+    size = tuple(out.shape)
+    stride = iterator_strides(layouts, size)
+    if then_scalar:
+        stride = iterator_strides([(size, stride), ((), ())], size)
+    return _restrided_to(out, size, stride)
+
+
+def _ldexp(args: tuple, kwargs: dict, out: Any) -> Any:
+    """``ldexp(self, other)``: with an integer ``other`` and a floating ``self``, ATen
+    fills ``empty_like(self)`` (TensorIterator restrides it where it must grow);
+    else ``self * pow(2, other)``."""
+    self, other = (*args, *kwargs.values())[:2] if len(args) + len(kwargs) >= 2 else (None, None)
+    if not (isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor)):
+        return out
+    if not isinstance(out, torch.Tensor):
+        return out
+    size = tuple(out.shape)
+    if dtype_kind(other.dtype) == "integral" and self.dtype.is_floating_point:
+        if tuple(self.shape) == size:
+            return _unary("like_input", (self,), {}, out)
+        layouts = [(tuple(self.shape), self.stride()), (tuple(other.shape), other.stride())]
+    else:  # pow(2.0, other): row-major (pow.Scalar); a 0-d two's pow for wider floats
+        shape = tuple(other.shape)
+        if dtype_kind(self.dtype) == "integral" or self.dtype == torch.float32:
+            powered = torch.empty(shape, device="meta").stride()
+        else:
+            powered = iterator_strides([((), ()), (shape, other.stride())], shape)
+        layouts = [(tuple(self.shape), self.stride()), (shape, powered)]
+    return _restrided_to(out, size, iterator_strides(layouts, size))
+
+
 def _unary(rule: str, args: tuple, kwargs: dict, out: Any) -> Any:
     """A unary pointwise op's fresh output(s) laid out as TensorIterator (with a
     0-d operand for a scalar), or ``empty_like`` of its one tensor argument, lays
     them out (``rule``, from ``fake/_pointwise.py``)."""
     source = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-    if source is None:
+    if source is None or rule == "meta":
         return out
+    if rule == "contiguous":  # of the output's own shape (masked_fill broadcasts)
+        if isinstance(out, tuple):
+            return tuple(_row_major_of(o) for o in out)
+        return _row_major_of(out)
     size, stride = tuple(source.shape), source.stride()
+    if rule == "like_input_if_filled":
+        rule = "iterated" if 0 in size else "like_input"
     if rule == "iterated":
         wanted = iterator_strides([(size, stride)], size)
     elif rule == "with_scalar":  # a 0-d operand is broadcast, so its order does not matter
@@ -221,6 +293,13 @@ def _unary(rule: str, args: tuple, kwargs: dict, out: Any) -> Any:
     if isinstance(out, tuple):
         return tuple(_restrided_to(o, size, wanted) for o in out)
     return _restrided_to(out, size, wanted)
+
+
+def _row_major_of(out: Any) -> Any:
+    if not isinstance(out, torch.Tensor):
+        return out
+    row_major = torch.empty(out.shape, dtype=out.dtype, device="meta")
+    return out if out.stride() == row_major.stride() else row_major
 
 
 def _restrided_to(out: Any, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:

@@ -12,11 +12,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
-from torchdefer.fake.device import device_available, normalize
+from torchdefer.fake._pinned import lifted_is_pinned, refuse_in_fake_mode
+from torchdefer.fake.device import device_available, normalize, output_device
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import (
     FakeTensor,
     FakeTensorError,
+    flat_tensors,
     reported_device,
     run_on_meta,
     wrap_outputs,
@@ -24,6 +26,7 @@ from torchdefer.fake.tensor import (
 
 _DATA_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
 _TO = torch.ops.aten.to
+_LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
 __all__ = [
     "FakeMode",
@@ -83,9 +86,13 @@ class FakeMode(FakeSlotMode):
             # Reaches dispatch undecomposed only for inference tensors (no
             # autograd key), its device maybe positional: decomposed as eager does.
             return func.decompose(*args, **kwargs)
+        if func in _LIFT and lifted_is_pinned(args[0]):
+            refuse_in_fake_mode(func, torch.device("cpu"))
         args, kwargs = tree_map(to_meta, (args, kwargs))
         if "device" in kwargs and kwargs["device"] is not None:
             check_device(torch.device(kwargs["device"]), self.fake_cuda, func)
+        if kwargs.get("pin_memory"):  # fake._pinned: never an unpinned fake silently
+            refuse_in_fake_mode(func, output_device(kwargs, flat_tensors(args, kwargs)))
         try:
             out, device = run_on_meta(func, args, kwargs)
         except (NotImplementedError, RuntimeError) as error:

@@ -7,16 +7,18 @@ here a recorded call is rebuilt to produce only elements ``[s, e)``.
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer.materialize import parallel
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.rng import NODE_READER, meta_call
-from torchdefer.rng import draws, ranges
+from torchdefer.rng import chunks, draws, ranges
 from torchdefer.rng.stream import Position, call_effect
 
 if TYPE_CHECKING:
@@ -134,14 +136,17 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     if model is None or (model.blocks and n < ranges.BLOCK):
         raise NotSliceable(node, "this class of call did not slice on this torch")
     state_at = _state_at(node)
+    lock = threading.Lock()  # run() is called from the threads of parallel.chunks
 
     def run(out: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        rows.drawn += out.numel()
-        rows.use(node)
+        with lock:
+            rows.drawn += out.numel()
+            rows.use(node)
         return call.run(out, state)
 
     def step(buf: torch.Tensor) -> None:
-        ranges.draw_range(model, n, effect.words, s, e, buf[at : at + e - s], state_at, run)
+        chunks.draw_range(model, n, effect.words, s, e, buf[at : at + e - s], state_at, run,
+                          parallel.current_threads(), parallel.chunk_floor())
 
     return step
 

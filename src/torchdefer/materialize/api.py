@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from torch import nn
 
 from torchdefer import _compat
 from torchdefer.fake.device import device_available
+from torchdefer.materialize import parallel
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
@@ -36,6 +38,7 @@ def materialize_tensor(
     device: torch.device | str | None = None,
     *,
     dtype: torch.dtype | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """The real tensor a deferred tensor stands for.
 
@@ -51,6 +54,9 @@ def materialize_tensor(
             with ``device="cuda"`` gets eager CUDA's values).
         dtype: convert a floating point (or complex) result to this dtype, as
             ``t.to(dtype)`` would; other tensors keep theirs.
+        threads: threads that draw a large CPU random fill, each a chunk of
+            it from its own jumped generator state (same bits; see
+            :mod:`torchdefer.materialize.parallel`); None: ``torch.get_num_threads()``.
 
     Returns:
         The real tensor, with the values eager construction would have given:
@@ -64,13 +70,14 @@ def materialize_tensor(
     True
     """
     check_dtype(dtype)
+    threads = parallel.check_threads(threads, "materialize_tensor")
     if not isinstance(tensor, DeferredTensor):
         return cast(tensor, dtype)
     device = None if device is None else torch.device(device)
     memo = tensor.__dict__.setdefault("_materialized", {})
     key = str(device) if dtype is None else f"{device}/{dtype}"
     if key not in memo:
-        raw = _materialize(tensor, device, None)
+        raw = _materialize(tensor, device, None, threads)
         with suspended():  # inside deferred_init, the conversion is real, not recorded
             memo[key] = real_tensor(tensor, cast(raw, dtype))
     return memo[key]
@@ -84,6 +91,7 @@ def materialize_module(
     buffers_only: bool = False,
     check_fn: Callable[[nn.Module], bool] | None = None,
     progress: ProgressSpec = None,
+    threads: int | None = None,
 ) -> M:
     """Materialize the deferred tensors of ``module`` and its descendants, in place.
 
@@ -119,6 +127,12 @@ def materialize_module(
             and the work takes over two seconds; ``True``/``False`` always/never;
             a callable gets a :class:`~torchdefer.materialize.progress.ProgressEvent`
             per tensor instead.
+        threads: threads that draw each large CPU random fill (``normal_``,
+            ``uniform_`` ... of a million elements or more), each a chunk of
+            it from its own jumped generator state, into the tensor; the bits
+            and the generator states are eager's (see
+            :mod:`torchdefer.materialize.parallel`). None:
+            ``torch.get_num_threads()``; 1: every call drawn whole.
 
     Returns:
         ``module`` itself (typed as the module you passed).
@@ -142,6 +156,7 @@ def materialize_module(
             f"materialize_module(module, buffers_only={device})."
         )
     check_dtype(dtype)
+    threads = parallel.check_threads(threads, "materialize_module")
     device = None if device is None else torch.device(device)
     sharded = _sharded_paths(module)
     if sharded:
@@ -151,15 +166,17 @@ def materialize_module(
                 "Convert the deferred module before sharding it (model.to(dtype) is "
                 "recorded), or use FSDP2's MixedPrecisionPolicy."
             )
-        return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
+        with parallel.threads_used(threads):
+            return _materialize_sharded(module, sharded, device, buffers_only, check_fn)
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
     # One tensor per replay, swapped in at once: a later replay finds the
     # storages it shares in the cache (kept alive by the module), and no
     # replay holds more than one tensor's intermediates.
+    replay = functools.partial(_materialize, threads=threads)
     with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           _materialize)) as replayed:
+                                           replay)) as replayed:
         for name, fake, real in replayed:
             swap_in(fake, real, name)
     with suspended():
@@ -319,9 +336,10 @@ def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Mo
 
 
 def _materialize(fake: DeferredTensor, device: torch.device | None,
-                 name: str | None) -> torch.Tensor:
-    """Replay ``fake``'s value; mark its storage materialized."""
-    real = _replay(fake, device, name)
+                 name: str | None, threads: int | None = None) -> torch.Tensor:
+    """Replay ``fake``'s value (large fills on ``threads``); mark its storage materialized."""
+    with parallel.threads_used(threads):
+        real = _replay(fake, device, name)
     mark_materialized(fake._value, real)
     return real
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import TorchdeferError, UsageError
 
 __all__ = [
     "DeviceUnavailableError",
     "ExternalTensorModifiedError",
     "ReplayError",
     "SwapError",
+    "ThreadsError",
     "UntaggedRandomOpError",
     "with_context",
 ]
@@ -38,6 +39,10 @@ class UntaggedRandomOpError(ReplayError):
 
 class SwapError(TorchdeferError, RuntimeError):
     """A real tensor could not take the place of a deferred one in a module."""
+
+
+class ThreadsError(UsageError):
+    """``threads=`` of a materialization is not a positive int or None (a ValueError)."""
 
 
 # One combined class per original exception class, so that the same failure

@@ -156,7 +156,7 @@ class Replay:
         kind = node.kind
         if kind == NodeKind.CONSTANT:
             device = self.map_device(node.outputs[0].meta.device)
-            return [node.payload.to(device, copy=True)]
+            return _pinned_as_recorded(node, [node.payload.to(device, copy=True)])
         if kind == NodeKind.EXTERNAL:
             return [self.external(node)]
         reads = iter(node.reads)
@@ -178,13 +178,16 @@ class Replay:
         if node.op is _PIN_MEMORY:
             return [_pinned.pin(leaves[0])]
         args, kwargs = unflatten_call(leaves, node.spec)
+        pinning = bool(kwargs.get("pin_memory"))
+        if pinning:  # pinned once, after, where the storage says (and on the CPU only)
+            kwargs = {**kwargs, "pin_memory": False}
         if kind == NodeKind.RANDOM:
             out = call_watching_writes(node, leaves, lambda: self.rng.run(node, args, kwargs))
         else:
             out = call_watching_writes(
                 node, leaves, lambda: call_checking_draws(node, args, kwargs)
             )
-        return flatten_out(out)
+        return _pinned_as_recorded(node, flatten_out(out)) if pinning else flatten_out(out)
 
     def _empty(self, value: Value) -> torch.Tensor:
         """Uninitialized memory laid out as a factory's recorded output (page-locked
@@ -247,3 +250,10 @@ def _describe(targets, names) -> str:
         return f"Tensor {shown}" + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
     meta = targets[0][0].meta
     return f"The tensor of shape {meta.size} and dtype {meta.dtype}"
+
+
+def _pinned_as_recorded(node: Node, outs: list[Any]) -> list[Any]:
+    """``outs`` with each output pinned whose recorded storage is (``pin_memory=True``,
+    ``torch.tensor(data, pin_memory=True)``): one pinning, as eager's."""
+    return [_pinned.pin(out) if isinstance(out, torch.Tensor) and value.storage.pinned else out
+            for out, value in zip(outs, node.outputs)]

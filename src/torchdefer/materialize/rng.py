@@ -33,7 +33,7 @@ from torchdefer.rng.stream import Stream, model_of
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RngReplay", "call_checking_draws"]
+__all__ = ["RngReplay", "call_checking_draws", "draw", "takes_generator"]
 
 # Random ops whose number of draws depends on the values of a tensor they
 # write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
@@ -50,6 +50,11 @@ class RngReplay:
         # Fresh tensors per draw would be freed at once, but glibc keeps
         # freed memory below its mmap threshold (bench/README.md).
         self._scratch: dict[torch.device, torch.UntypedStorage] = {}
+        # Large CPU fills drawn on threads (imported here: parallel builds on
+        # this module's draw(), and on the row calls, which do too).
+        from torchdefer.materialize.parallel import split_draw
+
+        self._split = split_draw
 
     def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
@@ -57,7 +62,8 @@ class RngReplay:
         model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
-        out, after = draw(node, stream, device, start, args, kwargs)
+        split = self._split(node, stream, device, start, args, kwargs)
+        out, after = split if split is not None else draw(node, stream, device, start, args, kwargs)
         epoch = stream.epochs[e]
         states.remember(stream, epoch, model, states.after_call(node, model), after)
         return out
@@ -140,7 +146,7 @@ def _own_view(real: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> to
 
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
     """Run random ``node`` from generator ``state``; returns (output, state after)."""
-    if stream.generator is None and not _takes_generator(node, args, kwargs):
+    if stream.generator is None and not takes_generator(node, args, kwargs):
         generator = default_generator(device)
         if generator is None:
             raise RuntimeError(f"no default generator for {device}")
@@ -198,7 +204,7 @@ def _default_generators() -> list[torch.Generator]:
     return generators
 
 
-def _takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
+def takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     """Whether the recorded overload accepts ``generator=`` as a keyword we can fill."""
     schema = getattr(node.op, "_schema", None)
     if schema is None:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from torchdefer.materialize import parallel
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.errors import ReplayError
 from torchdefer.materialize.replay import Replay
@@ -32,13 +33,16 @@ def replays_on_meta(tensor: DeferredTensor) -> bool:
     return tensor._value.meta.device.type == "meta"
 
 
-def replay_value(tensor: DeferredTensor, name: str) -> torch.Tensor:
+def replay_value(tensor: DeferredTensor, name: str, *, threads: int | None = None) -> torch.Tensor:
     """The real value ``tensor`` stands for, on its recorded device; the caller owns it.
 
     The same bits :func:`~torchdefer.materialize_tensor` gives, but nothing keeps
     the result: the deferred tensor stays deferred (and later materializes as
-    usual). ``name`` is the tensor's path, for error messages.
+    usual). ``name`` is the tensor's path, for error messages. ``threads``
+    draw each large CPU random fill in chunks (see
+    :mod:`torchdefer.materialize.parallel`); None: ``torch.get_num_threads()``.
     """
+    threads = parallel.check_threads(threads, "replay_value")
     if replays_on_meta(tensor):
         raise ReplayError(
             f"'{name}' was recorded on the meta device, so it has no values to write. "
@@ -46,7 +50,7 @@ def replay_value(tensor: DeferredTensor, name: str) -> torch.Tensor:
             "nothing anyway), or load real weights into it first."
         )
     value = tensor._value
-    with torch.inference_mode(recorded_inference(tensor)):
+    with parallel.threads_used(threads), torch.inference_mode(recorded_inference(tensor)):
         return Replay(tensor._graph, None).run([(value, value.storage.version)], [name])[0]
 
 

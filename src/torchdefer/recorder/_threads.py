@@ -17,6 +17,12 @@ another) is deterministic, and must stay so when one of them records:
   dtype only if its own thread changed it, and not a change another thread
   made meanwhile.
 
+One more patch rides on the same install, though it is not about threads:
+``Tensor.set_``, whose binding takes no ``__torch_function__``, refuses a
+source view whose autograd history cannot be rebuilt on fake tensors with
+torchdefer's error rather than PyTorch's internal assert
+(``fake._calls.set_refusing_lost_view_history``).
+
 The patches are installed once while any thread records (the first block in
 installs them, the last one out removes them) and route each call to the
 calling thread's recording: patching per block would let two threads'
@@ -35,6 +41,7 @@ import torch
 import torch.random
 
 from torchdefer._compat import generator as _generator
+from torchdefer.fake._calls import set_refusing_lost_view_history
 
 __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 
@@ -118,6 +125,8 @@ def _install() -> None:
                      (logged_set_default_tensor_type, set_type)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
     _saved["reads"] = _generator.intercept_reads(_sync_mine)
+    _saved["set_"] = torch.Tensor.__dict__.get("set_")  # None: TensorBase's, inherited
+    torch.Tensor.set_ = set_refusing_lost_view_history(torch.Tensor.set_)  # type: ignore[method-assign]
     threading.Thread.start = exact_start  # type: ignore[method-assign]
     torch.set_default_dtype = logged_set_default_dtype
     torch.set_default_tensor_type = logged_set_default_tensor_type
@@ -130,6 +139,10 @@ def _note_dtype() -> None:
 
 def _remove() -> None:
     _generator.restore_reads()
+    if _saved["set_"] is None:
+        del torch.Tensor.set_
+    else:
+        torch.Tensor.set_ = _saved["set_"]  # type: ignore[method-assign]
     threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
     torch.set_default_dtype = _saved["set_default_dtype"]
     torch.set_default_tensor_type = _saved["set_default_tensor_type"]

@@ -8,13 +8,14 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.errors import TorchdeferError
-from torchdefer.fake._pinned import check_pinning
+from torchdefer.fake._pinned import check_pinning, lifted_is_pinned
 from torchdefer.fake.device import output_device
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor, run_on_meta
 from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
+from torchdefer.recorder._fast import FAST_OPS, SLOW
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder._refusals import (
@@ -48,6 +49,11 @@ _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs."""
+    fast = FAST_OPS.get(id(func))  # the plain fills, in one step (recorder/_fast.py)
+    if fast is not None:
+        out = fast(graph, func, args, kwargs)
+        if out is not SLOW:
+            return out
     facts = facts_of(func)
     if facts.special:
         if facts.collective:
@@ -78,8 +84,12 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves[i] = value
     if replaced:
         args, kwargs = unflatten_call(flat, spec)
+    pinned = False
     if kwargs:
         _check_arguments(func, kwargs, tensors)
+        pinned = bool(kwargs.get("pin_memory"))
+        if pinned:  # checked: meta kernels and eager's probes need not pin (replay pins)
+            kwargs = {**kwargs, "pin_memory": False}
     if facts.needs_data and _needs_data(facts, flat):
         return _computed_from_data(graph, func, flat, spec, kwargs, inputs)
     if facts.question:  # a bool/int about metadata: nothing to replay
@@ -131,7 +141,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes += record_growth(node, resizable, sizes)
     out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
                                  before, same_meta=filled is not None)
-    if func is _PIN_MEMORY or (kwargs and kwargs.get("pin_memory")):
+    if pinned or func is _PIN_MEMORY:
         for value in node.outputs:
             value.storage.pinned = True  # a new storage: eager's is page-locked
     node.kind = _kind(facts, node, aliased, device)
@@ -160,7 +170,10 @@ def _special_op(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             # tensors alias it and see later writes, so reference it, checked at
             # replay, rather than copy it.
             return _external(graph, args[0])
-        return record_constant(graph, args[0])
+        out = record_constant(graph, args[0])
+        if lifted_is_pinned(args[0]):  # torch.tensor(data, pin_memory=True): eager's is
+            out._value.storage.pinned = True
+        return out
     # _ITEM, the one op left (see _facts._SPECIAL)
     if not isinstance(args[0], DeferredTensor):  # a real scalar read by torch itself
         return func(*args, **kwargs)

@@ -12,17 +12,35 @@ hexadecimal digit of ``n``; products run as float64 FFT convolutions (exact:
 every coefficient sum is below 2**15) and the reduction modulo ``P`` is
 Barrett's: one dense product by the precomputed ``floor(x**(2*DEGREE) / P)``
 and a product by the sparse ``P`` (135 shifts). Squaring over GF(2) only
-spreads the bits apart. A multiplication costs ~3 ms on one core.
+spreads the bits apart. A multiplication costs ~2-3 ms on one core.
+
+The table's first ``TABLE_DIGITS`` digits (every distance below ``2**43``
+words) ship with the package (``_x_powers.bin``, written by
+``python -m torchdefer.rng._x_powers`` and checked against this module's own
+computation by ``tests/rng/test_x_powers.py``): filling them in a fresh process
+cost ~45 ms of the first recording's end-of-recording jump.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from importlib import resources
 
 import torch
 
-__all__ = ["DEGREE", "EXPONENTS", "P", "clmul", "reduce", "tensor_bytes", "x_power_mod"]
+__all__ = [
+    "DEGREE",
+    "ENTRY_BYTES",
+    "EXPONENTS",
+    "TABLE_DIGITS",
+    "P",
+    "clmul",
+    "computed_table",
+    "reduce",
+    "tensor_bytes",
+    "x_power_mod",
+]
 
 DEGREE = 19937
 EXPONENTS = (
@@ -141,23 +159,64 @@ def _mulmod(a: int, b: int) -> int:
     return reduce(clmul(a, b))
 
 
+TABLE_DIGITS = 7  # shipped entries: k < 7, every distance below 2**(15 + 4 * 7)
+ENTRY_BYTES = (DEGREE + 7) // 8  # one entry of the shipped table, little-endian
+_SHIPPED = "_x_powers.bin"
+
+
 def _entry(k: int, d: int) -> int:
-    """``x**(d * 16**k * 2**15) mod P``."""
-    found = _table.get((k, d))
+    """``x**(d * 16**k * 2**15) mod P``: shipped, or computed once and kept."""
+    if not _table:
+        _table.update(_shipped())
+    return _compute(k, d, _table)
+
+
+def _shipped() -> dict[tuple[int, int], int]:
+    """The shipped entries, or none if the file is missing or of the wrong size."""
+    try:
+        raw = resources.files(__package__).joinpath(_SHIPPED).read_bytes()
+    except OSError:
+        return {}
+    if len(raw) != TABLE_DIGITS * 15 * ENTRY_BYTES:
+        return {}  # not the table this module writes: compute instead
+    size = ENTRY_BYTES
+    return {
+        (i // 15, i % 15 + 1): int.from_bytes(raw[i * size : (i + 1) * size], "little")
+        for i in range(TABLE_DIGITS * 15)
+    }
+
+
+def computed_table(digits: int = TABLE_DIGITS) -> bytes:
+    """The entries ``k < digits``, ``d = 1..15`` computed from scratch, as shipped.
+
+    What ``python -m torchdefer.rng._x_powers`` writes and the tests compare
+    the shipped file with; never reads the shipped file.
+    """
+    table: dict[tuple[int, int], int] = {}
+    return b"".join(
+        _compute(k, d, table).to_bytes(ENTRY_BYTES, "little")
+        for k in range(digits)
+        for d in range(1, 16)
+    )
+
+
+def _compute(k: int, d: int, table: dict[tuple[int, int], int]) -> int:
+    """``x**(d * 16**k * 2**15) mod P`` from ``table``'s smaller entries; kept in ``table``."""
+    found = table.get((k, d))
     if found is not None:
         return found
     if d == 1:
         if k == 0:
             value = reduce(1 << (1 << _LOW_BITS))
         else:
-            value = _entry(k - 1, 1)
+            value = _compute(k - 1, 1, table)
             for _ in range(4):
                 value = reduce(_square(value))
     elif d % 2 == 0:
-        value = reduce(_square(_entry(k, d // 2)))
+        value = reduce(_square(_compute(k, d // 2, table)))
     else:
-        value = _mulmod(_entry(k, d - 1), _entry(k, 1))
-    _table[(k, d)] = value
+        value = _mulmod(_compute(k, d - 1, table), _compute(k, 1, table))
+    table[(k, d)] = value
     return value
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "layout_known",
     "one_thread",
     "with_engine",
+    "without_cached_normal",
     "words_left_in_block",
 ]
 
@@ -51,8 +52,13 @@ ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
 CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
 NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _FLOAT_VALID = 5052  # next_float_normal_sample's flag
-# Up to here drawing for real is cheaper than a jump (~3 ns a word vs ~30 ms).
+# Up to here drawing for real is cheaper than a jump whose power of x is new
+# (~3 ns a word vs 5-40 ms). A jump whose power was computed before (the same
+# number of refills: chunks of equal size, layers of equal shape) costs ~2 ms
+# (the window XORs), cheaper than drawing from _WARM_LIMIT words on.
 _DRAW_LIMIT = 1 << 22
+_WARM_LIMIT = 1 << 20
+_WARM_MAX = 256  # as gf2.x_power_mod's cache: beyond it a power may be gone again
 _CHUNK = 1 << 20  # words drawn per call when drawing for real
 _WINDOWS_PER_CHUNK = 512  # windows XORed at a time in a jump (1.3 MB)
 
@@ -84,6 +90,16 @@ def fresh(state: torch.Tensor) -> bool:
     return untouched and not cache_valid(state) and not bool(state[_FLOAT_VALID].item())
 
 
+def without_cached_normal(state: torch.Tensor) -> torch.Tensor:
+    """``state`` holding no cached double normal (as ``get_state`` writes it: zeroed)."""
+    if not cache_valid(state):
+        return state
+    out = state.clone()
+    out[NORMAL_Y : NORMAL_Y + 8].zero_()
+    out[NORMAL_VALID : NORMAL_VALID + 4].zero_()
+    return out
+
+
 def words_left_in_block(state: torch.Tensor) -> int:
     """How many words the engine gives before its next refill."""
     return _field(state, _LEFT, torch.int32) - 1
@@ -98,18 +114,34 @@ def with_engine(state: torch.Tensor, array: torch.Tensor, consumed: int) -> torc
     return out
 
 
-def advance(state: torch.Tensor, words: int) -> torch.Tensor:
-    """``state`` with its engine ``words`` draws of 32 bits further on."""
+def advance(state: torch.Tensor, words: int, *, recurring: bool = False) -> torch.Tensor:
+    """``state`` with its engine ``words`` draws of 32 bits further on.
+
+    ``recurring``: the caller will ask for this distance again (chunks of
+    tensors of one shape), so from ``_WARM_LIMIT`` words on a jump is taken
+    even if its power of x is new: it is computed once and known after.
+    """
     if words < 0:
         raise ValueError(f"cannot move a generator back ({words} words)")
-    if words <= _DRAW_LIMIT or not layout_known():
+    if words <= _WARM_LIMIT or not layout_known():
         return _draw(state, words)
     consumed = N - words_left_in_block(state)
     target = consumed + words
     blocks = (target - 1) // N
+    if words <= _DRAW_LIMIT and blocks not in _warm and not recurring:
+        return _draw(state, words)
     with one_thread():
         array = _refills_ahead(array_of(state), blocks)
+    if len(_warm) >= _WARM_MAX:
+        _warm.clear()
+    _warm.add(blocks)
     return with_engine(state, array, target - N * blocks)
+
+
+# Refill counts whose jump polynomial was computed already (gf2 caches it).
+# A set shared by threads: adding and clearing are atomic under the GIL, and a
+# wrong answer only chooses the slower of two exact ways.
+_warm: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -170,7 +202,7 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
     state, so ``w[n + 1 + j] = XOR of w[i + 1 + j]`` over the set coefficients
     ``i`` of ``x**n mod P``; the array wanted is ``w[624 * blocks + j]``.
     """
-    if blocks <= _DRAW_LIMIT // N:
+    if blocks <= _WARM_LIMIT // N:
         return _sequence(array, blocks)[N * blocks :]
     coefficients = x_power_mod(N * blocks - 1)
     words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)

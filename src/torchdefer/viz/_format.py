@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.errors import InternalError
 from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
 
 __all__ = [
@@ -55,7 +56,7 @@ def fmt_bytes(n: int) -> str:
         if value < 1024 or unit == "TiB":
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    raise InternalError("a size beyond every unit (please report)")  # pragma: no cover
 
 
 def fmt_source(source: tuple[str, int, str] | None) -> str | None:

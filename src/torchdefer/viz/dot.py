@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import TorchdeferError, UsageError
 from torchdefer.viz.picture import Picture, build_picture
 from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
 
@@ -200,12 +200,12 @@ def write_graph(
         return path
     fmt = suffix.lstrip(".")
     if not fmt:
-        raise ValueError(
+        raise UsageError(
             f"Cannot tell the format of {str(path)!r}: give it an extension such as .svg, "
             ".png, .pdf or .dot."
         )
     if fmt not in graphviz.FORMATS:
-        raise ValueError(
+        raise UsageError(
             f"Graphviz cannot write {suffix!r} files ({str(path)!r}); use .svg, .png, "
             ".pdf or .dot."
         )

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from torchdefer.errors import UsageError
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.materialize.plan import make_plan
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
@@ -99,7 +100,7 @@ def build_picture(
     """The picture of what was recorded for ``obj`` (see :func:`torchdefer.viz.to_dot`)."""
     targets, modules = targets_of(obj)
     if not any(t.deferred for t in targets):
-        raise ValueError(_nothing_deferred(obj, targets))
+        raise UsageError(_nothing_deferred(obj, targets))
     picture = _Builder(targets, isinstance(obj, nn.Module)).build(modules)
     if collapse_repeats:
         from torchdefer.viz.repeat import collapse
@@ -323,7 +324,7 @@ def fmt_args_form(node: Node) -> str:
 def limit(picture: Picture, max_nodes: int) -> Picture:
     """Keep the ``max_nodes`` items nearest to the shown tensors; one node stands for the rest."""
     if max_nodes < 1:
-        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+        raise UsageError(f"max_nodes must be at least 1, got {max_nodes}")
     if len(picture.items) <= max_nodes:
         return picture
     preds: dict[str, list[str]] = {}

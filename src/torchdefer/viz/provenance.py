@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchdefer.errors import UsageTypeError
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.materialize.plan import make_plan
 from torchdefer.recorder.graph import Node, NodeKind, Value
@@ -46,7 +47,7 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
     module path: weight
     """
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(
+        raise UsageTypeError(
             f"explain expects a tensor, got {type(tensor).__name__}; for a parameter by name "
             "use explain(model.get_parameter(name), model)."
         )

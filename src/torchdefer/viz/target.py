@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from torchdefer.errors import UsageTypeError
 from torchdefer.recorder.tensor import DeferredTensor
 from torchdefer.viz._format import fmt_dtype, fmt_shape
 
@@ -56,7 +57,7 @@ def targets_of(obj: object) -> tuple[list[Target], dict[str, str]]:
         got = f"a sequence holding {bad[0]}"
     else:
         got = type(obj).__name__
-    raise TypeError(
+    raise UsageTypeError(
         f"torchdefer.viz expects a deferred tensor, a list of them, or an nn.Module; got "
         f"{got}. Pass the model built by torchdefer.deferred_init or its tensors."
     )

@@ -1,0 +1,194 @@
+"""The ops that make up most of a model's construction, recorded in one step.
+
+``normal_``, ``uniform_`` and ``fill_`` on a floating-point deferred tensor
+with plain number arguments, ``detach`` (every ``nn.Parameter(t)``) and
+``empty``/``ones``/``zeros`` of plain sizes are nearly all the ops a large
+model's ``__init__`` records (2733 of the 70B Llama's 2748). ``record_call``
+answers them after a dozen general steps (flattening, schema walks, write and
+resize plans, the refusal questions, output wrapping); here, once the
+arguments are seen to be of the plain form, the node is built directly, with
+exactly the fields the general path gives it
+(``tests/recorder/test_fast_paths.py`` records the same programs both ways
+and compares the graphs field by field).
+
+What is deliberately *not* here: fills with a tensor or generator argument,
+keyword arguments, other dtypes, meta tensors, overlapping strides,
+out-of-range numbers, writes into inference tensors; factories with other
+keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
+:data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
+answers them. The meta kernel still makes a factory's or a detach's output,
+and ``rng.ledger`` still places each random call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdefer import _compat
+from torchdefer.fake._state import STATE
+from torchdefer.fake.tensor import run_on_meta
+from torchdefer.recorder._refusals import writes_inference
+from torchdefer.recorder._storage import write
+from torchdefer.recorder.ambient import current_ambient
+from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.source import user_frame
+from torchdefer.recorder.tensor import DeferredTensor
+
+__all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
+
+SLOW = object()
+"""What a fast path returns when the call is not of its plain form."""
+
+_NORMAL_ = torch.ops.aten.normal_.default
+_UNIFORM_ = torch.ops.aten.uniform_.default
+_FILL_ = torch.ops.aten.fill_.Scalar
+# Largest finite value per dtype: uniform_ refuses bounds beyond it, fill_
+# refuses values it cannot convert.
+_LIMITS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32,
+                                           torch.float64)}
+# flatten_call's spec of (self, *numbers) with no keywords, by number of arguments.
+_SPECS = {n: (n, (), (None,) * n) for n in range(1, 4)}
+
+
+def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``func(*args)`` (a fill of ``FAST_OPS``) as ``record_call`` would; else SLOW."""
+    if kwargs or not _plain(func, args, graph):
+        return SLOW
+    self = args[0]
+    value = self._value
+    storage = value.storage
+    if writes_inference((self,)):  # eager writes, then refuses: the general path's case
+        return SLOW
+    leaves = [value, *args[1:]]
+    node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, _SPECS[len(args)], (value,),
+                (storage.version,))
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
+    node.writes = (write(node, storage),)
+    # In place, metadata untouched: the same object holds a new value.
+    self._value = Value(node, 0, storage, value.meta)
+    node.outputs.append(self._value)
+    if func is _FILL_:
+        node.kind = NodeKind.INPLACE
+    else:
+        node.kind = NodeKind.RANDOM
+        graph.rng.place(node, None, self.fake_device)
+    return self
+
+
+def _plain(func: Any, args: tuple, graph: Graph) -> bool:
+    """Whether the call is of the plain form (see the module docstring)."""
+    n = len(args)
+    if n > (2 if func is _FILL_ else 3) or (func is _FILL_ and n != 2):
+        return False
+    self = args[0]
+    if getattr(self, "_graph", None) is not graph:
+        return False
+    meta = self._value.meta
+    limit = _LIMITS.get(meta.dtype)
+    if limit is None or meta.device.type == "meta" or meta.conj or meta.neg:
+        return False
+    for size, stride in zip(meta.size, meta.stride):
+        if stride == 0 and size > 1:  # internal overlap: eager refuses the write
+            return False
+    for x in args[1:]:
+        if (type(x) is not float and type(x) is not int) or not abs(x) <= limit:
+            return False
+    if func is _NORMAL_:
+        return n < 3 or args[2] >= 0
+    if func is _UNIFORM_:
+        low = args[1] if n > 1 else 0.0
+        high = args[2] if n > 2 else 1.0
+        return low <= high and high - low <= limit
+    return True
+
+
+def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``detach`` of a deferred tensor of ``graph`` (every ``nn.Parameter(t)``
+    detaches ``t``) as ``record_call`` would: a view with the input's metadata."""
+    self = args[0] if len(args) == 1 and not kwargs else None
+    if getattr(self, "_graph", None) is not graph:
+        return SLOW
+    value = self._value
+    device = self.fake_device
+    elem = _on_meta(func, self)
+    node = Node(graph.next_seq(), NodeKind.VIEW, func, [value], _SPECS[1], (value,),
+                (value.storage.version,))
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
+    out = DeferredTensor(elem, device)
+    out._graph = graph
+    out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
+    node.outputs.append(out._value)
+    return out
+
+
+def _on_meta(func: Any, t: torch.Tensor) -> torch.Tensor:
+    """``func(t)`` on the meta kernel, for an op of one fake tensor argument
+    whose output layout is the kernel's (what ``fake.run_on_meta`` does for it)."""
+    previous = _compat.meta_in_tls_dispatch_include()
+    STATE.in_kernel = True
+    _compat.set_meta_in_tls_dispatch_include(True)
+    try:
+        with _compat.DisableTorchDispatch():
+            return func(t)
+    finally:
+        STATE.in_kernel = False
+        _compat.set_meta_in_tls_dispatch_include(previous)
+
+
+_FACTORY_KEYS = frozenset({"dtype", "device", "pin_memory"})
+
+
+def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``empty``/``ones``/``zeros`` of a list of sizes as ``record_call`` would.
+
+    Only the keywords a plain ``torch.empty(*sizes, dtype=, device=)`` passes
+    (``pin_memory=False``); the meta kernel still makes the output
+    (``run_on_meta``: its device and layout rules stay in one place).
+    """
+    if len(args) != 1 or type(args[0]) is not list or not kwargs.keys() <= _FACTORY_KEYS:
+        return SLOW
+    if kwargs.get("pin_memory") is not False:
+        return SLOW
+    sizes = args[0]
+    for n in sizes:
+        if type(n) is not int:
+            return SLOW
+    try:
+        out, device = run_on_meta(func, args, kwargs, [])
+    except Exception:  # nothing recorded yet: the general path raises it,
+        return SLOW  # in eager's words where they differ (record.eager_error)
+    leaves = [*sizes, *kwargs.values()]
+    keys = tuple(kwargs)
+    shape = ((list, len(sizes)),) + (None,) * len(keys)
+    if kwargs.get("dtype") is None:  # "the default dtype now": recorded as the dtype it gave
+        if "dtype" in keys:
+            leaves[len(sizes) + keys.index("dtype")] = out.dtype
+        else:
+            leaves.append(out.dtype)
+            keys, shape = (*keys, "dtype"), (*shape, None)
+    node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, (1, keys, shape), (), ())
+    node.source = user_frame(2)
+    node.graph = graph
+    node.ambient = current_ambient()
+    fake = DeferredTensor(out, device)
+    storage = graph.new_storage(node, out.untyped_storage().nbytes())
+    graph.holders[_compat.storage_id(fake)] = fake
+    fake._graph = graph
+    fake._value = Value(node, 0, storage, TensorMeta.of(out, device))
+    node.outputs.append(fake._value)
+    return fake
+
+
+FAST_OPS: dict[int, Any] = {
+    **{id(f): fast_fill for f in (_NORMAL_, _UNIFORM_, _FILL_)},
+    **{id(f): fast_factory for f in (torch.ops.aten.empty.memory_format,
+                                     torch.ops.aten.ones.default, torch.ops.aten.zeros.default)},
+    id(torch.ops.aten.detach.default): fast_detach,
+}
+"""``id(op overload)`` -> its one-step recorder (OpOverload's hash is Python: by id)."""

@@ -1,0 +1,113 @@
+"""Chunk geometry of rng.chunks, and the state a chunked call leaves, against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchdefer.rng import chunks, mt19937
+from torchdefer.rng.ranges import BLOCK, ElementModel
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 10**7),
+    blocks=st.booleans(),
+    words=st.sampled_from([1, 2]),
+    threads=st.integers(1, 64),
+    floor=st.integers(1, 10**6),
+)
+def test_chunks_start_on_whole_refills_and_whole_blocks(n, blocks, words, threads, floor):
+    starts = chunks.bounds(n, ElementModel(blocks, words), threads, floor)
+    assert starts[0] == 0 and starts[-1] == n
+    assert starts == sorted(set(starts)) or starts == [0, 0]
+    assert len(starts) - 1 <= max(threads, 1)
+    if len(starts) > 2:
+        for s in starts[1:-1]:
+            assert (s * words) % mt19937.N == 0
+            assert not blocks or s % BLOCK == 0
+            assert s >= floor
+        if blocks:
+            assert n - starts[-2] >= BLOCK  # the tail rule stays in the last chunk
+
+
+@pytest.mark.parametrize(
+    "dtype,op,n",
+    [
+        (torch.float32, "normal_", 9_000_001),
+        (torch.bfloat16, "normal_", 9_000_007),
+        (torch.float64, "uniform_", 4_500_003),
+        (torch.int64, "random_", 5_000_001),
+    ],
+)
+def test_a_chunked_call_leaves_the_state_the_whole_call_leaves(dtype, op, n):
+    g = torch.Generator().manual_seed(12)
+    torch.empty(5, dtype=torch.float64).normal_(generator=g)  # a cached normal too
+    start = g.get_state()
+    whole = getattr(torch.empty(n, dtype=dtype), op)(generator=g)
+    end = g.get_state()
+
+    def run(view, state):
+        private = torch.Generator()
+        private.set_state(state)
+        getattr(view, op)(generator=private)
+        return private.get_state()
+
+    # Words an element: float64 uniforms and full-range int64 take 64 bits.
+    model = ElementModel(op == "normal_", 2 if dtype.itemsize == 8 else 1)
+    starts = chunks.bounds(n, model, 4, 1 << 20)
+    assert len(starts) == 5
+    out = torch.empty(n, dtype=dtype)
+    after = chunks.draw_chunks(model, out, start, run, starts)
+    assert torch.equal(out, whole)
+    assert torch.equal(after, end)
+
+
+def test_advance_jumps_short_distances_once_their_power_is_known():
+    g = torch.Generator().manual_seed(1)
+    torch.empty(100, dtype=torch.int32).random_(generator=g)
+    state = g.get_state()
+    words = 3 * mt19937.N * 1000 + 17
+    drawn = mt19937._draw(state, words)
+    assert torch.equal(mt19937.advance(state, words), drawn)  # drawn: power not known
+    blocks = (mt19937.N - mt19937.words_left_in_block(state) + words - 1) // mt19937.N
+    mt19937._warm.add(blocks)
+    try:
+        assert torch.equal(mt19937.advance(state, words), drawn)  # jumped
+    finally:
+        mt19937._warm.discard(blocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 10**6), cached=st.booleans(), threads=st.integers(1, 16),
+       floor=st.integers(1, 10**5))
+def test_pair_chunks_start_after_whole_pairs_on_whole_refills(n, cached, threads, floor):
+    starts = chunks.pair_bounds(n, cached, threads, floor)
+    assert starts[0] == 0 and starts[-1] == n and len(starts) - 1 <= max(threads, 1)
+    for s in starts[1:-1]:
+        assert (s - cached) % 2 == 0
+        assert (chunks.PAIR_WORDS * (s - cached) // 2) % mt19937.N == 0
+
+
+@pytest.mark.parametrize("cached", [0, 1])
+def test_a_chunked_log_normal_leaves_the_state_and_cache_the_whole_call_leaves(cached):
+    g = torch.Generator().manual_seed(5)
+    torch.empty(cached, dtype=torch.float64).normal_(generator=g)
+    start = g.get_state()
+    n = 5_000_001
+    whole = torch.empty(n).log_normal_(0.1, 0.3, generator=g)
+    end = g.get_state()
+
+    def run(view, state):
+        private = torch.Generator()
+        private.set_state(state)
+        view.log_normal_(0.1, 0.3, generator=private)
+        return private.get_state()
+
+    starts = chunks.pair_bounds(n, bool(cached), 4, 1 << 20)
+    assert len(starts) == 5
+    out = torch.empty(n)
+    after = chunks.draw_pairs(out, start, run, starts)
+    assert torch.equal(out, whole) and torch.equal(after, end)

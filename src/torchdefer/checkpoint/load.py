@@ -153,7 +153,7 @@ def load_state_dict(
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
     changes = Installation()
-    values, wait = _read_mapped(work, checkpoint)
+    values, pages = _read_mapped(work, checkpoint)
     try:
         for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress):
             changes.stage_loaded(group.tensor, real, group.path)
@@ -162,15 +162,17 @@ def load_state_dict(
             if materialize_missing else {}
         changes.commit(then=(lambda: _install_views(module, views, device, dtype))
                        if views else None)
-    finally:
-        wait()  # the pages are mapped when load_state_dict returns (or raises)
+    except BaseException:
+        pages.cancel()  # a refused load maps no more of the file, and leaves no thread
+        raise
+    pages.wait()  # the pages are mapped when load_state_dict returns
     return result
 
 
 def _read_mapped(work, checkpoint: CheckpointSource):
     """A checkpoint whose tensors are views of mapped files (safetensors): every
     tensor at once (no data is read), and their pages mapped by a thread while
-    the load goes on (``_pages``). Returns ``(values or None, wait)``."""
+    the load goes on (``_pages``). Returns ``(values or None, page mapper)``."""
     if not checkpoint.mapped:
         return None, _pages.map_pages(())
     values = {n: checkpoint.read(n) for _, names in work for n in names}

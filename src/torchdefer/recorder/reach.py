@@ -21,6 +21,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -139,20 +140,24 @@ def _grad_reader() -> Callable[[torch.Tensor], torch.Tensor | None]:
 
 
 def _look_into(path: str, value: object, depth: int, seen: set[int], objects: set[int]):
-    if type(value) in _LEAVES:
+    # By type(value), never isinstance: isinstance asks a non-matching object for
+    # its __class__, which runs a user __getattribute__ (a transformers config's)
+    # once per check; and an object posing as a tensor is not one.
+    cls = type(value)
+    if cls in _LEAVES:
         return
-    if isinstance(value, torch.Tensor):
+    if issubclass(cls, torch.Tensor):
         yield path, value
         return
-    if depth > 0 and isinstance(value, nn.Module):
+    if depth > 0 and issubclass(cls, nn.Module):
         yield path, value
         return
     if depth >= _MAX_DEPTH or id(value) in seen:
         return
-    items = _items(path, value)
+    items = _items(path, value, cls)
     if items is None:
         return
-    if not isinstance(value, _CONTAINERS):
+    if not issubclass(cls, _CONTAINERS):
         if id(value) in objects:
             return
         objects.add(id(value))
@@ -161,22 +166,22 @@ def _look_into(path: str, value: object, depth: int, seen: set[int], objects: se
         yield from _look_into(item_path, item, depth + 1, seen, objects)
 
 
-def _items(path: str, value: object) -> Iterable[tuple[str, object]] | None:
+def _items(path: str, value: Any, cls: type) -> Iterable[tuple[str, object]] | None:
     """The (path, member) pairs of a container or plain object, or None for a leaf."""
-    if isinstance(value, dict):
+    if issubclass(cls, dict):
         return ((f"{path}[{k!r}]", v) for k, v in value.items())
-    if isinstance(value, _CONTAINERS):
+    if issubclass(cls, _CONTAINERS):
         return ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    if isinstance(value, functools.partial):
+    if issubclass(cls, functools.partial):
         return [*((f"{path}.args[{i}]", a) for i, a in enumerate(value.args)),
                 *((f"{path}.keywords[{k!r}]", v) for k, v in value.keywords.items())]
-    if isinstance(value, _NOT_LOOKED_INTO) or value is None:
+    if issubclass(cls, _NOT_LOOKED_INTO) or value is None:
         return None
-    if (type(value).__module__ or "").partition(".")[0] in _STDLIB:
+    if (cls.__module__ or "").partition(".")[0] in _STDLIB:
         return None
     members = dict(getattr(value, "__dict__", None) or {})
-    for cls in type(value).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
+    for base in cls.__mro__:
+        slots = base.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name not in ("__dict__", "__weakref__") and hasattr(value, name):
                 members.setdefault(name, getattr(value, name))

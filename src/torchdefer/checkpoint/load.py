@@ -137,7 +137,8 @@ def load_state_dict(
     True
     """
     device = _check_arguments(device, dtype)
-    if _is_sharded(module):
+    groups = tensor_groups(module)
+    if _is_sharded(groups):
         if not _distributed_loader:
             raise CheckpointUsageError(
                 "Loading into a sharded module needs torchdefer.distributed; import "
@@ -147,7 +148,6 @@ def load_state_dict(
                                       dtype=dtype, materialize_missing=materialize_missing,
                                       progress=progress)
     checkpoint = open_source(source)
-    groups = tensor_groups(module)
     result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
@@ -261,6 +261,7 @@ def loaded_nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _is_sharded(module: nn.Module) -> bool:
-    tensors = (*module.parameters(), *module.buffers())
-    return any(not isinstance(t, DeferredTensor) and holds_deferred(t) for t in tensors)
+def _is_sharded(groups) -> bool:
+    """Whether a parameter or buffer wraps deferred tensors (DTensor, FSDP2)."""
+    return any(not isinstance(g.tensor, DeferredTensor) and holds_deferred(g.tensor)
+               for g in groups)

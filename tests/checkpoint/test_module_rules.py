@@ -66,3 +66,20 @@ def test_current_norm_checkpoint_without_counters_is_refused_strictly_as_eager()
     with pytest.raises(CheckpointKeyError, match="'1.num_batches_tracked'"):
         torchdefer.load_state_dict(model, state, strict=True)
     assert torchdefer.is_deferred(model)
+
+
+def test_a_norm_held_under_two_names_keeps_its_counter_under_both_as_eager():
+    def build() -> nn.Module:
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+        model.add_module("again", model[1])  # eager's load visits it under each name
+        return model
+
+    torch.manual_seed(1)
+    state = {k: v for k, v in build().state_dict().items() if "num_batches" not in k}
+    torch.manual_seed(0)
+    eager = build()
+    eager.load_state_dict(state, strict=True)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(build)
+    torchdefer.load_state_dict(model, state, strict=True)
+    assert_same_module(model, eager)

@@ -9,6 +9,12 @@ and replays (``madvise`` runs without the GIL). Nothing is copied: the
 pages are the page cache's, as a read would map them; RSS ends where reading
 every weight once would leave it.
 
+The tensors of one file lie end to end in its mapping, so they are asked for
+as a few long ranges (merged), in pieces of ``_PIECE`` bytes: a load that is
+refused stops the thread after the piece it is on (:meth:`PageMapper.cancel`)
+rather than mapping the rest of a file it will not use. The thread holds the
+storages, so their mappings outlive it whatever the caller drops.
+
 Elsewhere (another OS, an older kernel, a tensor not backed by a file) this
 does nothing: the pages are then mapped when read, as before.
 """
@@ -18,42 +24,74 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
-__all__ = ["map_pages"]
+__all__ = ["PageMapper", "map_pages"]
 
 _MADV_POPULATE_READ = 22  # linux/mman.h (Linux 5.14)
 _PAGE = 4096
+_PIECE = 64 << 20  # bytes per madvise call: a cancel waits for at most one piece
 
 
-def map_pages(tensors: Iterable[torch.Tensor]) -> Callable[[], None]:
-    """Start mapping the pages behind CPU ``tensors``; returns what waits for it.
+class PageMapper:
+    """The thread mapping pages (or nothing): :meth:`wait` for it, :meth:`cancel` it."""
 
-    >>> wait = map_pages([torch.ones(4)])
-    >>> wait()
+    def __init__(self, spans: list[tuple[int, int]], keep: list) -> None:
+        self._stop = threading.Event()
+        madvise = _madvise() if spans else None
+        self._thread = None if madvise is None else threading.Thread(
+            target=_populate, args=(madvise, spans, keep, self._stop),
+            name="torchdefer-map-pages", daemon=True)
+        if self._thread is not None:
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Return once every page is mapped (or the thread stopped)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def cancel(self) -> None:
+        """Stop after the current piece, and wait for that."""
+        self._stop.set()
+        self.wait()
+
+
+def map_pages(tensors: Iterable[torch.Tensor]) -> PageMapper:
+    """Start mapping the pages behind CPU ``tensors``; returns the :class:`PageMapper`.
+
+    >>> mapper = map_pages([torch.ones(4)])
+    >>> mapper.wait()
     """
-    madvise = _madvise()
     storages = [t.untyped_storage() for t in tensors if t.device.type == "cpu"]
-    spans = [(s.data_ptr(), s.nbytes()) for s in storages if s.nbytes() >= _PAGE]
-    if madvise is None or not spans:
-        return _nothing
-    thread = threading.Thread(target=_populate, args=(madvise, spans),
-                              name="torchdefer-map-pages", daemon=True)
-    thread.start()
-    return thread.join
+    spans = _merged([(s.data_ptr(), s.nbytes()) for s in storages if s.nbytes() >= _PAGE])
+    return PageMapper(spans, storages)
 
 
-def _populate(madvise, spans: list[tuple[int, int]]) -> None:
-    for address, nbytes in spans:
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Page-aligned ``(start, end)`` ranges covering ``spans``, touching ones joined
+    (never across a hole: madvise stops at an address that is not mapped)."""
+    out: list[tuple[int, int]] = []
+    for address, nbytes in sorted(spans):
         start = address & ~(_PAGE - 1)
-        if madvise(start, address + nbytes - start, _MADV_POPULATE_READ) != 0:
-            return  # EINVAL: a kernel without it; anything else: the pages map when read
+        end = (address + nbytes + _PAGE - 1) & ~(_PAGE - 1)
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
-def _nothing() -> None:
-    pass
+def _populate(madvise, spans: list[tuple[int, int]], keep: list,
+              stop: threading.Event) -> None:
+    for start, end in spans:
+        for piece in range(start, end, _PIECE):
+            if stop.is_set():
+                return
+            if madvise(piece, min(_PIECE, end - piece), _MADV_POPULATE_READ) != 0:
+                return  # EINVAL: a kernel without it; anything else: the pages map when read
+    del keep  # the mappings may go once the thread is done
 
 
 def _madvise():

@@ -137,7 +137,8 @@ def load_state_dict(
     True
     """
     device = _check_arguments(device, dtype)
-    if _is_sharded(module):
+    groups = tensor_groups(module)
+    if _is_sharded(groups):
         if not _distributed_loader:
             raise CheckpointUsageError(
                 "Loading into a sharded module needs torchdefer.distributed; import "
@@ -147,13 +148,12 @@ def load_state_dict(
                                       dtype=dtype, materialize_missing=materialize_missing,
                                       progress=progress)
     checkpoint = open_source(source)
-    groups = tensor_groups(module)
     result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
     check_entries(work, checkpoint)
     check_devices(groups, {id(g.tensor) for g, _ in work}, device, materialize_missing)
     changes = Installation()
-    values, wait = _read_mapped(work, checkpoint)
+    values, pages = _read_mapped(work, checkpoint)
     try:
         for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress):
             changes.stage_loaded(group.tensor, real, group.path)
@@ -162,15 +162,17 @@ def load_state_dict(
             if materialize_missing else {}
         changes.commit(then=(lambda: _install_views(module, views, device, dtype))
                        if views else None)
-    finally:
-        wait()  # the pages are mapped when load_state_dict returns (or raises)
+    except BaseException:
+        pages.cancel()  # a refused load maps no more of the file, and leaves no thread
+        raise
+    pages.wait()  # the pages are mapped when load_state_dict returns
     return result
 
 
 def _read_mapped(work, checkpoint: CheckpointSource):
     """A checkpoint whose tensors are views of mapped files (safetensors): every
     tensor at once (no data is read), and their pages mapped by a thread while
-    the load goes on (``_pages``). Returns ``(values or None, wait)``."""
+    the load goes on (``_pages``). Returns ``(values or None, page mapper)``."""
     if not checkpoint.mapped:
         return None, _pages.map_pages(())
     values = {n: checkpoint.read(n) for _, names in work for n in names}
@@ -259,6 +261,7 @@ def loaded_nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _is_sharded(module: nn.Module) -> bool:
-    tensors = (*module.parameters(), *module.buffers())
-    return any(not isinstance(t, DeferredTensor) and holds_deferred(t) for t in tensors)
+def _is_sharded(groups) -> bool:
+    """Whether a parameter or buffer wraps deferred tensors (DTensor, FSDP2)."""
+    return any(not isinstance(g.tensor, DeferredTensor) and holds_deferred(g.tensor)
+               for g in groups)

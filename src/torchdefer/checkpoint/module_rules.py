@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from torchdefer._compat import NormBase
+from torchdefer.checkpoint.targets import named_modules
 
 __all__ = ["kept_keys"]
 
@@ -29,7 +30,7 @@ __all__ = ["kept_keys"]
 def kept_keys(module: nn.Module, versions: Mapping[str, Any] | None) -> frozenset[str]:
     """State-dict keys that keep the module's own value when absent from the checkpoint."""
     kept = set()
-    for prefix, sub in module.named_modules():
+    for prefix, sub in named_modules(module):
         if isinstance(sub, NormBase) and sub.track_running_stats:
             metadata = (versions or {}).get(prefix, {})
             version = metadata.get("version") if isinstance(metadata, Mapping) else None

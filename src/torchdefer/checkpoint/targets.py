@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-__all__ = ["TensorGroup", "tensor_groups"]
+__all__ = ["TensorGroup", "named_modules", "tensor_groups"]
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ def tensor_groups(module: nn.Module) -> list[TensorGroup]:
     ``Module.state_dict``, loading never fills it.
     """
     groups: dict[int, TensorGroup] = {}
-    for prefix, sub in module.named_modules(remove_duplicate=False):
+    for prefix, sub in named_modules(module):
         for kind in ("_parameters", "_buffers"):
             for attr, t in getattr(sub, kind).items():
                 if t is None:
@@ -50,3 +50,17 @@ def tensor_groups(module: nn.Module) -> list[TensorGroup]:
                 else:
                     group.names.append(name)
     return list(groups.values())
+
+
+def named_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``module.named_modules(remove_duplicate=False)``, in its order: a module held
+    under two names comes twice. An explicit stack: the nested generators of
+    ``named_modules`` cost a frame per level for every module of a large model."""
+    out = []
+    stack = [("", module)]
+    while stack:
+        prefix, sub = stack.pop()
+        out.append((prefix, sub))
+        stack.extend(reversed([(f"{prefix}.{name}" if prefix else name, child)
+                               for name, child in sub._modules.items() if child is not None]))
+    return out

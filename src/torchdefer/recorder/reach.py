@@ -15,14 +15,18 @@ modules are not looked into.
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+
+from torchdefer import _compat
 
 __all__ = ["Reached", "reached_tensors"]
 
@@ -38,6 +42,12 @@ _MAX_DEPTH = 6  # containers nest that deep at most before we stop looking
 _NOT_LOOKED_INTO = (type, types.ModuleType, types.FunctionType, types.MethodType,
                     types.BuiltinFunctionType, functools.partialmethod)
 _STDLIB = frozenset(sys.stdlib_module_names) - {"types", "functools"}
+# Values that hold no tensor, recognised by their exact type.
+_LEAVES = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype,
+                     torch.device, torch.Size})
+# Containers whose emptiness is asked without running user code (a module's
+# hook dicts, empty in nearly every module).
+_PLAIN_CONTAINERS = frozenset({dict, collections.OrderedDict, list, tuple, set, frozenset})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,24 +74,28 @@ def reached_tensors(
     seen_modules: set[int] = set()
     seen_objects: set[int] = set()  # plain objects (a config held by every layer): once
     pending: list[tuple[str, nn.Module]] = [("", module)]
+    grad_of = _grad_reader()
     while pending:
         root_prefix, root = pending.pop()
-        for prefix, sub in root.named_modules(prefix=root_prefix):
-            if id(sub) in seen_modules:
-                continue
-            seen_modules.add(id(sub))
+        for prefix, sub in _modules_under(root_prefix, root, seen_modules):
             if check_fn is not None and not check_fn(sub):
                 continue
             for name, t in sub._parameters.items():
                 if t is not None:
                     yield Reached(_join(prefix, name), sub, PARAMETER, t)
-                    if t.grad is not None:
-                        yield Reached(_join(prefix, name) + ".grad", sub, GRAD, t.grad, t)
+                    grad = grad_of(t)
+                    if grad is not None:
+                        yield Reached(_join(prefix, name) + ".grad", sub, GRAD, grad, t)
             for name, t in sub._buffers.items():
                 if t is not None:
                     yield Reached(_join(prefix, name), sub, BUFFER, t)
             for name, value in sub.__dict__.items():
-                if name in _SKIPPED:
+                # Most of a module's __dict__ is flags, sizes and empty hook
+                # dicts: skipped before any isinstance (which, on an object with
+                # its own __getattribute__ such as a transformers config, runs it).
+                kind = type(value)
+                if (kind in _LEAVES or (kind in _PLAIN_CONTAINERS and not value)
+                        or name in _SKIPPED or id(value) in seen_objects):
                     continue
                 for path, found in _look_into(_join(prefix, name), value, 0, set(), seen_objects):
                     if isinstance(found, nn.Module):
@@ -90,19 +104,60 @@ def reached_tensors(
                         yield Reached(path, sub, ATTRIBUTE, found)
 
 
+def _modules_under(prefix: str, root: nn.Module,
+                   seen: set[int]) -> Iterator[tuple[str, nn.Module]]:
+    """``root.named_modules(prefix=prefix)`` without the modules in ``seen`` (added to
+    it), in the same order. A seen module's submodules were all seen with it,
+    so the walk stops there; an explicit stack, as nested generators cost a
+    frame per level per module."""
+    stack = [(prefix, root)]
+    while stack:
+        path, sub = stack.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        yield path, sub
+        children = [(_join(path, name), child) for name, child in sub._modules.items()
+                    if child is not None]
+        stack.extend(reversed(children))
+
+
+def _grad_reader() -> Callable[[torch.Tensor], torch.Tensor | None]:
+    """How to read a parameter's ``.grad``: for a deferred one, straight from the
+    tensor (its ``__torch_function__`` would enter a recording to return the same
+    object, ~20 us per parameter); for any other, as the user would."""
+    from torchdefer.recorder.tensor import DeferredTensor  # imports this module
+
+    recorded = DeferredTensor.__torch_function__.__func__  # type: ignore[attr-defined]
+
+    def grad_of(t: torch.Tensor) -> torch.Tensor | None:
+        if getattr(type(t).__torch_function__, "__func__", None) is recorded:
+            with _compat.DisableTorchFunctionSubclass():
+                return t.grad
+        return t.grad
+
+    return grad_of
+
+
 def _look_into(path: str, value: object, depth: int, seen: set[int], objects: set[int]):
-    if isinstance(value, torch.Tensor):
+    # By type(value), never isinstance: isinstance asks a non-matching object for
+    # its __class__, which runs a user __getattribute__ (a transformers config's)
+    # once per check; and an object posing as a tensor is not one.
+    cls = type(value)
+    if cls in _LEAVES:
+        return
+    if issubclass(cls, torch.Tensor):
         yield path, value
         return
-    if depth > 0 and isinstance(value, nn.Module):
+    if depth > 0 and issubclass(cls, nn.Module):
         yield path, value
         return
     if depth >= _MAX_DEPTH or id(value) in seen:
         return
-    items = _items(path, value)
+    items = _items(path, value, cls)
     if items is None:
         return
-    if not isinstance(value, _CONTAINERS):
+    if not issubclass(cls, _CONTAINERS):
         if id(value) in objects:
             return
         objects.add(id(value))
@@ -111,22 +166,22 @@ def _look_into(path: str, value: object, depth: int, seen: set[int], objects: se
         yield from _look_into(item_path, item, depth + 1, seen, objects)
 
 
-def _items(path: str, value: object) -> Iterable[tuple[str, object]] | None:
+def _items(path: str, value: Any, cls: type) -> Iterable[tuple[str, object]] | None:
     """The (path, member) pairs of a container or plain object, or None for a leaf."""
-    if isinstance(value, dict):
+    if issubclass(cls, dict):
         return ((f"{path}[{k!r}]", v) for k, v in value.items())
-    if isinstance(value, _CONTAINERS):
+    if issubclass(cls, _CONTAINERS):
         return ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    if isinstance(value, functools.partial):
+    if issubclass(cls, functools.partial):
         return [*((f"{path}.args[{i}]", a) for i, a in enumerate(value.args)),
                 *((f"{path}.keywords[{k!r}]", v) for k, v in value.keywords.items())]
-    if isinstance(value, _NOT_LOOKED_INTO) or value is None:
+    if issubclass(cls, _NOT_LOOKED_INTO) or value is None:
         return None
-    if (type(value).__module__ or "").partition(".")[0] in _STDLIB:
+    if (cls.__module__ or "").partition(".")[0] in _STDLIB:
         return None
     members = dict(getattr(value, "__dict__", None) or {})
-    for cls in type(value).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
+    for base in cls.__mro__:
+        slots = base.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name not in ("__dict__", "__weakref__") and hasattr(value, name):
                 members.setdefault(name, getattr(value, name))

@@ -20,7 +20,7 @@ from torchdefer.materialize.convert import cast
 from torchdefer.materialize.swap import recorded_inference
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["pick_tied", "prepare", "same_values", "tie_mismatch"]
+__all__ = ["held_storages", "pick_tied", "prepare", "same_values", "tie_mismatch"]
 
 
 def pick_tied(group: TensorGroup, names: list[str], values: Mapping[str, torch.Tensor],
@@ -109,6 +109,21 @@ def _via(stored: torch.dtype, module: torch.dtype, final: torch.dtype | None) ->
     if final is not None and (stored, module) in _EXACT:
         return final
     return module
+
+
+def held_storages(tensors) -> set[tuple[torch.device, int]]:
+    """The storages that real tensors among ``tensors`` (a module's) hold: a
+    deferred tensor loaded from one of them gets a copy, as eager (which copies
+    into its own parameter) gives it, never the other tensor's memory."""
+    held = set()
+    for t in tensors:
+        if isinstance(t, DeferredTensor) or t.is_meta or t.numel() == 0:
+            continue
+        try:
+            held.add((t.device, t.untyped_storage().data_ptr()))
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
+            continue
+    return held
 
 
 def _own_and_exact(real: torch.Tensor, stride: tuple[int, ...],

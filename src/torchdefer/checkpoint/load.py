@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from torchdefer.checkpoint import _pages
-from torchdefer.checkpoint.assign import pick_tied, prepare
+from torchdefer.checkpoint.assign import held_storages, pick_tied, prepare
 from torchdefer.checkpoint.errors import CheckpointUsageError
 from torchdefer.checkpoint.install import Installation
 from torchdefer.checkpoint.module_rules import kept_keys
@@ -155,7 +155,8 @@ def load_state_dict(
     changes = Installation()
     values, pages = _read_mapped(work, checkpoint)
     try:
-        for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress):
+        held = held_storages(g.tensor for g in groups)
+        for group, real in _prepare_all(work, checkpoint, values, device, dtype, progress, held):
             changes.stage_loaded(group.tensor, real, group.path)
         del values
         views = _stage_missing(module, changes, work, device, dtype, progress) \
@@ -216,12 +217,13 @@ def _check_arguments(device: torch.device | str | None,
         raise CheckpointUsageError(f"load_state_dict: {e}") from None
 
 
-def _prepare_all(work, checkpoint: CheckpointSource, values, device, dtype, progress):
+def _prepare_all(work, checkpoint: CheckpointSource, values, device, dtype, progress, held):
     """Read, check ties, convert and lay out every tensor; nothing is installed yet.
 
-    ``values``: the tensors already read, if they were (:func:`_read_mapped`)."""
+    ``values``: the tensors already read, if they were (:func:`_read_mapped`);
+    ``held``: the storages of the module's real tensors (:func:`held_storages`)."""
     ready = []
-    taken: set = set()
+    taken: set = set(held)
     if values is None and checkpoint.read_all is not None:
         values = checkpoint.read_many([n for _, names in work for n in names])
     total = sum(loaded_nbytes(g.tensor, dtype) for g, _ in work)

@@ -30,6 +30,10 @@ from torchdefer.fake._pointwise import (
 )
 from torchdefer.fake.layout import non_overlapping_and_dense, suggest_memory_format
 
+# torch before 2.9 (2.8 checked) corrupts its heap in some backward kernels given an
+# expanded grad; the sweep leaves those cases out there only.
+OLD_TORCH = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 9)
+
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.complex64)
 
 
@@ -155,7 +159,7 @@ def test_every_pointwise_overload_reports_eagers_strides_on_fake_tensors():
         dtypes = (torch.float32, torch.int64, torch.complex64) if unary else (torch.float32,
                                                                                torch.int64)
         for (name, make), dtype in itertools.product(LAYOUTS.items(), dtypes):
-            if name == "expanded" and op._schema.name.endswith("_backward"):
+            if name == "expanded" and op._schema.name.endswith("_backward") and OLD_TORCH:
                 continue  # torch 2.8's gelu_backward of an expanded grad corrupts the heap
             for args, outs in _eager_outputs(op, make().to(dtype), all_kinds=False):
                 try:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from torchdefer.rng import mt19937, philox
+from torchdefer.rng import _cached_normal, mt19937, philox
 from torchdefer.rng.draws import Effect
 from torchdefer.rng.stream import (
     ANCHOR,
@@ -74,23 +74,6 @@ def _run_call(node: Any, state: torch.Tensor, model: str) -> torch.Tensor:
             "torchdefer.materialize; import torchdefer (not only torchdefer.recorder)."
         )
     return _runner[0](node, state, model)
-
-
-def _without_cache(state: torch.Tensor) -> torch.Tensor:
-    if not mt19937.cache_valid(state):
-        return state
-    out = state.clone()
-    out[mt19937.NORMAL_Y : mt19937.NORMAL_Y + 8].zero_()
-    out[mt19937.NORMAL_VALID : mt19937.NORMAL_VALID + 4].zero_()
-    return out
-
-
-def _one_normal(state: torch.Tensor) -> torch.Tensor:
-    """``state`` after one ``at::normal_distribution<double>`` sample (as torch draws it)."""
-    generator = torch.Generator()
-    generator.set_state(state)
-    torch.empty(1, dtype=torch.float64, device="cpu").normal_(generator=generator)
-    return generator.get_state()
 
 
 class RngStates:
@@ -246,11 +229,11 @@ class RngStates:
         state = mt19937.advance(state, words - known.words)
         if target == ANCHOR:
             return state
-        state = _without_cache(state)
+        state = _cached_normal.without_cache(state)
         if target is None:
             return state
         # The call that left this sample drew its last pair at word `target`.
-        state = _one_normal(state)
+        state = _cached_normal.one_normal(state)
         return mt19937.advance(state, position.words - target - 4)
 
     def _anchor_state(self, stream: Any, epoch: Epoch, model: str, anchor: int) -> torch.Tensor:

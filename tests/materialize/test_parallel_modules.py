@@ -208,6 +208,18 @@ def test_factories_draw_chunks_straight_into_their_output(build, monkeypatch, sp
     assert split_count["split"] == 1 and copied == []
 
 
+@pytest.fixture
+def intra_op_two():
+    """Two intra-op threads: the read's replay draws on torch.get_num_threads(),
+    which earlier tests in the process (in tests/descriptors) can leave at 1."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class _ReadsItsData(nn.Module):
     """A data-dependent read inside the recording: its replay splits, with threads
     started while the recording is live (recorder/_threads.py syncs the generator)."""
@@ -220,7 +232,7 @@ class _ReadsItsData(nn.Module):
         self.c = nn.Parameter(torch.randn(7))
 
 
-def test_a_split_replay_inside_a_recording_changes_nothing(split_count):
+def test_a_split_replay_inside_a_recording_changes_nothing(split_count, intra_op_two):
     torch.manual_seed(0)
     eager = _ReadsItsData()
     after = torch.get_rng_state()

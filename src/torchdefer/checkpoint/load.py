@@ -181,17 +181,21 @@ def _read_mapped(work, checkpoint: CheckpointSource):
 
 
 def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype,
-                   progress) -> dict[str, DeferredTensor]:
+                   progress, staged: frozenset[int] = frozenset()) -> dict[str, DeferredTensor]:
     """Replay what the checkpoint lacks and stage it, before anything is installed
     (a replay that fails changes nothing). Returns the missing tensors that are
     views of loaded ones: eager's show the loaded values, so they are rebuilt
-    once those are in (:func:`_install_views`)."""
+    once those are in (:func:`_install_views`). ``staged``: ids of storages
+    whose real replacement the caller staged already (a sharded load's local
+    shards and FSDP2's padded flat shards): nothing on them is replayed."""
     loaded = {id(g.tensor) for g, _ in work}
     storages = {id(g.tensor._value.storage) for g, _ in work
                 if isinstance(g.tensor, DeferredTensor)}
     found, grads = deferred_reached(module)
     now, views = {}, {}
     for name, fake in found.items():
+        if id(fake._value.storage) in staged:
+            continue
         if id(fake) not in loaded:
             (views if id(fake._value.storage) in storages else now)[name] = fake
     for name, fake, real in replay_tensors(module, now, device, dtype, progress):

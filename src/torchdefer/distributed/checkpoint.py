@@ -135,7 +135,12 @@ def _stage(module: nn.Module, source: Any, strict: bool, materialize_missing: bo
     views: dict = {}
     if materialize_missing:
         stage_missing_shards(module, {id(g.tensor) for g, _ in work}, changes)
-        views = _stage_missing(module, changes, work, None, None, progress)
+        # Every deferred shard's storage (FSDP2's padded flat shard shares it)
+        # has its real one staged now: the walk below must not replay it again.
+        shards = frozenset(id(t._local_tensor._value.storage) for t in module.parameters()
+                           if isinstance(t, DTensor)
+                           and isinstance(t._local_tensor, DeferredTensor))
+        views = _stage_missing(module, changes, work, None, None, progress, shards)
     return result, views
 
 

@@ -140,8 +140,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv[1:])
-    torch.set_num_threads(1)
-    results = {batch: measure(cases(batch), args.rounds, args.calls) for batch in (8, 1)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per-call overhead, not kernel parallelism
+    try:
+        results = {batch: measure(cases(batch), args.rounds, args.calls) for batch in (8, 1)}
+    finally:  # main() also runs inside the test suite's process
+        torch.set_num_threads(threads)
     text = report(results, argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -14,6 +14,7 @@ and restored in ``finally``. User generators are replaced by private copies.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -144,19 +145,26 @@ def _own_view(real: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> to
     return out.set_(own, real.storage_offset(), real.size(), real.stride())
 
 
+_DEFAULT_GENERATOR = threading.Lock()
+
+
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
     """Run random ``node`` from generator ``state``; returns (output, state after)."""
     if stream.generator is None and not takes_generator(node, args, kwargs):
         generator = default_generator(device)
         if generator is None:
             raise RuntimeError(f"no default generator for {device}")
-        saved = get_state(generator)  # as it is: a marker while recording
-        try:
-            generator.set_state(state)
-            out = node.op(*args, **kwargs)
-            return out, get_state(generator)
-        finally:
-            generator.set_state(saved)
+        # One default generator serves every thread: the threads of a split
+        # call (a sharded rank's rows on threads) take it one at a time, or
+        # one would draw from the state another just set.
+        with _DEFAULT_GENERATOR:
+            saved = get_state(generator)  # as it is: a marker while recording
+            try:
+                generator.set_state(state)
+                out = node.op(*args, **kwargs)
+                return out, get_state(generator)
+            finally:
+                generator.set_state(saved)
     private = torch.Generator(device=device)
     private.set_state(state)
     if stream.generator is None:

@@ -6,7 +6,9 @@ The profile comes from the environment, so the long run is one command:
 
 ``TORCHDEFER_FUZZ_PROGRAMS`` is the number of programs over all focuses (the
 fast profile of ``make test`` runs ``FAST_PER_FOCUS`` per focus);
-``TORCHDEFER_FUZZ_SEED`` moves the seeds; ``TORCHDEFER_FUZZ_REPORT`` names a
+``TORCHDEFER_FUZZ_SEED`` picks the programs: seed ``S`` runs programs
+``S * SEED_STRIDE + i``, so two seeds never share a program (seed 0 is the
+fast profile's, programs ``0..n``); ``TORCHDEFER_FUZZ_REPORT`` names a
 file that gets the stats and every shrunk reproduction. The fast profile stops
 a focus at its first failure; the long one runs all its programs and shrinks
 the first ``TORCHDEFER_FUZZ_SHRINK`` failures of each focus (default 8).
@@ -47,6 +49,11 @@ class FocusReport:
 
 REPORTS: list[FocusReport] = []
 
+# Programs a seed owns. Before this stride, seed S ran programs S..S+n, so the
+# seeds of consecutive runs (20261125, 20261126, ...) re-ran almost the same
+# programs: a run of 10,000 with a "new" seed was mostly an old run.
+SEED_STRIDE = 1_000_000
+
 
 def profile() -> tuple[int, int, bool, int]:
     """(programs per focus, first seed, long profile?, failures to shrink per focus)."""
@@ -62,7 +69,8 @@ def run_focus(focus: str) -> FocusReport:
     count, first_seed, long, shrink_n = profile()
     report = FocusReport(focus)
     REPORTS.append(report)
-    for seed in range(first_seed, first_seed + count):
+    start = first_seed * SEED_STRIDE
+    for seed in range(start, start + count):
         program = generate(seed, focus)
         outcome = check(program, ORDERS)
         report.outcomes[outcome.status] += 1

@@ -1,18 +1,22 @@
 """End-to-end checks on a real GPU: eager vs deferred, bit for bit, in every order.
 
 Each check builds the same program eagerly and deferred from the same seed
-and compares every tensor bitwise: materialized all at once, one at a time in
-reverse, only the last one, recorded on the CPU and materialized on CUDA (the
+and compares every tensor bitwise (small MLPs, a transformer layer, one of
+every counted random op, a torchtitan-style Llama and Hugging Face's Llama):
+materialized all at once, one at a time in reverse, only the last one, recorded on the CPU and materialized on CUDA (the
 values the same code gives run with ``device="cuda"``), recorded on CUDA and
 materialized on the CPU, and sharded by FSDP2 on a one-GPU group. It also
 checks the CUDA generator after ``deferred_init`` (where eager leaves it) and
-after materialization (untouched). Used by ``gpu_probe.py`` and
+after materialization (untouched), and that 2**30 CUDA normals per dtype stay
+within the limit ``rng.bounds`` takes from the kernels' source. Used by ``gpu_probe.py`` and
 ``test_gpu_parity.py``; needs CUDA.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,8 +74,30 @@ def forked(device: Any) -> tuple[torch.Tensor, ...]:
     return a, b, torch.randn(100, device=device)
 
 
+def titan(device: Any) -> nn.Module:
+    """A small Llama with torchtitan 0.3's init (trunc_normal_, 3-sigma output layer)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from titan_model import TitanArgs, TitanLlama
+
+    args = TitanArgs(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, hidden=512, vocab=1000,
+                     max_seq_len=64)
+    with torch.device(device):
+        return TitanLlama(args)
+
+
+def hf_llama(device: Any) -> nn.Module:
+    """Hugging Face's Llama from a config (nothing downloaded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    with torch.device(device):
+        return LlamaForCausalLM(config)
+
+
 BUILDS: dict[str, Callable[[Any], Any]] = {
     "mlp": mlp, "encoder": encoder, "draws": draws, "reseeded": reseeded, "forked": forked,
+    "titan": titan, "hf_llama": hf_llama,
 }
 
 
@@ -170,8 +196,33 @@ def check_fsdp2(device: torch.device) -> list[Check]:
         dist.destroy_process_group()
 
 
+def check_normal_limit(device: torch.device) -> list[Check]:
+    """CUDA normals never pass the |z| limit that proves trunc_normal_ draws once.
+
+    An empirical bound only (2**30 draws reach about 6.1 sigma, the float
+    limit is 6.76): it catches a kernel whose uniforms are coarser than the
+    source read says, not one that is off in the last digits.
+    """
+    from torchdefer.rng import bounds
+
+    results = []
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        limit = bounds.normal_limit(dtype, 1 << 30, contiguous=True)
+        g = torch.Generator(device=device).manual_seed(7)
+        peak = torch.empty(1 << 30, dtype=dtype, device=device).normal_(generator=g).abs().max()
+        peak = float(peak)
+        ok = limit is not None and peak <= limit
+        results.append((f"normal_ {dtype}: max |z| {peak:.3f} within the proven limit {limit}",
+                        ok, ""))
+    return results
+
+
 def run_all(device: torch.device) -> list[Check]:
     results: list[Check] = []
+    try:
+        results.extend(check_normal_limit(device))
+    except Exception as e:
+        results.append(("normal limit: raised", False, f"{type(e).__name__}: {e}"[:300]))
     for name, build in BUILDS.items():
         try:
             results.extend(check_build(name, build, device))

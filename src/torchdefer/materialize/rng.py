@@ -145,11 +145,35 @@ def _own_view(real: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> to
     return out.set_(own, real.storage_offset(), real.size(), real.stride())
 
 
+# Tensor arguments eager takes on the CPU whatever the call's device (the
+# ``high`` of ``randint_like.Tensor``: "high must be a scalar tensor and on
+# CPU"). A replay onto another device moves every value it makes; these go back.
+_CPU_ARGUMENTS = {torch.ops.aten.randint_like: frozenset({"high"})}
+
+
+def on_eager_devices(node: Node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args, kwargs`` with the tensors eager requires on the CPU moved back there."""
+    names = _CPU_ARGUMENTS.get(getattr(node.op, "overloadpacket", None))
+    if not names:
+        return args, kwargs
+    schema = node.op._schema
+    positional = [a.name for a in schema.arguments if not a.kwarg_only]
+
+    def place(name: str, x: Any) -> Any:
+        if name in names and isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return x.cpu()
+        return x
+
+    args = tuple(place(positional[i] if i < len(positional) else "", x) for i, x in enumerate(args))
+    return args, {k: place(k, x) for k, x in kwargs.items()}
+
+
 _DEFAULT_GENERATOR = threading.Lock()
 
 
 def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
     """Run random ``node`` from generator ``state``; returns (output, state after)."""
+    args, kwargs = on_eager_devices(node, args, kwargs)
     if stream.generator is None and not takes_generator(node, args, kwargs):
         generator = default_generator(device)
         if generator is None:

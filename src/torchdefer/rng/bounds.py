@@ -50,7 +50,8 @@ import torch
 from torchdefer.rng import draws, mt19937
 
 __all__ = [
-    "RELATIVE_MARGIN", "in_dtype", "never_leaves", "normal_limit", "premises_hold", "z_limit",
+    "RELATIVE_MARGIN", "cuda_limit", "in_dtype", "never_leaves", "normal_limit", "premises_hold",
+    "z_limit",
 ]
 
 # Generous: float log/sin/cos approximations are within a few ulp (1e-7).
@@ -72,7 +73,8 @@ def _cpu_fill_limit(dtype: torch.dtype) -> float:
     return z_limit(2.0 ** -_opmath_digits(dtype))
 
 
-def _cuda_limit(dtype: torch.dtype) -> float:
+def cuda_limit(dtype: torch.dtype) -> float:
+    """The largest ``|z|`` the CUDA kernels' uniforms allow (read from their source)."""
     return z_limit(2.0**-54 if dtype == torch.float64 else 2.0**-33)
 
 
@@ -85,7 +87,7 @@ def normal_limit(dtype: torch.dtype, numel: int, contiguous: bool) -> float | No
     """
     if dtype not in _FLOATS or numel < _BLOCK or not contiguous or not premises_hold(dtype):
         return None
-    return max(_cpu_fill_limit(dtype), _cuda_limit(dtype)) * (1 + RELATIVE_MARGIN)
+    return max(_cpu_fill_limit(dtype), cuda_limit(dtype)) * (1 + RELATIVE_MARGIN)
 
 
 def never_leaves(

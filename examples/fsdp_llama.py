@@ -3,7 +3,7 @@
 Run (CPU, gloo)::     torchrun --nproc-per-node 2 examples/fsdp_llama.py
 Run (GPUs, nccl)::    torchrun --nproc-per-node 2 examples/fsdp_llama.py
 
-The backend follows the hardware (nccl with CUDA, gloo without). Each rank
+The backend follows the hardware (nccl with a GPU per rank, gloo without). Each rank
 builds the same deferred model from the same seed, applies ``fully_shard`` to
 every decoder layer and the root as for a meta-device model, then
 ``torchdefer.distributed.materialize_module`` makes each rank's shards: on the
@@ -30,6 +30,7 @@ import resource
 import psutil
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import torchdefer
@@ -65,7 +66,9 @@ def main() -> None:
                         help="skip building the eager model to compare shards with")
     args = parser.parse_args()
 
-    cuda = torch.cuda.is_available()
+    # One GPU per rank, or CPU ranks (gloo) where this host has fewer GPUs than ranks.
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
@@ -78,9 +81,11 @@ def main() -> None:
         model = torchdefer.deferred_init(build, config)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(p.numel() * p.element_size() for p in model.parameters())
+    # FSDP2's default mesh is CUDA's wherever CUDA exists: name the ranks' device.
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
     rss_before = psutil.Process().memory_info().rss
     torchdefer.distributed.materialize_module(model)

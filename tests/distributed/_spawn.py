@@ -23,6 +23,14 @@ import torch.multiprocessing as mp
 # world_size times eager's step, with or without torchdefer.
 GLOO_AVG_SUMS = "gloo_reduce_scatter_avg_returns_the_sum"
 
+# What the spawned ranks read at their start:
+# - large blocks come from mmap and go back to the OS when freed, so the peak
+#   RSS a scenario measures is its own (read by glibc at process start);
+# - no GPU: the ranks are CPU gloo ranks. On a GPU host FSDP2's default mesh
+#   would put every rank's shards on the one cuda:0 (seen on an H200: the
+#   scenarios compared CUDA shards with CPU tensors, and ranks crashed).
+_WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "CUDA_VISIBLE_DEVICES": ""}
+
 
 def run_scenarios(
     world_size: int, names: list[str], out_dir: Path, module: str = "scenarios"
@@ -32,10 +40,8 @@ def run_scenarios(
     ``module`` is the file (next to this one) that defines the scenarios.
     """
     port = _free_port()
-    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    # Large blocks come from mmap and go back to the OS when freed, so the
-    # peak RSS a scenario measures is its own (read by glibc at process start).
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    saved = {name: os.environ.get(name) for name in _WORKER_ENV}
+    os.environ.update(_WORKER_ENV)
     try:
         try:
             mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module),
@@ -51,10 +57,11 @@ def run_scenarios(
             mp.spawn(_worker, args=(world_size, _free_port(), names, str(out_dir), module),
                      nprocs=world_size)
     finally:
-        if saved is None:
-            del os.environ["MALLOC_MMAP_THRESHOLD_"]
-        else:
-            os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     results: dict[str, list[str]] = {name: [] for name in [*names, GLOO_AVG_SUMS]}
     for rank in range(world_size):
         outcome = json.loads((out_dir / f"rank{rank}.json").read_text())

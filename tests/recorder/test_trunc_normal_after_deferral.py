@@ -107,4 +107,5 @@ def test_a_deferred_meta_tensor_is_left_alone_as_eager_leaves_a_meta_tensor():
     state = torch.get_rng_state()
     assert nn.init.trunc_normal_(w, std=1.0, a=-0.5, b=0.5) is w
     assert torch.equal(torch.get_rng_state(), state)
-    assert w._value.node is creator  # nothing recorded
+    if trunc_normal_reads_data():  # before 2.12: pointwise ops, recorded on meta as eager runs them
+        assert w._value.node is creator  # nothing recorded

@@ -56,7 +56,9 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     if device.type == "cpu":
         return torch.default_generator
     if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.default_generators[device.index or 0]
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index < torch.cuda.device_count():  # cuda:1 on a one-GPU host has none
+            return torch.cuda.default_generators[index]
     return None
 
 

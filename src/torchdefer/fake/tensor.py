@@ -181,7 +181,9 @@ def run_on_meta(
     _compat.meta_registrations.device_hint = _device_hint
     try:
         with _compat.DisableTorchDispatch():
-            out = eager_layout(func, args, kwargs, func(*args, **kwargs), device)
+            out = func(*args, **kwargs)
+            if device.type != "meta":  # on meta, the meta kernels' layouts are eager's
+                out = eager_layout(func, args, kwargs, out, device)
             if _compat.BCOMPLEX32 is not None:
                 out = _eager_complex(out, args, kwargs)
     finally:
@@ -228,7 +230,7 @@ _original_device_hint = _compat.meta_registrations.device_hint
 def _device_hint(tensor: Any) -> str:
     """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
     device = getattr(tensor, "fake_device", None)
-    if device is not None:
+    if device is not None and device.type != "meta":  # eager's meta tensors: the original's
         return device.type
     return _original_device_hint(tensor)
 

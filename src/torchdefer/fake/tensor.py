@@ -181,7 +181,7 @@ def run_on_meta(
     _compat.meta_registrations.device_hint = _device_hint
     try:
         with _compat.DisableTorchDispatch():
-            out = func(*args, **kwargs)
+            out = _META_STAND_INS.get(func, func)(*args, **kwargs)
             if device.type != "meta":  # on meta, the meta kernels' layouts are eager's
                 out = eager_layout(func, args, kwargs, out, device)
             if _compat.BCOMPLEX32 is not None:
@@ -199,6 +199,22 @@ _FULL = frozenset(getattr(torch.ops.aten.full, name) for name in torch.ops.aten.
 # By id, for the lookups made on every op (these ops live as long as torch).
 _FULL_IDS = frozenset(id(f) for f in _FULL)
 _ANSWERS_BY_ID = {id(f): answer for f, answer in ANSWERS.items()}
+# Ops whose meta kernel refuses what the CPU and CUDA kernels accept, and an op
+# with eager's type promotion whose meta kernel gives the outputs' metadata:
+# ``bool_tensor << 2`` is int64 in eager, "Expected input tensor to have an
+# integral dtype" on meta (what eager does refuse, ``bool << bool``, is then
+# refused at the call by ``recorder._refusals``, which asks the real kernel).
+_aten = torch.ops.aten
+_META_STAND_INS = {
+    _aten.__lshift__.Scalar: _aten.bitwise_left_shift.Tensor_Scalar,
+    _aten.__lshift__.Tensor: _aten.bitwise_left_shift.Tensor,
+    _aten.__rshift__.Scalar: _aten.bitwise_right_shift.Tensor_Scalar,
+    _aten.__rshift__.Tensor: _aten.bitwise_right_shift.Tensor,
+    _aten.__ilshift__.Scalar: _aten.bitwise_left_shift_.Tensor_Scalar,
+    _aten.__ilshift__.Tensor: _aten.bitwise_left_shift_.Tensor,
+    _aten.__irshift__.Scalar: _aten.bitwise_right_shift_.Tensor_Scalar,
+    _aten.__irshift__.Tensor: _aten.bitwise_right_shift_.Tensor,
+}
 
 
 def _full_dtype(fill: Any) -> torch.dtype:

@@ -199,13 +199,37 @@ _FULL = frozenset(getattr(torch.ops.aten.full, name) for name in torch.ops.aten.
 # By id, for the lookups made on every op (these ops live as long as torch).
 _FULL_IDS = frozenset(id(f) for f in _FULL)
 _ANSWERS_BY_ID = {id(f): answer for f, answer in ANSWERS.items()}
-# Ops whose meta kernel refuses what the CPU and CUDA kernels accept, and an op
-# with eager's type promotion whose meta kernel gives the outputs' metadata:
-# ``bool_tensor << 2`` is int64 in eager, "Expected input tensor to have an
-# integral dtype" on meta (what eager does refuse, ``bool << bool``, is then
-# refused at the call by ``recorder._refusals``, which asks the real kernel).
+# Ops whose meta kernel refuses what the CPU and CUDA kernels accept, and what
+# gives the outputs' metadata in its place (what eager does refuse is refused
+# at the call by ``recorder._refusals``, which asks the real kernel):
+# - ``bool_tensor << 2`` is int64 in eager, "Expected input tensor to have an
+#   integral dtype" on meta: the bitwise shifts promote as eager's;
+# - ``torch.where`` with a uint8 condition (deprecated, accepted with a
+#   warning): "expected predicate to be bool" on meta;
+# - in-place ``nan_to_num_`` of a complex tensor: its meta decomposition asks
+#   isneginf, which refuses complex.
 _aten = torch.ops.aten
-_META_STAND_INS = {
+
+
+def _where_of_bool(where: Any) -> Callable[..., Any]:
+    def stand_in(condition: torch.Tensor, *args: Any) -> Any:
+        if condition.dtype == torch.uint8:
+            condition = condition.to(torch.bool)
+        return where(condition, *args)
+
+    return stand_in
+
+
+def _nan_to_num_(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if self.is_complex():
+        return self  # in place: the metadata stays
+    return _aten.nan_to_num_.default(self, *args, **kwargs)
+
+
+_META_STAND_INS: dict[Any, Callable[..., Any]] = {
+    **{getattr(_aten.where, name): _where_of_bool(getattr(_aten.where, name))
+       for name in ("self", "ScalarSelf", "ScalarOther", "Scalar")},
+    _aten.nan_to_num_.default: _nan_to_num_,
     _aten.__lshift__.Scalar: _aten.bitwise_left_shift.Tensor_Scalar,
     _aten.__lshift__.Tensor: _aten.bitwise_left_shift.Tensor,
     _aten.__rshift__.Scalar: _aten.bitwise_right_shift.Tensor_Scalar,

@@ -52,7 +52,7 @@ from torchdefer._compat.generator import get_state
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.errors import RecordingError
 
-__all__ = ["EagerRefusalError", "eager_error", "eager_refuses", "rare_dtypes",
+__all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
            "refuse_as_eager", "writes_inference"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
@@ -178,18 +178,48 @@ def rare_dtypes(inputs: list[Any]) -> bool:
     return any(v.meta.dtype in _RARE for v in inputs)
 
 
+def dtypes_unasked(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether eager must be asked whether its CPU kernel has this call's dtypes.
+
+    On the common dtypes the answer depends on the op, its tensors' dtypes and
+    its other arguments' types only (``hypot`` on int64, ``bitwise_and`` on
+    float16, ``gelu`` on int64: "not implemented for 'Long'"): asked once per
+    such signature, and again only where the answer was a refusal.
+    """
+    key = _gap_key(func, args, kwargs)
+    return key is not None and _gap_verdicts.get(key, _UNKNOWN) is not None
+
+
+def _gap_key(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``(func, dtypes of the tensors, types of the rest)``; None without tensors."""
+    dtypes = tuple(t.dtype for t in _tensors(args, kwargs))
+    if not dtypes:
+        return None
+    rest = tuple(type(x) for x in (*args, *kwargs.values()) if not isinstance(x, torch.Tensor))
+    return func, dtypes, rest, tuple(kwargs)
+
+
 def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
     """Eager's "not implemented for <dtype>" for a CPU call, the only refusal of a
     deterministic call its twins prove (no size, value or layout causes it)."""
     tensors = list(_tensors(args, kwargs))
-    if not any(t.dtype in _RARE for t in tensors) or not _cpu_arg(kwargs):
+    if not tensors or not _cpu_arg(kwargs) or not all(_device(t) == _CPU for t in tensors):
         return None
-    if not all(_device(t) == _CPU for t in tensors):
-        return None
-    verdict = _verdict(func, args, kwargs)
+    if any(t.dtype in _RARE or t.numel() == 0 for t in tensors):
+        # by shape: on empty tensors some kernels return before they dispatch on the dtype
+        verdict = _verdict(func, args, kwargs)
+    else:
+        key = _gap_key(func, args, kwargs)
+        verdict = _gap_verdicts.get(key, _UNKNOWN)
+        if verdict is _UNKNOWN:
+            verdict = _gap_verdicts[key] = _ask_eager(func, args, kwargs)
     if verdict is None or not issubclass(verdict[0], NotImplementedError):
         return None
     return verdict
+
+
+# Verdicts on the common dtypes, by _gap_key: None (the kernel has them) or eager's error.
+_gap_verdicts: dict[Any, Any] = {}
 
 
 # The two init workhorses, on the dtypes every device's kernel has: answered

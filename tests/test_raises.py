@@ -222,3 +222,14 @@ def test_each_error_keeps_its_builtin_type(name, builtin):
 def test_key_errors_print_their_message_unquoted():
     for cls in (errors.LookupKeyError, errors.CheckpointKeyError):
         assert str(cls("no key 'a'; the keys are ['b']")) == "no key 'a'; the keys are ['b']"
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_each_error_pickles_to_its_own_class_and_message(name):
+    # Errors cross processes: a sharded load quotes another rank's error.
+    import pickle
+
+    cls = getattr(errors, name)
+    error = cls("x", "shape[0]", "4", "5") if name == "DescriptorMismatch" else cls("a message")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is cls and str(again) == str(error)

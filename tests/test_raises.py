@@ -14,6 +14,7 @@ import builtins
 import importlib
 import inspect
 import pathlib
+import pickle
 import pkgutil
 
 import pytest
@@ -227,8 +228,6 @@ def test_key_errors_print_their_message_unquoted():
 @pytest.mark.parametrize("name", errors.__all__)
 def test_each_error_pickles_to_its_own_class_and_message(name):
     # Errors cross processes: a sharded load quotes another rank's error.
-    import pickle
-
     cls = getattr(errors, name)
     error = cls("x", "shape[0]", "4", "5") if name == "DescriptorMismatch" else cls("a message")
     again = pickle.loads(pickle.dumps(error))

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import FakeTensorError, UsageTypeError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import (
@@ -31,10 +31,6 @@ from torchdefer.fake.device import (
 from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
-
-
-class FakeTensorError(TorchdeferError, RuntimeError):
-    """A fake tensor was asked for something it does not have (its data)."""
 
 
 _MAKE_SUBCLASS = _compat.TensorBase._make_subclass
@@ -66,7 +62,9 @@ class FakeTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
         if elem.device.type != "meta":
-            raise TypeError(f"FakeTensor needs a meta tensor, got one on {elem.device}")
+            raise UsageTypeError(f"FakeTensor(elem, device) needs a meta tensor as elem, got one "
+                                 f"on {elem.device}; pass elem.to('meta') (or build fake "
+                                 "tensors with torchdefer.fake_mode()).")
         # The C binding itself: inside deferred_init torch.Tensor._make_subclass
         # is recorder.subclasses' wrapper, which passes a meta tensor through.
         out = _MAKE_SUBCLASS(

@@ -49,8 +49,8 @@ import torch
 
 from torchdefer._compat import DisableTorchFunctionSubclass
 from torchdefer._compat.generator import get_state
+from torchdefer.errors import EagerRefusalError
 from torchdefer.recorder.ambient import current_ambient
-from torchdefer.recorder.errors import RecordingError
 
 __all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
            "refuse_as_eager", "writes_inference"]
@@ -74,15 +74,6 @@ _SIZE_FREE = frozenset({
 # Random ops whose CPU kernels check their tensor's values before drawing and
 # whose draws recording runs rather than counts (see the module docstring).
 _DATA_CHECKED = frozenset({_aten.multinomial, _aten.poisson})
-
-
-class EagerRefusalError(RecordingError):
-    """Eager PyTorch raises on this call; so does recording, at the call.
-
-    Raised as a class that is also the original error's type
-    (``NotImplementedError`` for a dtype a kernel lacks), so code that
-    catches what eager raises still catches it.
-    """
 
 
 _verdicts: dict[Any, tuple[type[BaseException], str] | None] = {}

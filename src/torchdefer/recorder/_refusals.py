@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from torchdefer._compat import DisableTorchFunctionSubclass
+from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
 from torchdefer.errors import EagerRefusalError
 from torchdefer.recorder.ambient import current_ambient
@@ -177,6 +177,8 @@ def dtypes_unasked(func: Any, args: tuple, kwargs: dict) -> bool:
     float16, ``gelu`` on int64: "not implemented for 'Long'"): asked once per
     such signature, and again only where the answer was a refusal.
     """
+    if not isinstance(func, OpOverload):
+        return False  # a user's composite: its ops are asked, not the function run on twins
     key = _gap_key(func, args, kwargs)
     return key is not None and _gap_verdicts.get(key, _UNKNOWN) is not None
 
@@ -196,9 +198,12 @@ def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException
     tensors = list(_tensors(args, kwargs))
     if not tensors or not _cpu_arg(kwargs) or not all(_device(t) == _CPU for t in tensors):
         return None
-    if any(t.dtype in _RARE or t.numel() == 0 for t in tensors):
+    if any(t.dtype in _RARE for t in tensors) or (
+            isinstance(func, OpOverload) and any(t.numel() == 0 for t in tensors)):
         # by shape: on empty tensors some kernels return before they dispatch on the dtype
         verdict = _verdict(func, args, kwargs)
+    elif not isinstance(func, OpOverload):
+        return None  # a user's composite on common dtypes: its ops are asked as recorded
     else:
         key = _gap_key(func, args, kwargs)
         verdict = _gap_verdicts.get(key, _UNKNOWN)

@@ -4,7 +4,8 @@
 rebuild the source view's ``grad_fn`` (it replays the view's ops where eager
 uses ``as_strided``) escaped as PyTorch's "new_fn INTERNAL ASSERT FAILED"
 (fuzz seed 20261202). It is refused as every other op on such a view is,
-naming ``set_`` and the user's line; the patch is in only while recording.
+naming ``set_`` and the user's line, also after the recording returned (the
+wrapper, installed at the first recording, stays: the deferred tensors do).
 """
 
 import re
@@ -32,7 +33,20 @@ def test_set_to_such_a_view_is_refused_with_the_users_line():
     message = str(caught.value)
     assert message.startswith("set_ at ") and "cannot rebuild the history" in message, message
     assert re.search(r"test_set_view_history.py:\d+", message), message
-    assert "set_" not in torch.Tensor.__dict__  # put back
+
+
+def test_set_to_such_a_deferred_view_after_the_recording_is_refused_not_an_assert():
+    view = torchdefer.deferred_init(_stale_view_then, lambda v: v)
+    with pytest.raises(FakeTensorError, match="cannot rebuild the history"):
+        torch.empty(0).set_(view)
+
+
+def test_the_wrapper_leaves_real_tensors_set_as_eager():
+    a = torch.arange(6.0).reshape(2, 3)
+    b = torch.empty(0).set_(a.t())
+    assert b.data_ptr() == a.data_ptr() and b.stride() == (1, 3)
+    with pytest.raises(RuntimeError, match="same device|different device|storage"):
+        torch.empty(0, device="meta").set_(a)
 
 
 def test_set_of_ordinary_tensors_still_records_and_replays():
@@ -44,4 +58,3 @@ def test_set_of_ordinary_tensors_still_records_and_replays():
     out, base = torchdefer.deferred_init(build)
     real = torchdefer.materialize_tensor(out)
     assert torch.equal(real, eager[0]) and real.stride() == eager[0].stride()
-    assert "set_" not in torch.Tensor.__dict__

@@ -17,14 +17,15 @@ another) is deterministic, and must stay so when one of them records:
   dtype only if its own thread changed it, and not a change another thread
   made meanwhile.
 
-One more patch rides on the same install, though it is not about threads:
+One more patch rides on the first install, though it is not about threads:
 ``Tensor.set_``, whose binding takes no ``__torch_function__``, refuses a
 source view whose autograd history cannot be rebuilt on fake tensors with
 torchdefer's error rather than PyTorch's internal assert
 (``fake._calls.set_refusing_lost_view_history``).
 
 The patches are installed once while any thread records (the first block in
-installs them, the last one out removes them) and route each call to the
+installs them, the last one out removes them; ``set_``'s stays, since the
+deferred tensors outlive the recording) and route each call to the
 calling thread's recording: patching per block would let two threads'
 blocks, ending in another order than they began, leave a patch behind.
 """
@@ -102,6 +103,18 @@ def _fork_hook() -> None:
         _forks.append(True)
 
 
+def _set_once() -> None:
+    """Wrap ``Tensor.set_`` at the first recording, for good: the deferred tensors a
+    recording returns outlive it, and a set_ of one of their views after it
+    ended reached PyTorch's internal assert. The wrapper only reads an error."""
+    if not _set_wrapped:
+        torch.Tensor.set_ = set_refusing_lost_view_history(torch.Tensor.set_)  # type: ignore[method-assign]
+        _set_wrapped.append(True)
+
+
+_set_wrapped: list[bool] = []
+
+
 def _install() -> None:
     _fork_hook()
     start = _saved["start"] = threading.Thread.start
@@ -125,8 +138,7 @@ def _install() -> None:
                      (logged_set_default_tensor_type, set_type)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
     _saved["reads"] = _generator.intercept_reads(_sync_mine)
-    _saved["set_"] = torch.Tensor.__dict__.get("set_")  # None: TensorBase's, inherited
-    torch.Tensor.set_ = set_refusing_lost_view_history(torch.Tensor.set_)  # type: ignore[method-assign]
+    _set_once()
     threading.Thread.start = exact_start  # type: ignore[method-assign]
     torch.set_default_dtype = logged_set_default_dtype
     torch.set_default_tensor_type = logged_set_default_tensor_type
@@ -139,10 +151,6 @@ def _note_dtype() -> None:
 
 def _remove() -> None:
     _generator.restore_reads()
-    if _saved["set_"] is None:
-        del torch.Tensor.set_
-    else:
-        torch.Tensor.set_ = _saved["set_"]  # type: ignore[method-assign]
     threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
     torch.set_default_dtype = _saved["set_default_dtype"]
     torch.set_default_tensor_type = _saved["set_default_tensor_type"]

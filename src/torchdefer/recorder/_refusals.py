@@ -184,17 +184,23 @@ def dtypes_unasked(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _gap_key(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``(func, dtypes of the tensors, types of the rest)``; None without tensors."""
+    """``(func, dtypes of the tensors, the rest)``; None without tensors.
+
+    Plain arguments by value (``pow(t, -1)`` of an int tensor is refused,
+    ``pow(t, 2)`` not), others by type.
+    """
     dtypes = tuple(t.dtype for t in _tensors(args, kwargs))
     if not dtypes:
         return None
-    rest = tuple(type(x) for x in (*args, *kwargs.values()) if not isinstance(x, torch.Tensor))
+    rest = tuple((type(x), x if type(x) in _PLAIN else None)
+                 for x in (*args, *kwargs.values()) if not isinstance(x, torch.Tensor))
     return func, dtypes, rest, tuple(kwargs)
 
 
 def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
     """Eager's "not implemented for <dtype>" for a CPU call, the only refusal of a
-    deterministic call its twins prove (no size, value or layout causes it)."""
+    deterministic call its twins prove (no size, value or layout causes it), and
+    a pointwise kernel's refusal of its dtypes or scalar arguments."""
     tensors = list(_tensors(args, kwargs))
     if not tensors or not _cpu_arg(kwargs) or not all(_device(t) == _CPU for t in tensors):
         return None
@@ -209,9 +215,18 @@ def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException
         verdict = _gap_verdicts.get(key, _UNKNOWN)
         if verdict is _UNKNOWN:
             verdict = _gap_verdicts[key] = _ask_eager(func, args, kwargs)
-    if verdict is None or not issubclass(verdict[0], NotImplementedError):
+    if verdict is None:
         return None
-    return verdict
+    if issubclass(verdict[0], NotImplementedError) or _pointwise(func):
+        # A pointwise kernel's other checks are of dtypes and scalar arguments too
+        # (relu of bool, maximum of complex, mul_ of bool by int64): both fills
+        # of the twins refused, so no tensor value caused it.
+        return verdict
+    return None
+
+
+def _pointwise(func: Any) -> bool:
+    return isinstance(func, OpOverload) and torch.Tag.pointwise in func.tags
 
 
 # Verdicts on the common dtypes, by _gap_key: None (the kernel has them) or eager's error.
@@ -416,7 +431,7 @@ def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
         except Exception as error:  # whatever eager raises is the verdict
             message = (str(error).strip().splitlines() or [""])[0]
             cut = _was_cut(args, kwargs, func)
-            size_free = getattr(func, "overloadpacket", None) in _SIZE_FREE
+            size_free = getattr(func, "overloadpacket", None) in _SIZE_FREE or _pointwise(func)
             if cut and not size_free and not isinstance(error, NotImplementedError) and (
                     _OVERLAP not in message):
                 return None

@@ -23,6 +23,7 @@ ALL = [
     "safetensors_into_fsdp2_model_matches_eager",
     "a_failed_load_into_fsdp2_model_changes_nothing",
     "tied_names_in_a_dcp_checkpoint_are_all_read_and_compared",
+    "a_loaded_buffer_never_shares_a_real_module_tensors_storage",
 ]
 
 
@@ -199,3 +200,27 @@ def tied_names_in_a_dcp_checkpoint_are_all_read_and_compared(rank: int, world: i
     assert model.lm_head.weight is model.model.embed_tokens.weight
     full = model.model.embed_tokens.weight.full_tensor()
     assert torch.equal(_bits(full), _bits(embed)), "the tied embedding is not the stored one"
+
+
+class _TwoBuffers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("a", torch.zeros(3))
+        self.register_buffer("b", torch.zeros(3))
+
+
+def a_loaded_buffer_never_shares_a_real_module_tensors_storage(rank: int, world: int) -> None:
+    """A deferred buffer loaded from the very tensor a real buffer of the module holds
+    gets a copy, as in the unsharded loader and in eager (which copies into its own)."""
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_TwoBuffers)
+    fully_shard(model)
+    model.a = torch.ones(3)  # real, as a buffer set by hand is
+    torch.manual_seed(1)
+    state = {n: p.detach() for n, p in _TwoBuffers().named_parameters()}
+    state |= {"a": model.a, "b": model.a}  # one tensor under both names
+    torchdefer.load_state_dict(model, state)
+    assert model.b.untyped_storage().data_ptr() != model.a.untyped_storage().data_ptr()
+    model.b.add_(1)
+    assert torch.equal(model.a, torch.ones(3)), "writing b changed a: they share memory"

@@ -53,3 +53,8 @@ def test_a_failed_load_into_an_fsdp2_deferred_model_changes_nothing(outcomes):
 def test_tied_names_in_a_dcp_checkpoint_are_all_read_and_compared_on_every_rank(outcomes):
     name = "tied_names_in_a_dcp_checkpoint_are_all_read_and_compared"
     assert not outcomes[name], "\n".join(outcomes[name])
+
+
+def test_a_loaded_buffer_never_shares_a_real_module_tensors_storage(outcomes):
+    name = "a_loaded_buffer_never_shares_a_real_module_tensors_storage"
+    assert not outcomes[name], "\n".join(outcomes[name])

@@ -35,41 +35,38 @@ def _layout(t: torch.Tensor):
     return t.device, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
 
 
+def _under_meta_default(program):
+    torch.set_default_device("meta")
+    try:
+        return program(None)
+    finally:
+        torchdefer._compat.restore_default_device(None)
+
+
+def _check_as_eager(build):
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    assert _layout(deferred) == _layout(eager)
+    assert _layout(torchdefer.materialize_tensor(deferred)) == _layout(eager)
+
+
 @pytest.mark.parametrize("how", ["device argument", "default device"])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_a_meta_tensor_has_the_meta_kernels_layout(name, how):
     program = PROGRAMS[name]
     if how == "device argument":
-        def build():
-            return program("meta")
+        _check_as_eager(lambda: program("meta"))
     else:
-        def build():
-            torch.set_default_device("meta")
-            try:
-                return program(None)
-            finally:
-                torchdefer._compat.restore_default_device(None)
-
-    eager = build()
-    deferred = torchdefer.deferred_init(build)
-    assert _layout(deferred) == _layout(eager)
-    assert _layout(torchdefer.materialize_tensor(deferred)) == _layout(eager)
+        _check_as_eager(lambda: _under_meta_default(program))
 
 
 def test_data_assigned_under_a_meta_default_device_keeps_the_meta_layout():
-    def build():
-        torch.set_default_device("meta")
-        try:
-            t = torch.randint(3, (1, 5), dtype=torch.float32).cumsum(0).transpose(0, -1)
-            t.data = t * 1
-            return t
-        finally:
-            torchdefer._compat.restore_default_device(None)
+    def program(_):
+        t = torch.randint(3, (1, 5), dtype=torch.float32).cumsum(0).transpose(0, -1)
+        t.data = t * 1
+        return t
 
-    eager = build()
-    deferred = torchdefer.deferred_init(build)
-    assert _layout(deferred) == _layout(eager)
-    assert _layout(torchdefer.materialize_tensor(deferred)) == _layout(eager)
+    _check_as_eager(lambda: _under_meta_default(program))
 
 
 def test_views_sharing_a_meta_storage_materialize_one_by_one_with_a_device():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from torchdefer.errors import TorchdeferError, UsageError
 
 __all__ = [
@@ -103,7 +106,7 @@ def _str(self: BaseException) -> str:
     return str(self.args[0]) if self.args else ""
 
 
-def _reduce(self: BaseException):
+def _reduce(self: BaseException) -> tuple[Callable[..., Exception], tuple[Any, ...], Any]:
     return (_rebuild, (_original_kind(type(self)), str(self)), self.__dict__ or None)
 
 

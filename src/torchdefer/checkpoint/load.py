@@ -254,7 +254,7 @@ def open_source(source: Source) -> CheckpointSource:
 def is_dcp_checkpoint(source: object) -> bool:
     """Whether ``source`` is a ``torch.distributed.checkpoint`` directory (has ``.metadata``)."""
     if isinstance(source, (str, Path)) or hasattr(source, "__fspath__"):
-        path = Path(source)  # type: ignore[arg-type]
+        path = Path(source)
         return path.is_dir() and path.joinpath(".metadata").exists()
     return False
 

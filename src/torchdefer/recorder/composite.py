@@ -23,11 +23,13 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchdefer import _compat
 from torchdefer.recorder._args import flatten_call
 from torchdefer.recorder._refusals import eager_refuses
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
@@ -234,7 +236,7 @@ def library_composites() -> Iterator[None]:
 
 # ------------------------------------------------- calls after deferred_init returned
 
-_IS_META = torch.Tensor.is_meta.__get__
+_IS_META = _compat.descriptor_get(torch.Tensor, "is_meta")
 _inside = threading.local()  # .active: this thread is recording such a call
 
 
@@ -292,7 +294,7 @@ def _hookable(fn: Callable[..., Any]) -> bool:
 
 def _locals_of(code: Any, tensor: Any, depth: int = 6) -> dict[str, Any] | None:
     """The arguments of the frame running ``code`` on ``tensor`` that asked, if any."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return None

@@ -192,7 +192,8 @@ def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype
     storages = {id(g.tensor._value.storage) for g, _ in work
                 if isinstance(g.tensor, DeferredTensor)}
     found, grads = deferred_reached(module)
-    now, views = {}, {}
+    now: dict[str, DeferredTensor] = {}
+    views: dict[str, DeferredTensor] = {}
     for name, fake in found.items():
         if id(fake._value.storage) in staged:
             continue

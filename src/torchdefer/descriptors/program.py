@@ -191,9 +191,11 @@ class Program:
         if self.backend != "export":
             raise UsageTypeError("with_weights() rebinds export programs; a jit program runs with "
                                  "the weights it was scripted (or saved) with")
-        module = source if isinstance(source, torch.nn.Module) else None
         new = copy.copy(self)
-        new._weights = Weights(module=module, tensors=None if module is not None else dict(source))
+        if isinstance(source, torch.nn.Module):
+            new._weights = Weights(module=source, tensors=None)
+        else:
+            new._weights = Weights(module=None, tensors=dict(source))
         new._variants = {k: r.with_weights(new._weights) for k, r in self._variants.items()}
         return new
 

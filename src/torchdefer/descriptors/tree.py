@@ -32,7 +32,7 @@ from torchdefer.errors import UsageError, UsageTypeError
 __all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
            "parameters", "tensors", "to_json"]
 
-_TYPES = {t.__name__: t for t in (int, float, bool, str)}
+_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, bool, str)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class TypeOf:
     type: type
 
     def __post_init__(self) -> None:
-        if _TYPES.get(getattr(self.type, "__name__", None)) is not self.type:
+        if _TYPES.get(getattr(self.type, "__name__", "")) is not self.type:
             raise UsageError(f"TypeOf takes one of {list(_TYPES)}, got {self.type!r}")
 
     def __repr__(self) -> str:

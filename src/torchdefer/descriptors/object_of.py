@@ -61,9 +61,9 @@ class ObjectOf:
     """
 
     type: type
-    keys: tuple[Any, ...]
-    children: tuple[Any, ...]
-    context: Any = None
+    keys: tuple[pytree.KeyEntry, ...]
+    children: tuple[object, ...]  # descriptors (tree.Descriptor), shaped like the object's
+    context: object = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("type", "keys", "children", "context"):

@@ -208,7 +208,8 @@ def _frozen(fixed: dict) -> tuple:
     return tuple(sorted(fixed.items(), key=repr))
 
 
-def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors: Mapping[str, Any],
+def script(model_or_fn: torch.nn.Module | Callable[..., object],
+           input_descriptors: Mapping[str, object],
            *, backend: Backend = "export", dtypes: Sequence[torch.dtype] = ()) -> Program:
     """Specialize a module or function to descriptions of its inputs.
 

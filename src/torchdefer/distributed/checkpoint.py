@@ -53,7 +53,7 @@ from torchdefer.checkpoint.plan import (
     plan_keys,
     work_list,
 )
-from torchdefer.checkpoint.source import CheckpointSource
+from torchdefer.checkpoint.source import CheckpointSource, Source
 from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
 from torchdefer.distributed._staged import Vote, stage_missing_shards, stage_shard
 from torchdefer.distributed.module import _fsdp2_params
@@ -68,7 +68,7 @@ Work = list[tuple[TensorGroup, list[str]]]
 
 def load_state_dict(
     module: nn.Module,
-    source: Any,
+    source: Source,
     *,
     strict: bool = False,
     device: torch.device | None = None,

@@ -60,14 +60,14 @@ class RngReplay:
     def run(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
+        # "cpu" (mt19937), or the CUDA device whose launches count: replay runs on those.
+        model: Model = model_of(device)  # type: ignore[assignment]
         states = node.graph.rng.states  # type: ignore[union-attr]
-        start = states.start_of(node, model)  # type: ignore[arg-type]  # CPU or CUDA here
+        start = states.start_of(node, model)
         split = self._split(node, stream, device, start, args, kwargs)
         out, after = split if split is not None else draw(node, stream, device, start, args, kwargs)
         epoch = stream.epochs[e]
-        position = states.after_call(node, model)  # type: ignore[arg-type]
-        states.remember(stream, epoch, model, position, after)  # type: ignore[arg-type]
+        states.remember(stream, epoch, model, states.after_call(node, model), after)
         return out
 
     def run_into_scratch(self, node: Node, state: torch.Tensor) -> torch.Tensor:

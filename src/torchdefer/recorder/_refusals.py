@@ -253,8 +253,10 @@ def _partly_shared(written: list[torch.Tensor], args: tuple, kwargs: dict) -> bo
     storage, their byte ranges meeting without being the same tensor."""
     for w in written:
         for x in _tensors(args, kwargs):
+            if x is w or not hasattr(x, "_value"):
+                continue
             # Written tensors are deferred ones (recorder.record): w has a _value.
-            if x is w or not hasattr(x, "_value") or x._value.storage is not w._value.storage:  # type: ignore[attr-defined]
+            if x._value.storage is not w._value.storage:  # type: ignore[attr-defined]
                 continue
             if _partial(w, x):
                 return True

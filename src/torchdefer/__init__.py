@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
 _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
     "MetaTensorType": "torchdefer.descriptors",
-    "describe": "torchdefer.descriptors",
+    "describe": "torchdefer.descriptors.describe",  # the function, not the submodule
     "load": "torchdefer.descriptors",  # deprecated: load_program
     "load_program": "torchdefer.descriptors",
     "save": "torchdefer.descriptors",  # deprecated: save_program

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from context import Ctx
+from torchdefer import TorchdeferError
 from torchdefer._compat import restore_default_device
+from torchdefer.recorder._refusals import EagerRefusalError
 
 __all__ = ["MATERIALIZE_UNDER", "ambient", "attempt", "refused", "reset_ambient", "settings", "stop_worker", "thread",
            "worker"]
@@ -105,12 +107,20 @@ def refused(ctx: Ctx) -> str | None:
 
 
 def attempt(fn: Callable[[], Any]) -> None:
-    """``fn()``, an exception swallowed: whether it raised is seen in what follows."""
+    """``fn()``, eager's refusal swallowed: whether it raised is seen in what follows.
+
+    torchdefer's own refusals (a write into a real tensor, a view whose history
+    fake tensors cannot rebuild) propagate: swallowed, the deferred world would
+    go on without a call eager made, and the program would report the loud
+    refusal as a silent difference (fuzz seed 20261205, a kaiming_uniform_ into
+    a from_numpy tensor). Its copies of eager's refusals are swallowed as eager's.
+    """
     try:
         with torch.no_grad():
             fn()
-    except Exception:  # eager's refusal, and the deferred world's
-        pass
+    except Exception as error:
+        if isinstance(error, TorchdeferError) and not isinstance(error, EagerRefusalError):
+            raise
 
 
 class _Worker:

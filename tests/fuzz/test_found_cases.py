@@ -311,6 +311,30 @@ CASES: dict[str, Program] = {
         "t9, t10, t11 = t7.split(2, 0)",
         "with torch.no_grad(): t13 = t10.view(torch.uint8)",
     ),)),
+    # seed 20261205 (ambient): composite views under inference mode, a meta default device
+    "a_reshaped_parameter_under_inference_mode_requires_grad": Program(20261205000404, ((
+        "with torch.device('cpu'): t1 = torch.empty((24,)).fill_(3.0)",
+        "t2 = nn.Parameter(t1 * 2)",
+        "with torch.inference_mode(): t4 = t2.reshape(-1)",
+    ),)),
+    "data_assigned_under_a_meta_default_device_has_the_meta_kernels_strides": Program(
+        20261205000005, ((
+            "torch.set_default_device('meta')",
+            "t1 = torch.randint(3, (1, 5), dtype=torch.float32)",
+            "t3 = t1.cumsum(0)",
+            "t4 = t3.transpose(0, -1)",
+            "t4.data = t4 * 1",
+        ),)),
+}
+
+# torchdefer's own refusal inside a program's attempt(): it must reach the harness
+# as a refusal, not be swallowed into a silent difference (seed 20261205, everything).
+REFUSED: dict[str, Program] = {
+    "a_kaiming_init_into_a_from_numpy_tensor_inside_attempt": Program(20261205000318, ((
+        "t1 = torch.from_numpy(arr).float()",
+        "t5 = t1.unflatten(0, (1, -1))",
+        "__import__('ambient_families').attempt(lambda: nn.init.kaiming_uniform_(t5))",
+    ),)),
 }
 
 
@@ -318,3 +342,9 @@ CASES: dict[str, Program] = {
 def test_found_case_matches_eager(case):
     outcome = check(CASES[case])
     assert outcome.status in ("ok", "refused"), f"{outcome.order}: {outcome.detail}"
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_found_case_is_refused_loudly(case):
+    outcome = check(REFUSED[case])
+    assert outcome.status == "refused", f"{outcome.status} {outcome.order}: {outcome.detail}"

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import _weights_only_unpickler
 
+from torchdefer.errors import MissingDependencyError
+
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
@@ -111,13 +113,15 @@ def dcp_write_item(writer: Any, stream: Any, data: Any, item: Any, file_name: st
 
 
 def check_dcp_writer() -> None:
-    """Raise ImportError where this torch lacks the DCP writer pieces used above."""
+    """Raise MissingDependencyError (an ImportError) where this torch lacks the DCP
+    writer pieces used above."""
     from torch.distributed.checkpoint import filesystem
 
     missing = [n for n in ("_write_item", "DEFAULT_SUFFIX", "_FileSystemWriter")
                if not hasattr(filesystem, n)]
     if missing:
-        raise ImportError(f"torch.distributed.checkpoint.filesystem lacks {missing}")
+        raise MissingDependencyError(f"torch.distributed.checkpoint.filesystem lacks {missing} "
+                                     f"in this torch {torch.__version__}")
 
 
 @functools.cache

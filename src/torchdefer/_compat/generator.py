@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat import method_table
+from torchdefer.errors import UnsupportedError
 
 __all__ = [
     "STATE_READS",
@@ -104,7 +105,8 @@ def _deepcopy(self: torch.Generator, memo: dict) -> torch.Generator:
 def _put(hook: Callable[[Any], None] | None) -> None:
     type_dict = method_table.type_dict(_TYPE)
     if type_dict is None:
-        raise RuntimeError("torch.Generator's dict is not found")
+        raise UnsupportedError("torch.Generator's type dict is not found in this interpreter's "
+                               "memory layout; generator reads cannot be intercepted here")
     if hook is None:
         _installed.clear()
         for redirect in _redirects.values():

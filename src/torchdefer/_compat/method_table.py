@@ -36,6 +36,8 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any
 
+from torchdefer.errors import UnsupportedError
+
 __all__ = ["SLOT_DUNDERS", "Redirect", "type_dict", "type_modified", "usable"]
 
 _P = ctypes.sizeof(ctypes.c_void_p)
@@ -84,7 +86,7 @@ def _slot_function(dunder: str) -> int:
     found = _pointer(_pointer(id(probe) + _TP_AS_NUMBER) + field)
     absent = _pointer(_pointer(id(plain) + _TP_AS_NUMBER) + field)
     if not found or absent:
-        raise RuntimeError(f"no slot function found for {dunder}")
+        raise UnsupportedError(f"no slot function found for {dunder}")
     return found
 
 
@@ -113,24 +115,24 @@ class Redirect:
     ``Redirect(cls, name, dunder)`` checks the table entry and keeps a copy of
     it; :meth:`install` ``(function)`` makes every call of ``cls.name`` (bound
     before or after) call ``function(self)`` instead, :meth:`remove` undoes
-    it. Raises ``RuntimeError`` where the entry is not what this module
-    expects (then nothing was written).
+    it. Raises :class:`~torchdefer.errors.UnsupportedError` (a ``RuntimeError``)
+    where the entry is not what this module expects (then nothing was written).
     """
 
     def __init__(self, cls: type, name: str, dunder: str) -> None:
         if not usable():
-            raise RuntimeError("this interpreter's layout is not the one this module reads")
+            raise UnsupportedError("this interpreter's layout is not the one this module reads")
         self.cls, self.name, self.dunder = cls, name, dunder
         descriptor = cls.__dict__.get(name)
         if type(descriptor).__name__ != "method_descriptor":
-            raise RuntimeError(f"{cls.__name__}.{name} is not a C method")
+            raise UnsupportedError(f"{cls.__name__}.{name} is not a C method")
         entry = _pointer(id(descriptor) + _D_METHOD)
         if not entry or ctypes.c_char_p.from_address(entry).value != name.encode():
-            raise RuntimeError(f"{cls.__name__}.{name}: the method table entry is not found")
+            raise UnsupportedError(f"{cls.__name__}.{name}: the method table entry is not found")
         if ctypes.c_int.from_address(entry + _ML_FLAGS).value != _METH_NOARGS:
-            raise RuntimeError(f"{cls.__name__}.{name} is not a METH_NOARGS method")
+            raise UnsupportedError(f"{cls.__name__}.{name} is not a METH_NOARGS method")
         if not _writable(entry + _ML_METH):
-            raise RuntimeError(f"{cls.__name__}.{name}: the method table is read-only")
+            raise UnsupportedError(f"{cls.__name__}.{name}: the method table is read-only")
         self._entry = entry
         self._meth = _pointer(entry + _ML_METH)
         self._slot = _slot_function(dunder)

@@ -38,6 +38,7 @@ from torchdefer._compat import checkpoint as compat
 from torchdefer.checkpoint._pipeline import Pipeline
 from torchdefer.checkpoint.write_errors import CheckpointWriteError
 from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.errors import InternalError, UnsupportedError
 
 __all__ = ["check_available", "placeholders", "streaming_writer", "write_dcp"]
 
@@ -96,7 +97,7 @@ def streaming_writer(directory: Path, entries: list[Entry], pipeline: Pipeline) 
                 for entry in entries:
                     results.extend(self._write_entry(f, file_name, entry, tensor_items))
                 if tensor_items:
-                    raise RuntimeError(f"torchdefer's DCP writer left {sorted(tensor_items)} "
+                    raise InternalError(f"torchdefer's DCP writer left {sorted(tensor_items)} "
                                        "unwritten; this is a bug, please report it.")
                 if self.sync_files:
                     _fsync(f)
@@ -108,7 +109,7 @@ def streaming_writer(directory: Path, entries: list[Entry], pipeline: Pipeline) 
                          tensor_items: dict[str, list[Any]]) -> list[Any]:
             taken, tensor = pipeline.take()
             if taken is not entry:
-                raise RuntimeError(f"torchdefer's DCP writer got '{taken.name}' where "
+                raise InternalError(f"torchdefer's DCP writer got '{taken.name}' where "
                                    f"'{entry.name}' was due; this is a bug, please report it.")
             tensor = _dense_cpu(tensor)
             results = []
@@ -130,7 +131,7 @@ def _check_whole(item: Any, tensor: torch.Tensor) -> None:
     a part of one."""
     sizes = tuple(item.tensor_data.chunk.sizes)
     if sizes != tuple(tensor.shape):
-        raise RuntimeError(
+        raise UnsupportedError(
             f"torch.distributed.checkpoint planned '{item.index.fqn}' as a chunk of shape "
             f"{sizes}, but its tensor here has shape {tuple(tensor.shape)}; this torch "
             f"{torch.__version__} plans differently from what torchdefer's DCP writer "

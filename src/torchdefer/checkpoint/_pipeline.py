@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.errors import InternalError
 from torchdefer.materialize.progress import Progress
 
 __all__ = ["Aborted", "Pipeline"]
@@ -86,7 +87,7 @@ class Pipeline:
         if self._error is not None:
             raise self._error
         if list(self._queue) != [_END]:  # never a checkpoint with tensors left out
-            raise RuntimeError("torchdefer's checkpoint writer finished without writing "
+            raise InternalError("torchdefer's checkpoint writer finished without writing "
                                f"{len(self._queue) - 1} tensor(s); this is a bug, please "
                                "report it.")
 
@@ -114,7 +115,7 @@ class Pipeline:
         except Aborted:
             with self._cond:
                 if not self._making_failed:  # the writer wanted more than was made
-                    self._error = RuntimeError(
+                    self._error = InternalError(
                         "torchdefer's checkpoint writer expected more tensors than were "
                         "made; this is a bug, please report it.")
         except BaseException as e:  # handed to the calling thread
@@ -134,7 +135,7 @@ class Pipeline:
                 if held == 0 or held + nbytes <= self._budget:
                     return
                 if self._writer_exited:  # a writer that stopped early: never wait forever
-                    raise RuntimeError("torchdefer's checkpoint writer thread stopped before "
+                    raise InternalError("torchdefer's checkpoint writer thread stopped before "
                                        "writing every tensor; this is a bug, please report it.")
                 self._cond.wait(0.1)
             self._report()

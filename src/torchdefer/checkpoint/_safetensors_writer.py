@@ -32,6 +32,7 @@ import torch
 from torchdefer.checkpoint._pipeline import Pipeline
 from torchdefer.checkpoint.write_errors import CheckpointWriteError
 from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.errors import InternalError
 
 __all__ = ["Shard", "index_json", "layout", "parse_size", "write_order", "write_shards"]
 
@@ -164,8 +165,9 @@ def write_shards(directory: Path, shards: list[Shard], pipeline: Pipeline) -> No
             for expected in shard.entries:
                 entry, tensor = pipeline.take()
                 if entry is not expected:
-                    raise RuntimeError(f"torchdefer's writer got '{entry.name}' where "
-                                       f"'{expected.name}' was due; this is a bug.")
+                    raise InternalError(f"torchdefer's writer got '{entry.name}' where "
+                                        f"'{expected.name}' was due; this is a bug, please "
+                                        "report it.")
                 _write_tensor(f, tensor, entry.dtype, scratch)
                 del tensor
                 pipeline.done(entry)

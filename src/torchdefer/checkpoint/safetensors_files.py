@@ -23,6 +23,7 @@ from torchdefer.checkpoint.errors import (
     UnsafeCheckpointError,
 )
 from torchdefer.checkpoint.source import CheckpointSource, Entry, regular_file
+from torchdefer.errors import MissingDependencyError
 
 __all__ = ["open_directory", "open_files", "torch_dtype"]
 
@@ -177,7 +178,7 @@ def _safe_open() -> Any:
     try:
         from safetensors import safe_open
     except ImportError as e:
-        raise ImportError(
+        raise MissingDependencyError(
             "Loading safetensors files needs safetensors: pip install 'torchdefer[safetensors]' "
             "(or pip install safetensors)."
         ) from e

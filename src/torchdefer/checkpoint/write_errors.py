@@ -1,4 +1,4 @@
-"""Errors raised while writing a checkpoint; each keeps the built-in type callers expect.
+"""Errors raised while writing a checkpoint (defined in :mod:`torchdefer.errors`).
 
 ``except torchdefer.TorchdeferError`` (or ``CheckpointError``) catches them; the
 built-in base (``FileExistsError``, ``ValueError``) keeps ordinary ``except``
@@ -8,15 +8,6 @@ was given (the files are written to a sibling directory, renamed at the end).
 
 from __future__ import annotations
 
-from torchdefer.checkpoint.errors import CheckpointError
+from torchdefer.errors import CheckpointExistsError, CheckpointWriteError
 
 __all__ = ["CheckpointExistsError", "CheckpointWriteError"]
-
-
-class CheckpointExistsError(CheckpointError, FileExistsError):
-    """The destination is a file or a non-empty directory; nothing is overwritten."""
-
-
-class CheckpointWriteError(CheckpointError, ValueError):
-    """The model or the arguments cannot be written as asked (format, dtype, shard
-    size, tensors safetensors cannot hold, ties the format cannot express)."""

@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from torchdefer._compat.export import int_oo, prefix_str
 from torchdefer._compat.export import sympy_functions as _fns
-from torchdefer.errors import UsageError
+from torchdefer.errors import UnsafeExpression, UsageError
 
 __all__ = ["TORCH_SYMBOL", "UnsafeExpression", "checked_treespec", "parse", "treespec"]
 
@@ -65,10 +65,6 @@ _LITERALS = {"Integer": ((int,), _S.Integer), "Rational": ((int, int), _S.Ration
 _FLOAT = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-class UnsafeExpression(ValueError):
-    """A text is not a plain shape expression; it is refused, never evaluated."""
-
-
 def parse(text: str, symbols: re.Pattern[str] = TORCH_SYMBOL) -> Any:
     """The sympy expression ``text`` writes, built without ``eval``.
 
@@ -85,7 +81,7 @@ def parse(text: str, symbols: re.Pattern[str] = TORCH_SYMBOL) -> Any:
         >>> parse("__import__('os')")
         Traceback (most recent call last):
         ...
-        torchdefer.descriptors._expr.UnsafeExpression: '__import__' is not an allowed function
+        torchdefer.errors.UnsafeExpression: '__import__' is not an allowed function
     """
     if not isinstance(text, str) or len(text) > _MAX_LENGTH:
         raise UnsafeExpression(f"not an expression of at most {_MAX_LENGTH} characters")

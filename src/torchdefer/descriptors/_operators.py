@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat.export import HigherOrderOperator, OpOverload, dispatcher_operator_names
+from torchdefer.errors import ForbiddenOperator
 from torchdefer.fake._source import is_library_file
 
 __all__ = ["ForbiddenOperator", "check_graph_json", "check_graph_module", "refusal_for_aten"]
@@ -84,10 +85,6 @@ _SYM_NAMES = frozenset(f"{f.__module__}.{f.__name__}" for f in _SYM_FUNCTIONS)
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ATEN = re.compile(rf"torch\.ops\.aten\.({_NAME})\.({_NAME})")
 _HOP = re.compile(rf"torch\.ops\.higher_order\.({_NAME})")
-
-
-class ForbiddenOperator(ValueError):
-    """A graph read from a file calls something other than tensor math."""
 
 
 def check_graph_json(graph: Any) -> None:

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import torch
 
+from torchdefer.errors import MissingDependencyError
+
 if not torch.distributed.is_available():  # pragma: no cover - builds without distributed
-    raise ImportError(
+    raise MissingDependencyError(
         "torchdefer.distributed needs torch.distributed, which this PyTorch build lacks "
         f"(torch {torch.__version__}). Install a PyTorch build with distributed support "
         "(the default wheels from pytorch.org on Linux)."

@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from torchdefer.distributed.shard import compact, replay_local
+from torchdefer.errors import UsageError
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["materialize_dtensor"]
@@ -56,14 +57,14 @@ def materialize_dtensor(
     placements = list(placements)
     for placement in placements:
         if not isinstance(placement, (Shard, Replicate)):
-            raise ValueError(
+            raise UsageError(
                 f"materialize_dtensor supports Shard(dim) and Replicate() placements, got "
                 f"{placement} in {placements}. A Partial placement holds values that do "
                 "not exist in the eager tensor; materialize with Replicate() and "
                 "redistribute the DTensor instead."
             )
     if len(placements) != mesh.ndim:
-        raise ValueError(
+        raise UsageError(
             f"materialize_dtensor got {len(placements)} placements {placements} for a "
             f"{mesh.ndim}-dimensional mesh {mesh}; pass one placement per mesh dimension."
         )

@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from torchdefer import _compat
+from torchdefer.errors import UnsupportedError
 from torchdefer.materialize import materialize_module as materialize_plain
 from torchdefer.recorder import DeferredTensor
 
@@ -81,13 +82,14 @@ def fsdp1_deferred_init() -> Iterator[None]:
                          param_init_fn=torchdefer.distributed.param_init_fn)
 
     Raises:
-        RuntimeError: this PyTorch's FSDP1 no longer has the hook it relies on.
+        UnsupportedError: (a ``RuntimeError``) this PyTorch's FSDP1 no longer has the
+            hook it relies on.
     """
     _init_utils = _compat.fsdp1_init_utils()
 
     original = getattr(_init_utils, "_need_to_materialize_module", None)
     if original is None:
-        raise RuntimeError(
+        raise UnsupportedError(
             "torchdefer.distributed.fsdp1_deferred_init relies on "
             "torch.distributed.fsdp._init_utils._need_to_materialize_module, which this "
             "PyTorch build does not have. Use FSDP2 (fully_shard) with "

@@ -25,6 +25,7 @@ from torchdefer.errors import TorchdeferError
 from torchdefer.fake._grad import (
     NOT_HANDLED,
     call_without_autograd,
+    fix_inference_mode_grads,
     leafness,
     runs_on_twins,
     touches_missing_device,
@@ -95,11 +96,16 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     ):
         return call_without_autograd(func, args, kwargs)
     try:
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
     except (RuntimeError, IndexError) as e:  # IndexError: a view's dim gone after resize_
         if not _lost_view_history(e, func, args, kwargs):
             raise
         raise _view_history_error(func, e) from e
+    if torch.is_inference_mode_enabled() and any(
+        t.requires_grad for t in flat_tensors(args, kwargs)
+    ):
+        fix_inference_mode_grads(func, args, kwargs, out)
+    return out
 
 
 def _reroute(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Any]:

@@ -27,8 +27,8 @@ from torchdefer import _compat
 from torchdefer.fake.device import device_available, normalize
 from torchdefer.fake.layout import meta_twin
 
-__all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness", "runs_on_twins",
-           "touches_missing_device"]
+__all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "fix_inference_mode_grads",
+           "leafness", "runs_on_twins", "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
@@ -115,6 +115,27 @@ def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict):
     return [(o.requires_grad, o.is_leaf) for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
 
 
+def fix_inference_mode_grads(func: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> None:
+    """Give ``out`` the ``requires_grad`` eager gives a call made under inference mode.
+
+    There a view of a normal tensor that requires grad is a normal tensor
+    that requires grad, but composite views (``reshape``, ``view_as``,
+    ``movedim``, ``unflatten``) of a tensor with Python dispatch come back
+    without it (PyTorch's own FakeTensorMode too). The meta twins, plain
+    tensors, answer as eager.
+    """
+    try:
+        grads = _eager_autograd(func, args, kwargs)
+    except Exception:  # an eager refusal on the twins: the call itself ran, leave it
+        return
+    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+    if grads is None or len(grads) != len(outs):
+        return
+    for o, (requires_grad, _) in zip(outs, grads, strict=True):
+        if requires_grad and not o.requires_grad and not o.is_inference():
+            o.requires_grad_(True)
+
+
 def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
     """Whether the call runs on meta twins of its arguments, autograd included."""
     try:
@@ -131,7 +152,8 @@ def _twins(tree: Any) -> Any:
 
 def _twin(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        with _compat.DisableTorchFunctionSubclass():
+        # A twin is an inference tensor where ``x`` is one, whatever mode the call runs in.
+        with _compat.DisableTorchFunctionSubclass(), torch.inference_mode(x.is_inference()):
             twin = meta_twin(x)
             if not x.requires_grad:
                 return twin

@@ -34,16 +34,11 @@ from typing import Any
 
 import torch
 
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import PinnedMemoryError
 from torchdefer.fake._source import user_frame
 
 __all__ = ["PinnedMemoryError", "is_pinned", "lifted_is_pinned", "pin", "pin_memory_output",
            "pinning_refusal", "refuse_in_fake_mode", "storage_is_pinned"]
-
-
-class PinnedMemoryError(TorchdeferError, RuntimeError):
-    """A pinning call eager PyTorch refuses (no accelerator, a tensor off the CPU), or
-    one a fake tensor without a recording cannot carry. A ``RuntimeError``, as eager's."""
 
 
 def pinning_refusal(factory: bool) -> RuntimeError | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchdefer import _compat
+from torchdefer.errors import UsageError
 from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import FakeTensor
 
@@ -22,7 +23,7 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
         fake: a fake (or deferred) tensor.
 
     Raises:
-        ValueError: ``fake`` is not a fake tensor, as torchdistX raised.
+        UsageError: (a ``ValueError``, as torchdistX raised) ``fake`` is not a fake tensor.
 
     >>> import torch, torchdefer
     >>> from torchdefer.fake import meta_like
@@ -31,7 +32,7 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
     tensor(..., device='meta', size=(2, 4), requires_grad=True)
     """
     if not isinstance(fake, FakeTensor):
-        raise ValueError(
+        raise UsageError(
             f"meta_like expects a fake tensor (from torchdefer.fake_mode or deferred_init), "
             f"got a real {type(fake).__name__} on {fake.device}; use "
             "torch.empty_like(t, device='meta') for real tensors."

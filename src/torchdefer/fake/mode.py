@@ -117,7 +117,7 @@ def check_device(device: torch.device, fake_cuda: bool, func: Any) -> None:
     """Refuse a device this host lacks unless faking it was asked for."""
     if fake_cuda or device.type in ("meta", "cpu") or device_available(normalize(device)):
         return
-    raise RuntimeError(
+    raise FakeTensorError(
         f"{func} asked for device '{device}', which this process does not have, and "
         "fake_cuda=False. Pass fake_cuda=True to create fake tensors on it anyway."
     )

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import FakeTensorError, UsageTypeError
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 from torchdefer.fake.device import (
@@ -31,10 +31,6 @@ from torchdefer.fake.device import (
 from torchdefer.fake.layout import eager_layout
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
-
-
-class FakeTensorError(TorchdeferError, RuntimeError):
-    """A fake tensor was asked for something it does not have (its data)."""
 
 
 _MAKE_SUBCLASS = _compat.TensorBase._make_subclass
@@ -66,7 +62,9 @@ class FakeTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device) -> FakeTensor:
         if elem.device.type != "meta":
-            raise TypeError(f"FakeTensor needs a meta tensor, got one on {elem.device}")
+            raise UsageTypeError(f"FakeTensor(elem, device) needs a meta tensor as elem, got one "
+                                 f"on {elem.device}; pass elem.to('meta') (or build fake "
+                                 "tensors with torchdefer.fake_mode()).")
         # The C binding itself: inside deferred_init torch.Tensor._make_subclass
         # is recorder.subclasses' wrapper, which passes a meta tensor through.
         out = _MAKE_SUBCLASS(
@@ -181,7 +179,9 @@ def run_on_meta(
     _compat.meta_registrations.device_hint = _device_hint
     try:
         with _compat.DisableTorchDispatch():
-            out = eager_layout(func, args, kwargs, func(*args, **kwargs), device)
+            out = _META_STAND_INS.get(func, func)(*args, **kwargs)
+            if device.type != "meta":  # on meta, the meta kernels' layouts are eager's
+                out = eager_layout(func, args, kwargs, out, device)
             if _compat.BCOMPLEX32 is not None:
                 out = _eager_complex(out, args, kwargs)
     finally:
@@ -197,6 +197,46 @@ _FULL = frozenset(getattr(torch.ops.aten.full, name) for name in torch.ops.aten.
 # By id, for the lookups made on every op (these ops live as long as torch).
 _FULL_IDS = frozenset(id(f) for f in _FULL)
 _ANSWERS_BY_ID = {id(f): answer for f, answer in ANSWERS.items()}
+# Ops whose meta kernel refuses what the CPU and CUDA kernels accept, and what
+# gives the outputs' metadata in its place (what eager does refuse is refused
+# at the call by ``recorder._refusals``, which asks the real kernel):
+# - ``bool_tensor << 2`` is int64 in eager, "Expected input tensor to have an
+#   integral dtype" on meta: the bitwise shifts promote as eager's;
+# - ``torch.where`` with a uint8 condition (deprecated, accepted with a
+#   warning): "expected predicate to be bool" on meta;
+# - in-place ``nan_to_num_`` of a complex tensor: its meta decomposition asks
+#   isneginf, which refuses complex.
+_aten = torch.ops.aten
+
+
+def _where_of_bool(where: Any) -> Callable[..., Any]:
+    def stand_in(condition: torch.Tensor, *args: Any) -> Any:
+        if condition.dtype == torch.uint8:
+            condition = condition.to(torch.bool)
+        return where(condition, *args)
+
+    return stand_in
+
+
+def _nan_to_num_(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if self.is_complex():
+        return self  # in place: the metadata stays
+    return _aten.nan_to_num_.default(self, *args, **kwargs)
+
+
+_META_STAND_INS: dict[Any, Callable[..., Any]] = {
+    **{getattr(_aten.where, name): _where_of_bool(getattr(_aten.where, name))
+       for name in ("self", "ScalarSelf", "ScalarOther", "Scalar")},
+    _aten.nan_to_num_.default: _nan_to_num_,
+    _aten.__lshift__.Scalar: _aten.bitwise_left_shift.Tensor_Scalar,
+    _aten.__lshift__.Tensor: _aten.bitwise_left_shift.Tensor,
+    _aten.__rshift__.Scalar: _aten.bitwise_right_shift.Tensor_Scalar,
+    _aten.__rshift__.Tensor: _aten.bitwise_right_shift.Tensor,
+    _aten.__ilshift__.Scalar: _aten.bitwise_left_shift_.Tensor_Scalar,
+    _aten.__ilshift__.Tensor: _aten.bitwise_left_shift_.Tensor,
+    _aten.__irshift__.Scalar: _aten.bitwise_right_shift_.Tensor_Scalar,
+    _aten.__irshift__.Tensor: _aten.bitwise_right_shift_.Tensor,
+}
 
 
 def _full_dtype(fill: Any) -> torch.dtype:
@@ -228,7 +268,7 @@ _original_device_hint = _compat.meta_registrations.device_hint
 def _device_hint(tensor: Any) -> str:
     """``torch._meta_registrations.device_hint`` that also knows our fake tensors."""
     device = getattr(tensor, "fake_device", None)
-    if device is not None:
+    if device is not None and device.type != "meta":  # eager's meta tensors: the original's
         return device.type
     return _original_device_hint(tensor)
 

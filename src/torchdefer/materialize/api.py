@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from torchdefer import _compat
+from torchdefer.errors import UsageTypeError
 from torchdefer.fake.device import device_available
 from torchdefer.materialize import parallel
 from torchdefer.materialize.cache import cache_for
@@ -151,7 +152,7 @@ def materialize_module(
     False
     """
     if isinstance(device, bool):
-        raise TypeError(
+        raise UsageTypeError(
             f"materialize_module(module, {device}): the second argument is the device. "
             "torchdistX took buffers_only there; pass it by keyword: "
             f"materialize_module(module, buffers_only={device})."
@@ -162,7 +163,7 @@ def materialize_module(
     sharded = _sharded_paths(module)
     if sharded:
         if dtype is not None:
-            raise TypeError(
+            raise UsageTypeError(
                 f"{_shown(sharded)} are sharded; dtype= is not supported for sharded modules. "
                 "Convert the deferred module before sharding it (model.to(dtype) is "
                 "recorded), or use FSDP2's MixedPrecisionPolicy."
@@ -318,19 +319,19 @@ def _materialize_sharded(
 ) -> M:
     shown = _shown(paths)
     if getattr(_in_sharded, "active", False):
-        raise TypeError(
+        raise UsageTypeError(
             f"{shown} still wrap deferred tensors after the sharded materializer ran: a "
             "tensor subclass it does not know (it handles DTensor and FSDP2 parameters). "
             "Materialize the module before wrapping its tensors that way."
         )
     if not _sharded_materializer:
-        raise TypeError(
+        raise UsageTypeError(
             f"{shown} wrap deferred tensors (the module was sharded, e.g. by fully_shard "
             "or distribute_tensor), and no sharded materializer is installed. Use "
             "torchdefer.distributed.materialize_module(module)."
         )
     if device is not None or buffers_only or check_fn is not None:
-        raise TypeError(
+        raise UsageTypeError(
             f"{shown} are sharded: they are materialized on their mesh's device, all of "
             "them. Call materialize_module(module) without device=, buffers_only= or "
             "check_fn=."

@@ -87,8 +87,7 @@ class ReplayCache:
             self._depth -= 1
 
     def lookup(
-        self, value: Value, version: int, device_key: str, device: torch.device, *,
-        alias: bool = False,
+        self, value: Value, version: int, device_key: str, *, alias: bool = False,
     ) -> torch.Tensor | None:
         """``value`` at ``version`` over its cached real storage, or None to replay it.
 
@@ -117,15 +116,15 @@ class ReplayCache:
         storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
         known = entry.layouts.get(id(value))
         if known is not None:
-            return rebuild(known[1], storage, device)
+            return rebuild(known[1], storage)
         diverged = self._diverged.get(key)
         if diverged is None:
-            return rebuild(value.meta, storage, device)
-        real = through_views(value, entry.layouts, lambda meta: rebuild(meta, storage, device))
+            return rebuild(value.meta, storage)
+        real = through_views(value, entry.layouts, lambda meta: rebuild(meta, storage))
         if real is not None:
             return real
         if diverged[1]:  # only size-1 strides differed: the recorded layout is right
-            return rebuild(value.meta, storage, device)
+            return rebuild(value.meta, storage)
         if alias:
             raise ReplayError(
                 f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
@@ -174,9 +173,13 @@ class ReplayCache:
         self._diverged[key] = (value.storage, kept and (before is None or before[1]))
 
 
-def rebuild(meta: TensorMeta, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
-    """The tensor ``meta`` describes, over ``storage``: sizes, strides, offset, lazy bits."""
-    out = torch.empty(0, dtype=meta.dtype, device=device)
+def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
+    """The tensor ``meta`` describes, over ``storage``: sizes, strides, offset, lazy bits.
+
+    On the storage's device: a tensor recorded on meta stays there whatever
+    ``device=`` a replay was given (``Replay.map_device``).
+    """
+    out = torch.empty(0, dtype=meta.dtype, device=storage.device)
     out.set_(storage, meta.offset, meta.size, meta.stride)
     if meta.conj:
         out = out.conj()

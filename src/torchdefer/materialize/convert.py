@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from torchdefer.errors import UsageTypeError
+
 __all__ = ["cast", "check_dtype"]
 
 
@@ -20,9 +22,9 @@ def check_dtype(dtype: torch.dtype | None) -> None:
     if dtype is None:
         return
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {dtype!r}.")
+        raise UsageTypeError(f"dtype= must be a torch.dtype such as torch.bfloat16, got {dtype!r}.")
     if not (dtype.is_floating_point or dtype.is_complex):
-        raise TypeError(
+        raise UsageTypeError(
             f"dtype={dtype} is not a floating point or complex dtype; like Module.to(dtype), "
             "materialization converts only floating point and complex tensors, and only "
             "to such a dtype. Convert integer tensors yourself after materializing."

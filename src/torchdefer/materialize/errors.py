@@ -1,11 +1,22 @@
-"""Errors raised while materializing, and how replay adds context to other errors."""
+"""Errors raised while materializing, and how replay adds context to other errors.
+
+The classes are defined in :mod:`torchdefer.errors` (one hierarchy) and
+re-exported here; :func:`with_context` is replay's own mechanism.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from torchdefer.errors import TorchdeferError, UsageError
+from torchdefer.errors import (
+    DeviceUnavailableError,
+    ExternalTensorModifiedError,
+    ReplayError,
+    SwapError,
+    ThreadsError,
+    UntaggedRandomOpError,
+)
 
 __all__ = [
     "DeviceUnavailableError",
@@ -16,36 +27,6 @@ __all__ = [
     "UntaggedRandomOpError",
     "with_context",
 ]
-
-
-class ReplayError(TorchdeferError, RuntimeError):
-    """Replaying a recorded op failed; the message names the op and where it was recorded.
-
-    An error raised by the op itself keeps its type: it is re-raised as an
-    instance of both :class:`ReplayError` and the original class (see
-    :func:`with_context`), so ``except torch.OutOfMemoryError`` or
-    ``except ValueError`` still catch it.
-    """
-
-
-class DeviceUnavailableError(ReplayError):
-    """A tensor was recorded on a device this process does not have."""
-
-
-class ExternalTensorModifiedError(ReplayError):
-    """A real tensor used during recording was changed before materialization."""
-
-
-class UntaggedRandomOpError(ReplayError):
-    """An op recorded as deterministic drew random numbers when replayed."""
-
-
-class SwapError(TorchdeferError, RuntimeError):
-    """A real tensor could not take the place of a deferred one in a module."""
-
-
-class ThreadsError(UsageError):
-    """``threads=`` of a materialization is not a positive int or None (a ValueError)."""
 
 
 # One combined class per original exception class, so that the same failure

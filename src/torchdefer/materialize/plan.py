@@ -118,7 +118,6 @@ class _Walk:
         if key in self.cached:
             return
         real = self.cache.lookup(value, version, self.device_key,
-                                 self.device or value.meta.device,
                                  alias=id(value.storage) in self.as_is)
         if real is None and self.substitute is not None and contents:
             real = self.substitute(value, version)

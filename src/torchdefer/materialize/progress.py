@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchdefer.errors import UsageTypeError
+
 __all__ = ["Progress", "ProgressEvent", "ProgressSpec"]
 
 
@@ -61,7 +63,7 @@ class Progress:
 
     def __init__(self, task: str, total: int, total_bytes: int, spec: ProgressSpec) -> None:
         if not (spec is None or isinstance(spec, bool) or callable(spec)):
-            raise TypeError(
+            raise UsageTypeError(
                 f"progress= must be None (a bar on a terminal), True, False or a callable "
                 f"taking a torchdefer ProgressEvent; got {type(spec).__name__} {spec!r}."
             )

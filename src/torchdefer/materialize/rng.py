@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdefer._compat.generator import get_state
-from torchdefer.materialize.errors import UntaggedRandomOpError
+from torchdefer.materialize.errors import DeviceUnavailableError, UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
@@ -189,7 +189,11 @@ def draw(
     if stream.generator is None and not takes_generator(node, args, kwargs):
         generator = default_generator(device)
         if generator is None:
-            raise RuntimeError(f"no default generator for {device}")
+            raise DeviceUnavailableError(
+                f"{node.name}, recorded at {node.where()}, draws from the default generator of "
+                f"{device}, and this process has none: no such device here, or a device type "
+                "torchdefer does not replay random ops on (it replays them on cpu and cuda). "
+                "Materialize onto a device this process has, e.g. device='cpu'.")
         # One default generator serves every thread: the threads of a split
         # call (a sharded rank's rows on threads) take it one at a time, or
         # one would draw from the state another just set.

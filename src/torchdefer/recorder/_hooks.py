@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torchdefer.errors import StateError
+
 __all__ = ["read_value", "set_value_reader"]
 
 _reader: list[Callable[[Any], Any]] = []
@@ -22,7 +24,7 @@ def set_value_reader(reader: Callable[[Any], Any]) -> None:
 
 def read_value(tensor: Any) -> Any:
     if not _reader:
-        raise RuntimeError(
+        raise StateError(
             "Reading a deferred tensor's value needs torchdefer.materialize; "
             "import torchdefer (not only torchdefer.recorder)."
         )

@@ -47,12 +47,12 @@ from typing import Any
 
 import torch
 
-from torchdefer._compat import DisableTorchFunctionSubclass
+from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
+from torchdefer.errors import EagerRefusalError
 from torchdefer.recorder.ambient import current_ambient
-from torchdefer.recorder.errors import RecordingError
 
-__all__ = ["EagerRefusalError", "eager_error", "eager_refuses", "rare_dtypes",
+__all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
            "refuse_as_eager", "writes_inference"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
@@ -74,15 +74,6 @@ _SIZE_FREE = frozenset({
 # Random ops whose CPU kernels check their tensor's values before drawing and
 # whose draws recording runs rather than counts (see the module docstring).
 _DATA_CHECKED = frozenset({_aten.multinomial, _aten.poisson})
-
-
-class EagerRefusalError(RecordingError):
-    """Eager PyTorch raises on this call; so does recording, at the call.
-
-    Raised as a class that is also the original error's type
-    (``NotImplementedError`` for a dtype a kernel lacks), so code that
-    catches what eager raises still catches it.
-    """
 
 
 _verdicts: dict[Any, tuple[type[BaseException], str] | None] = {}
@@ -178,18 +169,53 @@ def rare_dtypes(inputs: list[Any]) -> bool:
     return any(v.meta.dtype in _RARE for v in inputs)
 
 
+def dtypes_unasked(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether eager must be asked whether its CPU kernel has this call's dtypes.
+
+    On the common dtypes the answer depends on the op, its tensors' dtypes and
+    its other arguments' types only (``hypot`` on int64, ``bitwise_and`` on
+    float16, ``gelu`` on int64: "not implemented for 'Long'"): asked once per
+    such signature, and again only where the answer was a refusal.
+    """
+    if not isinstance(func, OpOverload):
+        return False  # a user's composite: its ops are asked, not the function run on twins
+    key = _gap_key(func, args, kwargs)
+    return key is not None and _gap_verdicts.get(key, _UNKNOWN) is not None
+
+
+def _gap_key(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``(func, dtypes of the tensors, types of the rest)``; None without tensors."""
+    dtypes = tuple(t.dtype for t in _tensors(args, kwargs))
+    if not dtypes:
+        return None
+    rest = tuple(type(x) for x in (*args, *kwargs.values()) if not isinstance(x, torch.Tensor))
+    return func, dtypes, rest, tuple(kwargs)
+
+
 def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException], str] | None:
     """Eager's "not implemented for <dtype>" for a CPU call, the only refusal of a
     deterministic call its twins prove (no size, value or layout causes it)."""
     tensors = list(_tensors(args, kwargs))
-    if not any(t.dtype in _RARE for t in tensors) or not _cpu_arg(kwargs):
+    if not tensors or not _cpu_arg(kwargs) or not all(_device(t) == _CPU for t in tensors):
         return None
-    if not all(_device(t) == _CPU for t in tensors):
-        return None
-    verdict = _verdict(func, args, kwargs)
+    if any(t.dtype in _RARE for t in tensors) or (
+            isinstance(func, OpOverload) and any(t.numel() == 0 for t in tensors)):
+        # by shape: on empty tensors some kernels return before they dispatch on the dtype
+        verdict = _verdict(func, args, kwargs)
+    elif not isinstance(func, OpOverload):
+        return None  # a user's composite on common dtypes: its ops are asked as recorded
+    else:
+        key = _gap_key(func, args, kwargs)
+        verdict = _gap_verdicts.get(key, _UNKNOWN)
+        if verdict is _UNKNOWN:
+            verdict = _gap_verdicts[key] = _ask_eager(func, args, kwargs)
     if verdict is None or not issubclass(verdict[0], NotImplementedError):
         return None
     return verdict
+
+
+# Verdicts on the common dtypes, by _gap_key: None (the kernel has them) or eager's error.
+_gap_verdicts: dict[Any, Any] = {}
 
 
 # The two init workhorses, on the dtypes every device's kernel has: answered

@@ -1,11 +1,7 @@
-"""Errors raised while recording."""
+"""Errors raised while recording (defined in :mod:`torchdefer.errors`, re-exported here)."""
 
 from __future__ import annotations
 
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import EagerRefusalError, RecordingError
 
-__all__ = ["RecordingError"]
-
-
-class RecordingError(TorchdeferError, RuntimeError):
-    """An op could not be recorded faithfully; the message says why and what to do."""
+__all__ = ["EagerRefusalError", "RecordingError"]

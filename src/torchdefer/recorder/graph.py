@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torchdefer.errors import InternalError
+
 __all__ = ["Graph", "Holders", "Node", "NodeKind", "Storage", "TensorMeta", "Value"]
 
 
@@ -227,7 +229,8 @@ class Graph:
 # TensorMeta.of's direct slot setters.
 _META_FIELDS = ("size", "stride", "offset", "dtype", "device", "conj", "neg")
 if tuple(TensorMeta.__dataclass_fields__) != _META_FIELDS:  # TensorMeta.of fills these
-    raise ImportError("internal: TensorMeta.of does not fill every field of TensorMeta")
+    raise InternalError("TensorMeta.of does not fill every field of TensorMeta; this is a bug "
+                        "in torchdefer, please report it")
 _new_meta = object.__new__
 _set_size, _set_stride, _set_offset, _set_dtype, _set_device, _set_conj, _set_neg = (
     getattr(TensorMeta, name).__set__ for name in _META_FIELDS

@@ -19,6 +19,7 @@ from torchdefer.recorder._fast import FAST_OPS, SLOW
 from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder._refusals import (
+    dtypes_unasked,
     eager_error,
     rare_dtypes,
     refuse_as_eager,
@@ -109,7 +110,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     sizes = {id(t): _storage_id(t) for t in resizable}
     generator = _generator_in(facts, args, kwargs) if facts.generators else None
     random = facts.random or generator is not None
-    if targets or random or rare_dtypes(inputs):  # kernel-only checks, asked of eager
+    if targets or random or rare_dtypes(inputs) or dtypes_unasked(func, args, kwargs):
+        # kernel-only checks, asked of eager
         refuse_as_eager(func, args, kwargs, targets, random, _where)
     try:
         out, device = filled or run_on_meta(func, args, _without_generator(kwargs), tensors)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.errors import InternalError
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.storage import data_ptr as fake_data_ptr
@@ -191,7 +192,8 @@ def graph_of(args: Any, kwargs: Any) -> Graph:
             for b in a:
                 if isinstance(b, DeferredTensor):
                     return b._graph
-    raise RuntimeError("internal: no deferred tensor among the arguments")
+    raise InternalError("graph_of() found no deferred tensor among the arguments of a "
+                        "recorded call; this is a bug in torchdefer, please report it")
 
 
 def is_deferred(obj: object) -> bool:

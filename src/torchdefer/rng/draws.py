@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from torchdefer._compat.generator import get_state
+from torchdefer.errors import LookupKeyError, UsageError
 from torchdefer.rng import mt19937
 
 __all__ = [
@@ -178,7 +179,8 @@ def schema_value(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name:
     for i, argument in enumerate(func._schema.arguments):
         if argument.name == name:
             return args[i] if i < len(args) else kwargs.get(name, argument.default_value)
-    raise KeyError(name)
+    raise LookupKeyError(f"{func} has no argument named {name!r}; its arguments are "
+                         f"{[a.name for a in func._schema.arguments]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,4 +362,6 @@ def words_between(before: torch.Tensor, after: torch.Tensor, limit: int = 64) ->
     for k in range(limit + 1):
         if torch.equal(refills[k], target):
             return mt19937.N * k + consumed_after - consumed_before
-    raise RuntimeError("the probe drew more words than expected")
+    raise UsageError(f"words_between: `after` is not within {limit} refills of the Mersenne "
+                     "Twister from `before` (or not a state reached from it); pass a larger "
+                     "limit= if the call drew more")

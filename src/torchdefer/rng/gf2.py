@@ -29,6 +29,8 @@ from importlib import resources
 
 import torch
 
+from torchdefer.errors import InternalError, UsageError
+
 __all__ = [
     "DEGREE",
     "ENTRY_BYTES",
@@ -76,7 +78,8 @@ def _from_parity(counts: torch.Tensor) -> int:
     """The polynomial whose coefficient ``i`` is ``counts[i]`` mod 2 (counts near integers)."""
     rounded = counts.round()
     if (counts - rounded).abs().max().item() > 0.25:  # cannot happen below 2**40 terms
-        raise ArithmeticError("GF(2) product lost precision in the FFT")
+        raise InternalError("a GF(2) product lost precision in the FFT; this is a bug in "
+                            "torchdefer, please report it (TORCHDEFER_RNG_JUMPS=0 avoids jumps)")
     parity = (rounded.to(torch.int64) & 1).to(torch.uint8)
     packed = (parity.reshape(-1, 8) * _WEIGHTS).sum(1, dtype=torch.uint8)
     return int.from_bytes(tensor_bytes(packed), "little")
@@ -125,7 +128,9 @@ def reduce(r: int) -> int:
     quotient = _from_parity(product[DEGREE - DEGREE % 8 :]) >> (DEGREE % 8)
     out = r ^ _times_p(quotient)
     if out >> DEGREE:
-        raise ArithmeticError("Barrett reduction left a remainder of too high degree")
+        raise InternalError("GF(2) Barrett reduction left a remainder of too high degree; this "
+                            "is a bug in torchdefer, please report it (TORCHDEFER_RNG_JUMPS=0 "
+                            "avoids jumps)")
     return out
 
 
@@ -225,7 +230,7 @@ def _compute(k: int, d: int, table: dict[tuple[int, int], int]) -> int:
 def x_power_mod(n: int) -> int:
     """``x**n mod P`` (cached: the same jump distances recur across layers)."""
     if n < 0:
-        raise ValueError(f"negative power {n}")
+        raise UsageError(f"x_power_mod({n}): the power must be >= 0")
     if n < DEGREE:
         return 1 << n
     r = reduce(1 << (n & ((1 << _LOW_BITS) - 1)))

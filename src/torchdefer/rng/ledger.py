@@ -30,6 +30,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer._compat.generator import generator_id, get_state
+from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 from torchdefer.rng.states import RngStates
@@ -87,7 +88,7 @@ class RngLedger:
 
     def unknown_generator(self, device: torch.device) -> Exception:
         """The error for a random call on a device whose generator has no model here."""
-        return RuntimeError(
+        return UnsupportedError(
             f"A random op draws from the {device.type} generator, which torchdefer "
             "cannot position (it knows the CPU and CUDA generators). Draw on the CPU "
             "or CUDA, or create this tensor after materialization."

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchdefer.errors import UsageError
 from torchdefer.rng.gf2 import DEGREE, x_power_mod
 
 __all__ = [
@@ -122,7 +123,8 @@ def advance(state: torch.Tensor, words: int, *, recurring: bool = False) -> torc
     even if its power of x is new: it is computed once and known after.
     """
     if words < 0:
-        raise ValueError(f"cannot move a generator back ({words} words)")
+        raise UsageError(f"advance(state, {words}): cannot move a generator back; words "
+                         "must be >= 0")
     if words <= _WARM_LIMIT or not layout_known():
         return _draw(state, words)
     consumed = N - words_left_in_block(state)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer.errors import UsageError
+
 __all__ = ["STATE_BYTES", "DeviceShape", "counter_increment", "offset_of", "state", "with_offset"]
 
 _BLOCK = 256
@@ -59,7 +61,9 @@ def counter_increment(numel: int, unroll: int, shape: DeviceShape) -> int:
     blocks = ((numel + _BLOCK - 1) // _BLOCK) & 0xFFFFFFFF
     grid = min(shape.multi_processor_count * blocks_per_sm, blocks)
     if grid == 0:
-        raise ValueError(f"a CUDA launch over {numel} elements has an empty grid")
+        raise UsageError(f"a CUDA launch over {numel} elements has an empty grid with {shape}; "
+                         "a DeviceShape needs multi_processor_count >= 1 and "
+                         f"max_threads_per_multi_processor >= {_BLOCK}")
     counter = ((numel - 1) // (_BLOCK * grid * unroll) + 1) * _CALLS
     return (counter + 3) // 4 * 4
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.errors import InternalError, StateError
 from torchdefer.rng import _cached_normal, mt19937, philox
 from torchdefer.rng.draws import Effect
 from torchdefer.rng.stream import (
@@ -72,7 +73,7 @@ def set_call_runner(runner: Callable[[Any, torch.Tensor, Model], torch.Tensor]) 
 
 def _run_call(node: Any, state: torch.Tensor, model: Model) -> torch.Tensor:
     if not _runner:
-        raise RuntimeError(
+        raise StateError(
             "Placing a random op after one whose draws cannot be counted needs "
             "torchdefer.materialize; import torchdefer (not only torchdefer.recorder)."
         )
@@ -186,7 +187,7 @@ class RngStates:
         i, hit = _index(entries, position)
         if hit:
             if not _same_state(entries[i][3], state):
-                raise RuntimeError(
+                raise InternalError(
                     f"torchdefer's draw model is wrong for a random op of {stream} on this "
                     f"torch {torch.__version__}: the generator state replay reached differs "
                     "from the one computed. Please report this; set the environment variable "
@@ -230,7 +231,8 @@ class RngStates:
                 continue
             break
         else:
-            raise RuntimeError("internal: no known generator state before a position")
+            raise InternalError("no known generator state before a position; this is a bug "
+                                "in torchdefer, please report it")
         state = mt19937.advance(state, words - known.words)
         if target == ANCHOR:
             return state
@@ -278,7 +280,8 @@ class RngStates:
             own = self.layout(origin, restored, origin.model)
             boundaries = [*own.starts, own.end]
             if position not in boundaries:
-                raise RuntimeError("internal: a restored position is not a call boundary")
+                raise InternalError("a restored generator position is not a call boundary; "
+                                    "this is a bug in torchdefer, please report it")
             other = self.layout(origin, restored, model)
             position = [*other.starts, other.end][boundaries.index(position)]
         return self.state_at(origin, restored, model, position)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchdefer.errors import InternalError
 from torchdefer.rng import mt19937
 
 __all__ = ["CHUNK", "UniformRejection", "premises_hold"]
@@ -245,7 +246,8 @@ def _padded(k: int) -> int:
         return m
     split = _PAD * 840
     if k > 2 * split:
-        raise ValueError(f"{k} elements: more than a chunk ({CHUNK})")
+        raise InternalError(f"{k} elements to pad: more than a chunk ({CHUNK}); this is a bug "
+                            "in torchdefer, please report it")
     return -(-k // split) * split
 
 

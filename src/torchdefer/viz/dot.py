@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from torchdefer.errors import TorchdeferError, UsageError
+from torchdefer.errors import GraphvizNotFoundError, MissingDependencyError, UsageError
 from torchdefer.viz.picture import Picture, build_picture
 from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
 
@@ -29,15 +29,11 @@ _INSTALL_DOT = (
 _TEXT_FORMATS = (".dot", ".gv")
 
 
-class GraphvizNotFoundError(TorchdeferError, RuntimeError):
-    """Rendering a picture needs Graphviz's ``dot`` program, which was not found."""
-
-
 def _graphviz() -> Any:
     try:
         import graphviz
     except ImportError as e:
-        raise ImportError(
+        raise MissingDependencyError(
             "torchdefer.viz needs the `graphviz` Python package: "
             "pip install 'torchdefer[viz]' (or pip install graphviz)."
         ) from e

@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests examples
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # On a machine with a GPU (CONTRIBUTING.md): the CUDA tests, then the differential
@@ -36,9 +37,10 @@ test-gpu: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests examples
+	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 # Benchmarks (bench/README.md). matplotlib is optional for the plots only.
 .PHONY: bench bench-quick

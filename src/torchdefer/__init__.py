@@ -56,20 +56,22 @@ if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
     from torchdefer.descriptors import (
         DescriptorMismatch,
         MetaTensorType,
-        describe,
         load,  # noqa: F401 (deprecated name, resolved lazily)
         load_program,
         save,  # noqa: F401 (deprecated name, resolved lazily)
         save_program,
         script,
     )
+
+    # The function, by its module: the package's name is also its submodule's.
+    from torchdefer.descriptors.describe import describe
     from torchdefer.viz import explain
 
 # Names that live in extension packages, resolved on first use (PEP 562).
 _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
     "MetaTensorType": "torchdefer.descriptors",
-    "describe": "torchdefer.descriptors",
+    "describe": "torchdefer.descriptors.describe",  # the function, not the submodule
     "load": "torchdefer.descriptors",  # deprecated: load_program
     "load_program": "torchdefer.descriptors",
     "save": "torchdefer.descriptors",  # deprecated: save_program

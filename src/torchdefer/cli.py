@@ -248,9 +248,8 @@ def _save_init(args: argparse.Namespace, out: TextIO) -> int:
         dtype = getattr(torch, args.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise CliError(f"--dtype {args.dtype!r} is not a torch dtype (e.g. bfloat16)")
-    size: int | str = args.max_shard_size
-    if size.isdigit():
-        size = int(size)
+    given: str = args.max_shard_size
+    size: int | str = int(given) if given.isdigit() else given
     start = time.perf_counter()
     model = _build(args, "save-init")
     if model is None:
@@ -381,7 +380,7 @@ def _defaults(dtype: str | None, device: str | None) -> Iterator[None]:
 
 
 def _tensor_named(model: nn.Module, name: str) -> torch.Tensor:
-    named = dict(model.named_parameters(remove_duplicate=False))
+    named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
     if name in named:
         return named[name]

@@ -19,6 +19,7 @@ every module. The exceptions are the two documented extension points
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ __all__ = [
     "OpOverload",
     "TensorBase",
     "default_device_context",
+    "descriptor_get",
+    "descriptor_set",
     "disable_current_modes",
     "fsdp1_init_utils",
     "get_dispatch_mode",
@@ -76,7 +79,7 @@ only_lift_cpu_tensors = torch._C._only_lift_cpu_tensors
 set_only_lift_cpu_tensors = torch._C._set_only_lift_cpu_tensors
 meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
-storage_id = torch._C._storage_id
+storage_id = torch._C._storage_id  # type: ignore[attr-defined]  # not in torch's stubs
 """The address of a tensor's storage impl (``untyped_storage()._cdata`` without building it)."""
 AMBIENT_GETTERS: tuple[Any, ...] = (
     torch.get_default_dtype,
@@ -84,7 +87,7 @@ AMBIENT_GETTERS: tuple[Any, ...] = (
     getattr(torch._C, "_get_deterministic_algorithms_warn_only",
             torch.is_deterministic_algorithms_warn_only_enabled),
     getattr(torch._C, "_get_deterministic_fill_uninitialized_memory",
-            lambda: torch.utils.deterministic.fill_uninitialized_memory),
+            lambda: torch.utils.deterministic.fill_uninitialized_memory),  # type: ignore[attr-defined]
     getattr(torch._C, "_get_float32_matmul_precision", torch.get_float32_matmul_precision),
     torch.is_inference_mode_enabled,
 )
@@ -93,6 +96,22 @@ functions the public getters wrap (read for every recorded op; the public
 Python wrappers, and ``torch.utils.deterministic``'s module property, cost as
 much again), the public ones where a torch lacks them."""
 OpOverload = torch._ops.OpOverload
+
+
+def descriptor_get(cls: type, name: str) -> Callable[[Any], Any]:
+    """``cls.name.__get__``: a C property's getter as a function (one call, no lookup).
+
+    torch's stubs type such properties (``Tensor.data``, ``Tensor.mT``) as
+    their values, not as the descriptors they are at runtime.
+    """
+    getter: Callable[[Any], Any] = getattr(cls, name).__get__
+    return getter
+
+
+def descriptor_set(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """``cls.name.__set__``: a C property's setter as a function (see :func:`descriptor_get`)."""
+    setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
+    return setter
 # Batch and instance norms' base, whose _load_from_state_dict supplies an absent
 # num_batches_tracked for old checkpoints (checkpoint/module_rules.py).
 NormBase = torch.nn.modules.batchnorm._NormBase
@@ -169,8 +188,11 @@ def skip_dynamo_disable_when_not_compiling(mode_class: type) -> None:
     # What dynamo's tracer reads on disable's function (it does not inline it).
     for name in ("_torchdynamo_disable", "_torchdynamo_disable_recursive"):
         setattr(dispatch, name, getattr(disabled, name, True))
-    dispatch._torchdynamo_disable_msg = getattr(disabled, "_torchdynamo_disable_msg", None)
-    dispatch._torchdynamo_orig_callable = raw
+    # Function attributes dynamo reads (set on purpose; a function type has no such fields).
+    dispatch._torchdynamo_disable_msg = getattr(  # type: ignore[attr-defined]
+        disabled, "_torchdynamo_disable_msg", None
+    )
+    dispatch._torchdynamo_orig_callable = raw  # type: ignore[attr-defined]
     raw.__dynamo_disable = dispatch
     raw._torchdefer_fast = True
 

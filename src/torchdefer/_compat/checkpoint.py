@@ -29,12 +29,15 @@ import gc
 import importlib
 import io
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import _weights_only_unpickler
 
 from torchdefer.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 __all__ = [
     "check_dcp_writer",
@@ -82,7 +85,7 @@ def dcp_metadata_global(module: str, name: str) -> Any | None:
         return None
 
 
-def storage_info_type() -> type:
+def storage_info_type() -> type[_StorageInfo]:
     """DCP's per-entry storage record class (``filesystem._StorageInfo``)."""
     from torch.distributed.checkpoint import filesystem
 

@@ -108,7 +108,7 @@ def symbol_sources(shape_env: ShapeEnv) -> dict[Any, tuple[str, int | None]]:
     return out
 
 
-def evaluate(expr: Any, values: Mapping[Any, int]) -> Any:
+def evaluate(expr: Any, values: dict[Any, int]) -> Any:
     """``expr`` with Python's int semantics for ``values``; ``None`` where it cannot."""
     try:
         return sympy_interp(PythonReferenceAnalysis, values, expr)
@@ -157,7 +157,9 @@ def deserialize(graph: bytes, state: dict[str, torch.Tensor],
     not bytes, keep torch away from its ``torch.load(weights_only=False)`` fallback)."""
     from torch._export.serde import serialize as serde
 
-    return serde.deserialize(serde.SerializedArtifact(graph, state, constants, b""))
+    # Typed as bytes; serde takes the dicts as they are, on purpose (see above).
+    artifact = serde.SerializedArtifact(graph, state, constants, b"")  # type: ignore[arg-type]
+    return serde.deserialize(artifact)
 
 
 def dispatcher_operator_names() -> frozenset[str]:
@@ -238,8 +240,10 @@ def _annotated_def(fn: Callable[..., Any], annotations: Mapping[str, str],
         if arg.arg in annotations and arg.annotation is None:
             expr = ast.parse(annotations[arg.arg], mode="eval").body
             for part in ast.walk(expr):  # messages point at the parameter
-                part.lineno, part.col_offset = arg.lineno, arg.col_offset
-                part.end_lineno, part.end_col_offset = arg.end_lineno, arg.end_col_offset
+                vars(part).update(  # every node, expression contexts too (no fields typed)
+                    lineno=arg.lineno, col_offset=arg.col_offset,
+                    end_lineno=arg.end_lineno, end_col_offset=arg.end_col_offset,
+                )
             arg.annotation = expr
     type_line = torch.jit.annotations.get_type_line(parsed.source)
     return frontend.build_def(parsed.ctx, node, type_line, fn.__name__, self_name=self_name)

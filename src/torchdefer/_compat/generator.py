@@ -45,9 +45,27 @@ import torch
 from torchdefer._compat import method_table
 from torchdefer.errors import UnsupportedError
 
-__all__ = ["STATE_READS", "get_state", "intercept_reads", "reads_intercepted", "restore_reads"]
+__all__ = [
+    "STATE_READS",
+    "generator_id",
+    "get_state",
+    "intercept_reads",
+    "reads_intercepted",
+    "restore_reads",
+]
 
 _TYPE = torch._C.Generator
+
+
+def generator_id(generator: torch.Generator) -> int:
+    """The address of the C++ generator behind a ``torch.Generator`` wrapper.
+
+    The dispatcher hands ops a new Python wrapper of the generator the user
+    passed, so wrappers of one generator differ; this (``_cdata``) does not.
+    """
+    address: int = generator._cdata  # type: ignore[attr-defined]  # private, not in the stubs
+    return address
+
 STATE_READS = tuple(
     name for name in ("get_state", "clone_state", "graphsafe_get_state", "__reduce__")
     if name in _TYPE.__dict__

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -20,10 +21,18 @@ from torch import nn
 from torchdefer.checkpoint.write_errors import CheckpointWriteError
 from torchdefer.checkpoint.write_plan import Entry
 
-__all__ = ["saved_layout", "total_parameters", "write_configs"]
+if TYPE_CHECKING:  # an optional dependency: the models these functions get are its
+    from transformers import PreTrainedModel
+
+__all__ = ["pretrained", "saved_layout", "total_parameters", "write_configs"]
 
 
-def write_configs(model: nn.Module, directory: Path, dtype: torch.dtype | None) -> None:
+def pretrained(model: nn.Module) -> PreTrainedModel:
+    """``model`` as the transformers model ``WritePlan.hf`` found it to be (no check)."""
+    return cast("PreTrainedModel", model)
+
+
+def write_configs(model: PreTrainedModel, directory: Path, dtype: torch.dtype | None) -> None:
     """config.json (and generation_config.json) as save_pretrained writes them."""
     config = copy.deepcopy(model.config)
     written = dtype if dtype is not None and dtype.is_floating_point else model.dtype
@@ -34,12 +43,12 @@ def write_configs(model: nn.Module, directory: Path, dtype: torch.dtype | None) 
         model.generation_config.save_pretrained(directory)
 
 
-def total_parameters(model: nn.Module) -> int:
+def total_parameters(model: PreTrainedModel) -> int:
     """The index's ``total_parameters``: ``model.num_parameters()``, as save_pretrained."""
     return int(model.num_parameters())
 
 
-def saved_layout(model: nn.Module, entries: list[Entry]) -> list[Entry]:
+def saved_layout(model: PreTrainedModel, entries: list[Entry]) -> list[Entry]:
     """``entries`` under the names and in the order ``save_pretrained`` writes them.
 
     Models whose checkpoint layout differs from their modules (ViT, Llava,
@@ -77,7 +86,7 @@ def saved_layout(model: nn.Module, entries: list[Entry]) -> list[Entry]:
     return out
 
 
-def _conversion_error(model: nn.Module, what: str) -> CheckpointWriteError:
+def _conversion_error(model: PreTrainedModel, what: str) -> CheckpointWriteError:
     converters = [c for c in _conversions(model) if type(c).__name__ == "WeightConverter"]
     shown = converters[0] if converters else (_conversions(model) or ["?"])[0]
     return CheckpointWriteError(
@@ -89,7 +98,7 @@ def _conversion_error(model: nn.Module, what: str) -> CheckpointWriteError:
     )
 
 
-def _conversions(model: nn.Module) -> list:
+def _conversions(model: PreTrainedModel) -> list:
     """The transforms save_pretrained reverts (as revert_weight_conversion finds them)."""
     conversions = getattr(model, "_weight_conversions", None)
     if conversions is not None:
@@ -103,7 +112,7 @@ def _conversions(model: nn.Module) -> list:
             if not isinstance(c, PrefixChange)]
 
 
-def _refuse_legacy_mapping(model: nn.Module) -> None:
+def _refuse_legacy_mapping(model: PreTrainedModel) -> None:
     for sub in model.modules():
         if getattr(sub, "_checkpoint_conversion_mapping", None):
             raise CheckpointWriteError(

@@ -310,8 +310,8 @@ def _span(t: torch.Tensor) -> tuple[tuple[torch.device, int], tuple[int, int]] |
     if t.numel() == 0 or t.is_meta:
         return None
     size = t.element_size()
-    first = t.storage_offset() * size
-    extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
+    first = int(t.storage_offset()) * size  # real tensors: no SymInts
+    extent = int(sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))) + 1
     return (t.device, t.untyped_storage().data_ptr()), (first, first + extent * size)
 
 

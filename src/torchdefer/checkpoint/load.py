@@ -192,7 +192,8 @@ def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype
     storages = {id(g.tensor._value.storage) for g, _ in work
                 if isinstance(g.tensor, DeferredTensor)}
     found, grads = deferred_reached(module)
-    now, views = {}, {}
+    now: dict[str, DeferredTensor] = {}
+    views: dict[str, DeferredTensor] = {}
     for name, fake in found.items():
         if id(fake._value.storage) in staged:
             continue
@@ -254,7 +255,7 @@ def open_source(source: Source) -> CheckpointSource:
 def is_dcp_checkpoint(source: object) -> bool:
     """Whether ``source`` is a ``torch.distributed.checkpoint`` directory (has ``.metadata``)."""
     if isinstance(source, (str, Path)) or hasattr(source, "__fspath__"):
-        path = Path(source)  # type: ignore[arg-type]
+        path = Path(source)
         return path.is_dir() and path.joinpath(".metadata").exists()
     return False
 

@@ -121,7 +121,7 @@ def _unpickle_meta(pickled: bytes, path: Path) -> tuple[Any, dict[str, int]]:
         return storages[key]
 
     unpickler = weights_only_unpickler(io.BytesIO(pickled), encoding="utf-8")
-    unpickler.persistent_load = persistent_load
+    unpickler.persistent_load = persistent_load  # type: ignore[method-assign]  # pickle's hook
     try:
         return unpickler.load(), sizes
     except CheckpointFormatError:

@@ -142,7 +142,7 @@ def save_state_dict(
         _dcp_writer.check_available()
     plan = plan_write(model, format, dtype)
     if plan.hf and format == "safetensors":
-        plan.entries = _hf_files.saved_layout(model, plan.entries)
+        plan.entries = _hf_files.saved_layout(_hf_files.pretrained(model), plan.entries)
     staging = destination.parent / f".{destination.name}.partial-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     try:
@@ -167,9 +167,9 @@ def _write_safetensors(model: nn.Module, plan: WritePlan, staging: Path, shard_b
                        dtype: torch.dtype | None, progress: ProgressSpec) -> None:
     shards = _safetensors_writer.layout(plan.entries, shard_bytes, plan.dropped)
     index = _safetensors_writer.index_json(
-        shards, _hf_files.total_parameters(model) if plan.hf else None)
+        shards, _hf_files.total_parameters(_hf_files.pretrained(model)) if plan.hf else None)
     if plan.hf:
-        _hf_files.write_configs(model, staging, dtype)
+        _hf_files.write_configs(_hf_files.pretrained(model), staging, dtype)
     # The writer converts to the written dtype piece by piece, so the producer
     # hands over tensors as replayed.
     run_pipeline(_safetensors_writer.write_order(shards), progress, cast=False,

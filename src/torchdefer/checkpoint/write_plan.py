@@ -183,7 +183,7 @@ def _alias_groups(tensors: dict[str, torch.Tensor], fmt: str) -> list[list[str]]
             by_view[("empty", id(t))] = names
             continue
         storage = (str(t.device), t.untyped_storage().data_ptr())
-        start = t.storage_offset() * t.element_size()
+        start = int(t.storage_offset()) * t.element_size()  # real tensors: no SymInts
         span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
         view = (*storage, start, t.dtype, tuple(t.shape), t.stride())
         if view in by_view:
@@ -247,7 +247,7 @@ def _hf_kept(names: list[str], patterns: list[str]) -> list[str]:
 
 def _tied_weight_patterns(model: nn.Module) -> list[str]:
     """The tied-weights keys of every submodule, prefixed (transformers' own list)."""
-    patterns = []
+    patterns: list[str] = []
     for prefix, sub in model.named_modules():
         tied = getattr(sub, "_tied_weights_keys", None) or {}
         keys = tied.keys() if isinstance(tied, dict) else tied

@@ -32,7 +32,8 @@ from torchdefer.descriptors.errors import (
 from torchdefer.descriptors.meta_tensor_type import MetaTensorType
 from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.descriptors.program import Program, script
+from torchdefer.descriptors.tree import Descriptor
 
-__all__ = ["DescriptorConflict", "DescriptorMismatch", "MetaTensorType", "MissingGraph",
-           "ObjectOf", "Program", "ProgramFileError", "describe", "load", "load_program", "save",
-           "save_program", "script"]
+__all__ = ["Descriptor", "DescriptorConflict", "DescriptorMismatch", "MetaTensorType",
+           "MissingGraph", "ObjectOf", "Program", "ProgramFileError", "describe", "load",
+           "load_program", "save", "save_program", "script"]

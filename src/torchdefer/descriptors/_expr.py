@@ -132,7 +132,7 @@ def _build(node: ast.AST, symbols: re.Pattern[str], depth: int) -> Any:
                 literals[0]) or any(k not in _ASSUMPTIONS or type(v) is not bool
                                     for k, v in facts.items()):
             raise UnsafeExpression(f"Symbol{tuple(literals)} is not a symbol with plain facts")
-        return _S.Symbol(literals[0], **facts)
+        return _S.Symbol(literals[0], **facts)  # type: ignore[arg-type]  # keys checked above
     if name not in _FUNCTIONS:
         raise UnsafeExpression(f"{name!r} is not an allowed function")
     if keywords or any(isinstance(a, ast.Starred) for a in args):

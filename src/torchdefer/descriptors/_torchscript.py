@@ -60,7 +60,8 @@ def check_torchscript_code(archive: bytes) -> None:
                 for node in ast.walk(ast.parse(source, info.filename)):
                     reason = _refusal(node)
                     if reason:
-                        raise ForbiddenOperator(f"{info.filename}, line {node.lineno}: {reason}; "
+                        line = getattr(node, "lineno", "?")  # refused nodes have one
+                        raise ForbiddenOperator(f"{info.filename}, line {line}: {reason}; "
                                                 "even with allow_torchscript=True, torchdefer "
                                                 "loads TorchScript that only computes on tensors")
 

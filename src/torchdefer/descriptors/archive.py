@@ -48,7 +48,7 @@ import stat
 import warnings
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -203,15 +203,16 @@ def load_program(path: str | os.PathLike[str], *, allow_torchscript: bool = Fals
             nested_members(_member(members, "program.ts", name), name, "program.ts")
             check_torchscript_code(members["program.ts"])  # before torch.jit.load runs any
             data = io.BytesIO(members["program.ts"])
-            runners = {((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params,
-                                           qualname)}
+            runners: Mapping[tuple[Any, ...], JitRunner | ExportRunner] = {
+                ((), ()): JitRunner(torch.jit.load(data, map_location="cpu"), params, qualname)
+            }
         weights = Weights()
     else:
         weights, runners = _export_runners(header, variants, members, params, qualname, name)
     with _reading(name, "torchdefer.json"):
         first = next(iter(runners.values()), None)
-        if backend == "export":
-            outputs = None if first is None else first.output_descriptors(ranges)
+        if backend == "export":  # its runners are ExportRunners
+            outputs = first.output_descriptors(ranges) if isinstance(first, ExportRunner) else None
         return Program(backend=backend, qualname=qualname, params=params, ranges=ranges,
                        runners=runners, weights=weights, output_descriptors=outputs,
                        method=header.get("method") is True,

@@ -121,9 +121,10 @@ class Checker:
         """One level of a tuple / list / dict / pytree-registered container."""
         level = pytree.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
         # An ObjectOf stands for an argument of its class, flattened by its class.
-        kind = node.type if isinstance(node, ObjectOf) else type(node)
+        kind: type[Any] = node.type if isinstance(node, ObjectOf) else type(node)
         n = len(level)
-        keys = [kp[0].key for kp, _ in level] if kind is dict else None
+        # A dict's key paths are MappingKeys (KeyEntry, the protocol, has no key).
+        keys = [kp[0].key for kp, _ in level] if kind is dict else None  # type: ignore[attr-defined]
         checks = [(pytree.keystr(kp), self.compile(child)) for kp, child in level]
         flatten = pytree.SUPPORTED_NODES[kind].flatten_fn
         context = node.context if isinstance(node, ObjectOf) else flatten(node)[1]
@@ -238,8 +239,8 @@ def concretize(node: Node, path: str, fact: Callable[[str], Any], fixed: Mapping
                                        for k in ("dtype", "device", "layout", "rank"))
         shape = [d if isinstance(d, int) else fixed.get(d if isinstance(d, str) else (path, i), d)
                  for i, d in enumerate(node.shape if node.shape is not None else (None,) * rank)]
-        return replace(node, shape=shape, rank=rank, dtype=dtype, device=device, layout=layout,
-                       dim_ranges=[r for r in node.dim_ranges if r[0] in shape])
+        return replace(node, shape=tuple(shape), rank=rank, dtype=dtype, device=device,
+                       layout=layout, dim_ranges=tuple(r for r in node.dim_ranges if r[0] in shape))
     if isinstance(node, TypeOf):
         if node.type is not int:
             return Value(fact("value"))

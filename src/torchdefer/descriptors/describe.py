@@ -12,12 +12,16 @@ import torch.utils._pytree as pytree
 from torchdefer.descriptors._call import call_error
 from torchdefer.descriptors.meta_tensor_type import examples_descriptor
 from torchdefer.descriptors.object_of import node_keys, unflatten
+from torchdefer.descriptors.tree import Descriptor
 from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["describe"]
 
 
-def describe(fn: torch.nn.Module | Callable[..., Any], *example_calls: Any) -> dict[str, Any]:
+def describe(
+    fn: torch.nn.Module | Callable[..., object],
+    *example_calls: tuple[object, ...] | Mapping[str, object],
+) -> dict[str, Descriptor]:
     """The most specific input descriptors that every example call satisfies.
 
     Per tensor, properties equal in every call are kept (as in

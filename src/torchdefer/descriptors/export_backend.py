@@ -192,7 +192,8 @@ def _sizes(program: ExportedProgram,
     the code fixed or tied it), and export symbol -> key of its first size."""
     user = set(program.graph_signature.user_inputs)
     nodes = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in user]
-    sizes, symbols = [], {}
+    sizes: list[tuple[Key, Any]] = []
+    symbols: dict[Any, Key] = {}
     for (_, _, keys), node in zip(inputs, nodes):
         for dim, key in keys.items():
             size = node.meta["val"] if dim is None else node.meta["val"].shape[dim]
@@ -296,8 +297,9 @@ class _Plan:
         self.names = _identifiers([path for path, _, _ in inputs])
         self.hints: dict[Key, int] = {}
         dims: dict[str, Any] = {}
+        # A variant's descriptors all have shapes (checker.variant).
         taken = {d for _, leaf, _ in inputs if isinstance(leaf, MetaTensorType)
-                 for d in leaf.shape if isinstance(d, int)}
+                 for d in leaf.shape or () if isinstance(d, int)}
         for i, key in enumerate(dict.fromkeys(k for _, _, keys in inputs for k in keys.values())):
             lo, hi = ranges.get(key, (0, None))
             value = max(lo, 2)

@@ -200,7 +200,7 @@ def _torchscript_type(node: Node) -> str | None:
         return "Tensor"
     if isinstance(node, (TypeOf, Value)):
         kind = node.type if isinstance(node, TypeOf) else type(node.value)
-        names = {type(None): "Optional[Tensor]", torch.device: "Device",
+        names: dict[type, str] = {type(None): "Optional[Tensor]", torch.device: "Device",
                  **{t: t.__name__ for t in (int, float, bool, str)}}
         return names.get(kind)  # a dtype has no name TorchScript reads without torch
     if isinstance(node, (ListOf, OptionalOf)):
@@ -209,8 +209,9 @@ def _torchscript_type(node: Node) -> str | None:
         return None if inner is None else f"{wrap}[{inner}]"
     if type(node) not in (tuple, list, dict) or not node:
         return None
-    items = [_torchscript_type(n) for n in (node.values() if type(node) is dict else node)]
-    if None in items:
+    found = [_torchscript_type(n) for n in (node.values() if type(node) is dict else node)]
+    items = [t for t in found if t is not None]
+    if len(items) != len(found):
         return None
     if type(node) is tuple:
         return f"Tuple[{', '.join(items)}]"

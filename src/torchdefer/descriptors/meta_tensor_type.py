@@ -12,20 +12,31 @@ import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchdefer.descriptors.errors import DescriptorMismatch
 from torchdefer.errors import UsageError, UsageTypeError
 
-__all__ = ["SCALARS", "Dim", "DimRange", "MetaTensorType", "TensorCheck", "examples_descriptor"]
+__all__ = [
+    "SCALARS",
+    "Dim",
+    "DimRange",
+    "DimRanges",
+    "MetaTensorType",
+    "TensorCheck",
+    "examples_descriptor",
+]
 
 Dim = int | str | None
 """One shape entry: static length, symbolic name, or any length."""
 
 DimRange = tuple[int, int | None]
 """Inclusive ``(min, max)`` bounds of a symbolic length; ``max=None`` is unbounded."""
+
+DimRanges = Mapping[str, DimRange] | Iterable[tuple[str, int, int | None]]
+"""``dim_ranges=`` as given: ``{"b": (1, 64)}``, or ``(name, min, max)`` triples."""
 
 SCALARS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 """Plain values a descriptor may fix (value specialization)."""
@@ -69,6 +80,19 @@ requires_grad=False, layout=torch.strided)
     requires_grad: bool | None = field(default=None, kw_only=True)
     layout: torch.layout | None = field(default=None, kw_only=True)
     dim_ranges: tuple[tuple[str, int, int | None], ...] = field(default=(), kw_only=True)
+
+    if TYPE_CHECKING:  # what the generated __init__ accepts; __post_init__ normalizes
+        def __init__(
+            self,
+            shape: Sequence[Dim] | None = None,
+            dtype: torch.dtype | type | None = None,
+            *,
+            rank: int | None = None,
+            device: torch.device | str | None = None,
+            requires_grad: bool | None = None,
+            layout: torch.layout | None = None,
+            dim_ranges: DimRanges = (),
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -165,7 +189,7 @@ requires_grad=False, layout=torch.strided)
             shape, ranges = _widen_shape(shape, ranges, tuple(tensor.shape))
         kept = {n: getattr(self, n) if getattr(self, n) in (None, getattr(tensor, n)) else None
                 for n in ("dtype", "layout", "requires_grad")}  # what it differs on: unknown
-        return replace(self, shape=shape, rank=rank, dim_ranges=ranges, **kept,
+        return replace(self, shape=shape, rank=rank, dim_ranges=_normalize_ranges(ranges), **kept,
                        device=_join_devices([self.device, tensor.device]) if self.device else None)
 
     def __repr__(self) -> str:
@@ -235,8 +259,8 @@ class TensorCheck:
             bound = env.get(name)
             if bound is None:
                 if size < lo or (hi is not None and size > hi):
-                    want = f"{name!r} in [{lo}, {'inf' if hi is None else hi}]"
-                    raise DescriptorMismatch(path, f"shape[{i}]", want, str(size),
+                    wanted = f"{name!r} in [{lo}, {'inf' if hi is None else hi}]"
+                    raise DescriptorMismatch(path, f"shape[{i}]", wanted, str(size),
                                              f"{name!r} is outside its range")
                 env[name] = size
                 where[name] = (path, i)
@@ -247,7 +271,8 @@ class TensorCheck:
         for i in range(len(shape)) if self.free is None else self.free:
             env[(path, i)] = shape[i]
         if self.unknown is not None:
-            facts.extend(self.unknown(t)[:-1])  # "ndim" added so that the getter returns a tuple
+            # "ndim" added so that the getter returns a tuple; facts is a list when specializing.
+            facts.extend(self.unknown(t)[:-1])  # type: ignore[union-attr]
 
 
 def describe_value(value: Any) -> str:
@@ -271,7 +296,7 @@ def _normalize_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     return out
 
 
-def _normalize_ranges(ranges: Any) -> tuple[tuple[str, int, int | None], ...]:
+def _normalize_ranges(ranges: DimRanges) -> tuple[tuple[str, int, int | None], ...]:
     items = [(k, *v) for k, v in ranges.items()] if isinstance(ranges, Mapping) else list(ranges)
     for entry in items:
         name, lo, hi = entry if len(entry) == 3 else (entry, None, None)
@@ -288,12 +313,13 @@ def _common(values: Iterable[Any]) -> Any:
 
 
 def _join_devices(devices: Iterable[torch.device | None]) -> torch.device | None:
-    devices = set(devices)
-    if None in devices:
+    seen = set(devices)
+    if None in seen:
         return None
-    if len(devices) == 1:
-        return devices.pop()
-    types = {d.type for d in devices}
+    known = {d for d in seen if d is not None}  # all of them
+    if len(known) == 1:
+        return known.pop()
+    types = {d.type for d in known}
     return torch.device(types.pop()) if len(types) == 1 else None
 
 

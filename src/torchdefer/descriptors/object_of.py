@@ -61,9 +61,9 @@ class ObjectOf:
     """
 
     type: type
-    keys: tuple[Any, ...]
-    children: tuple[Any, ...]
-    context: Any = None
+    keys: tuple[pytree.KeyEntry, ...]
+    children: tuple[object, ...]  # descriptors (tree.Descriptor), shaped like the object's
+    context: object = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("type", "keys", "children", "context"):
@@ -115,7 +115,7 @@ def node_keys(obj: Any, spec: pytree.TreeSpec) -> list[tuple[Any, ...]]:
     children = node.flatten_fn(obj)[0]
     out = []
     if not plain(spec.type):
-        keys = tuple(map(pytree.SequenceKey, range(len(children))))
+        keys: tuple[Any, ...] = tuple(map(pytree.SequenceKey, range(len(children))))
         with_keys = getattr(node, "flatten_with_keys_fn", None)
         with contextlib.suppress(Exception):  # names only: positions serve as well
             named = tuple(k for k, _ in with_keys(obj)[0]) if with_keys else ()

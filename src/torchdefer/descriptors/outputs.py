@@ -98,7 +98,7 @@ class OutputRecipe:
             return next(flat)
 
         def build(slot: _Object) -> Any:
-            obj = object.__new__(slot.cls)  # no __init__: the attributes are the state
+            obj: Any = object.__new__(slot.cls)  # no __init__: the attributes are the state
             obj.__dict__.update(slot.attrs.rebuild(flat))
             return obj
 

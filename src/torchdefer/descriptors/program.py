@@ -191,9 +191,11 @@ class Program:
         if self.backend != "export":
             raise UsageTypeError("with_weights() rebinds export programs; a jit program runs with "
                                  "the weights it was scripted (or saved) with")
-        module = source if isinstance(source, torch.nn.Module) else None
         new = copy.copy(self)
-        new._weights = Weights(module=module, tensors=None if module is not None else dict(source))
+        if isinstance(source, torch.nn.Module):
+            new._weights = Weights(module=source, tensors=None)
+        else:
+            new._weights = Weights(module=None, tensors=dict(source))
         new._variants = {k: r.with_weights(new._weights) for k, r in self._variants.items()}
         return new
 
@@ -206,7 +208,8 @@ def _frozen(fixed: dict) -> tuple:
     return tuple(sorted(fixed.items(), key=repr))
 
 
-def script(model_or_fn: torch.nn.Module | Callable[..., Any], input_descriptors: Mapping[str, Any],
+def script(model_or_fn: torch.nn.Module | Callable[..., object],
+           input_descriptors: Mapping[str, object],
            *, backend: Backend = "export", dtypes: Sequence[torch.dtype] = ()) -> Program:
     """Specialize a module or function to descriptions of its inputs.
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, Union
 
 import torch
 import torch.utils._pytree as pytree
@@ -29,10 +29,10 @@ from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
 from torchdefer.descriptors.object_of import ObjectOf
 from torchdefer.errors import UsageError, UsageTypeError
 
-__all__ = ["ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json", "normalize",
-           "parameters", "tensors", "to_json"]
+__all__ = ["Descriptor", "ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json",
+           "normalize", "parameters", "tensors", "to_json"]
 
-_TYPES = {t.__name__: t for t in (int, float, bool, str)}
+_TYPES: dict[str, type] = {t.__name__: t for t in (int, float, bool, str)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class TypeOf:
     type: type
 
     def __post_init__(self) -> None:
-        if _TYPES.get(getattr(self.type, "__name__", None)) is not self.type:
+        if _TYPES.get(getattr(self.type, "__name__", "")) is not self.type:
             raise UsageError(f"TypeOf takes one of {list(_TYPES)}, got {self.type!r}")
 
     def __repr__(self) -> str:
@@ -84,6 +84,13 @@ class OptionalOf:
 
 
 LEAVES = (MetaTensorType, Value, TypeOf, ListOf, OptionalOf)
+Descriptor: TypeAlias = Union[  # typing.Union: its quoted (recursive) members
+    MetaTensorType, ObjectOf, TypeOf, ListOf, OptionalOf, Value,
+    "tuple[Descriptor, ...]", "list[Descriptor]", "dict[Hashable, Descriptor]",
+    bool, int, float, complex, str, torch.dtype, torch.device, None,
+]
+"""What :func:`~torchdefer.describe` gives per parameter: a leaf, a plain value it
+fixes, or a container of descriptors shaped like the argument."""
 Node: TypeAlias = Any
 """A normalized descriptor: one of ``LEAVES`` or a pytree container of nodes."""
 

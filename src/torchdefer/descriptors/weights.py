@@ -49,7 +49,10 @@ class Weights:
             out = []
             for name, owner, attr, dtype, shape in slots:
                 try:
-                    t = tensors[name] if module is None else lookup(module, owner, attr)[1]
+                    if module is not None:
+                        t = lookup(module, owner, attr)[1]
+                    else:  # tensors: both None was refused above
+                        t = tensors[name]  # type: ignore[index]
                 except KeyError:
                     source = "the module" if module is not None else "the bound weights"
                     raise StateError(
@@ -77,7 +80,7 @@ def lookup(module: torch.nn.Module, path: Sequence[str], attr: str) -> tuple[tor
     """The submodule at ``path`` and its parameter or buffer ``attr``, by dict
     lookups (``get_submodule`` would cost microseconds on every call)."""
     for part in path:
-        module = module._modules[part]
+        module = module._modules[part]  # type: ignore[assignment]  # a missing one raises
     d = module._parameters
     return module, d[attr] if attr in d else module._buffers[attr]
 

@@ -35,7 +35,7 @@ leave the others waiting in its collectives.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ from torchdefer.checkpoint.plan import (
     plan_keys,
     work_list,
 )
-from torchdefer.checkpoint.source import CheckpointSource
+from torchdefer.checkpoint.source import CheckpointSource, Source
 from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
 from torchdefer.distributed._staged import Vote, stage_missing_shards, stage_shard
 from torchdefer.distributed.module import _fsdp2_params
@@ -68,7 +68,7 @@ Work = list[tuple[TensorGroup, list[str]]]
 
 def load_state_dict(
     module: nn.Module,
-    source: Any,
+    source: Source,
     *,
     strict: bool = False,
     device: torch.device | None = None,
@@ -205,9 +205,10 @@ def _check_sharded_ties(work: Work, targets: dict[str, torch.Tensor], where: str
              for other in names[1:]]
     if not pairs:
         return  # the same on every rank: the module and checkpoint are
+    local = {name: _local(targets[name]) for pair in pairs for name in pair}
     differ = torch.tensor(
-        [not same_values(targets[a].to_local(), targets[b].to_local()) for a, b in pairs],
-        dtype=torch.int32, device=targets[pairs[0][0]].to_local().device,
+        [not same_values(local[a], local[b]) for a, b in pairs],
+        dtype=torch.int32, device=local[pairs[0][0]].device,
     )
     torch.distributed.all_reduce(differ)
     for (first, other), count in zip(pairs, differ.tolist()):
@@ -215,8 +216,13 @@ def _check_sharded_ties(work: Work, targets: dict[str, torch.Tensor], where: str
             raise tie_mismatch(first, other, where)
 
 
-def _is_sharded(tensor: torch.Tensor) -> bool:
+def _is_sharded(tensor: torch.Tensor) -> TypeGuard[DTensor]:
     return isinstance(tensor, DTensor) and isinstance(tensor._local_tensor, DeferredTensor)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded target's local shard (the targets of sharded tensors are DTensors)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _fsdp_params_by_tensor(module: nn.Module) -> dict[int, Any]:
@@ -226,7 +232,7 @@ def _fsdp_params_by_tensor(module: nn.Module) -> dict[int, Any]:
 def _stage_shard(dtensor: DTensor, fsdp: dict[int, Any], changes: Installation) -> torch.Tensor:
     """A real, zeroed local shard laid out as the deferred one (filled by the caller),
     staged to replace it."""
-    local = dtensor._local_tensor
+    local = cast(DeferredTensor, dtensor._local_tensor)  # _is_sharded: a deferred shard
     fsdp_param = fsdp.get(id(dtensor))
     flat = None if fsdp_param is None else fsdp_param._sharded_param_data
     if isinstance(flat, DeferredTensor) and flat._graph is local._graph:

@@ -83,7 +83,8 @@ def materialize_dtensor(
     )
     if isinstance(tensor, nn.Parameter):
         return nn.Parameter(out, requires_grad=requires_grad)  # type: ignore[return-value]
-    return out.requires_grad_(requires_grad)
+    out.requires_grad_(requires_grad)  # in place: it returns out itself
+    return out
 
 
 def _describe(tensor: torch.Tensor) -> str:

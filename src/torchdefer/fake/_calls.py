@@ -61,10 +61,12 @@ GUARDED: frozenset[Callable[..., Any]] = frozenset(
 # requires_grad (PyTorch's own FakeTensorMode too: `p.mT.requires_grad` is
 # False where eager says True); the methods they stand for keep it.
 _TRANSPOSE_GETTERS: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
-    torch.Tensor.mT.__get__: lambda t: t.transpose(-2, -1),
-    torch.Tensor.mH.__get__: lambda t: t.transpose(-2, -1).conj(),
-    torch.Tensor.T.__get__: lambda t: t.permute(*reversed(range(t.dim()))),
-    torch.Tensor.H.__get__: lambda t: t.permute(*reversed(range(t.dim()))).conj(),
+    _compat.descriptor_get(torch.Tensor, "mT"): lambda t: t.transpose(-2, -1),
+    _compat.descriptor_get(torch.Tensor, "mH"): lambda t: t.transpose(-2, -1).conj(),
+    _compat.descriptor_get(torch.Tensor, "T"): lambda t: t.permute(*reversed(range(t.dim()))),
+    _compat.descriptor_get(torch.Tensor, "H"): (
+        lambda t: t.permute(*reversed(range(t.dim()))).conj()
+    ),
 }
 
 
@@ -206,7 +208,7 @@ def _view_history_error(func: Callable[..., Any], error: Exception) -> FakeTenso
         "out of place (v = v.unsqueeze(0)), or clone() the tensor before requires_grad_()")
 
 
-def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):
+def _new_tensor(self: FakeTensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):
     """``t.new_tensor(data)`` as ``torch.tensor(data, ...)`` with ``t``'s dtype and fake device."""
     return torch.tensor(
         data,

@@ -176,7 +176,7 @@ def _read_no_check() -> frozenset[str] | None:
                 names.add(current)
         elif current is not None and line.startswith("  dispatch:"):
             in_dispatch = True
-        elif in_dispatch and line.startswith("    ") and ":" in line:
+        elif in_dispatch and current is not None and line.startswith("    ") and ":" in line:
             declared = line.split(":", 1)[0].strip()
             if not declared.startswith("#"):
                 keys.setdefault(current, set()).update(k.strip() for k in declared.split(","))

@@ -32,8 +32,8 @@ __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "fix_inference_mod
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
-_IS_LEAF = _compat.TensorBase.is_leaf.__get__
-_SET_REQUIRES_GRAD = _compat.TensorBase.requires_grad.__set__
+_IS_LEAF = _compat.descriptor_get(_compat.TensorBase, "is_leaf")
+_SET_REQUIRES_GRAD = _compat.descriptor_set(_compat.TensorBase, "requires_grad")
 NOT_HANDLED = object()  # leafness: not a call it answers
 
 

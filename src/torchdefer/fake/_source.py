@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 
 import torch
 
@@ -45,7 +45,7 @@ _CODES_KEPT = 1 << 16  # code made at run time (exec, dataclasses) could grow it
 
 def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
     """``(file, line, function)`` of the innermost frame outside torch and torchdefer."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     known = _known_codes
     while frame is not None:
         code = frame.f_code

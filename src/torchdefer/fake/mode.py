@@ -78,7 +78,7 @@ class FakeMode(FakeSlotMode):
         super().__init__()
         self.fake_cuda = fake_cuda
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])

@@ -121,7 +121,7 @@ def data_ptr(tensor: torch.Tensor) -> int:
     """``tensor.data_ptr()`` of a fake tensor: its storage's address plus its offset."""
     with _compat.DisableTorchFunctionSubclass():
         storage = tensor.untyped_storage()
-        offset = tensor.storage_offset() * tensor.element_size()
+        offset = int(tensor.storage_offset()) * tensor.element_size()  # no SymInts here
     base = address(adopt(storage, tensor, tensor.fake_device))  # type: ignore[attr-defined]
     return base + offset if base else 0
 

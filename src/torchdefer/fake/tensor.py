@@ -11,7 +11,7 @@ meta tensor) is what lets in-place metadata ops such as ``q.t_()`` in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -77,7 +77,7 @@ class FakeTensor(torch.Tensor):
         out.fake_device = device
         return out
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         extras = [f"size={tuple(self.shape)}", f"device='{self.fake_device}'"]
         if self.dtype != torch.get_default_dtype():
             extras.append(f"dtype={self.dtype}")
@@ -87,7 +87,7 @@ class FakeTensor(torch.Tensor):
         return f"{prefix}tensor(..., {', '.join(extras)}, fake=True)"
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
@@ -112,7 +112,7 @@ class FakeTensor(torch.Tensor):
         return out
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
@@ -145,7 +145,7 @@ def reported_device(t: FakeTensor) -> torch.device:
 
 
 def run_on_meta(
-    func: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor] | None = None
+    func: Any, args: tuple, kwargs: dict, tensors: Sequence[torch.Tensor] | None = None
 ) -> tuple[Any, torch.device]:
     """Run ``func`` on the meta backend; returns (outputs, device of outputs).
 
@@ -285,7 +285,7 @@ def wrap_outputs(out: Any, device: torch.device, cls: type[FakeTensor]) -> Any:
 
 
 def _name(func: Any) -> str:
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
 
 
 def is_fake(tensor: object) -> bool:

@@ -22,7 +22,7 @@ same in eager and recorded: ``set_`` with a storage (and sizes and strides),
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -43,7 +43,7 @@ _MAX_CHAIN = 1024  # a model's views of one storage are a few; this is a loop gu
 def through_views(
     value: Value,
     known: dict[int, tuple[Value, TensorMeta]],
-    rebuild: Any,
+    rebuild: Callable[[TensorMeta], torch.Tensor],
 ) -> torch.Tensor | None:
     """``value`` as eager made it over the storage ``rebuild(meta)`` rebuilds from,
     or None when no chain of view steps leads to a value in ``known``
@@ -101,7 +101,8 @@ def _step(value: Value, base: torch.Tensor) -> torch.Tensor:
         return base  # the same tensor (t.data, an in-place write, set_ onto it)
     leaves = [base if isinstance(leaf, Value) else leaf for leaf in node.leaves]
     args, kwargs = unflatten_call(leaves, node.spec)
-    return flatten_out(node.op(*args, **kwargs))[value.index]
+    out: torch.Tensor = flatten_out(node.op(*args, **kwargs))[value.index]
+    return out
 
 
 def same_elements(a: TensorMeta, b: TensorMeta) -> bool:

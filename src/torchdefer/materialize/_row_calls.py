@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -181,7 +182,7 @@ def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int)
     return step
 
 
-def _state_at(node: Node):
+def _state_at(node: Node) -> Callable[[int], torch.Tensor]:
     """``state_at(words)``: the CPU state ``words`` past ``node``'s first word."""
     stream, e_index, i = node.rng  # type: ignore[misc]
     states = node.graph.rng.states  # type: ignore[union-attr]
@@ -214,7 +215,7 @@ class _LocalCall:
         args, kwargs = self._call(torch.empty(0, dtype=self.dtype, device="meta"))
         self.key = (node.op, self.dtype, _frozen(args), _frozen(kwargs))
 
-    def _call(self, out: torch.Tensor) -> tuple[tuple, dict]:
+    def _call(self, out: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
         node = self.node
         leaves = [out if isinstance(leaf, Value) else leaf for leaf in node.leaves]
         args, kwargs = unflatten_call(leaves, node.spec)
@@ -247,7 +248,9 @@ def _uninitialized(rows: RowReplay, node: Node, buf: torch.Tensor) -> None:
         buf.copy_(torch.empty(buf.shape, dtype=buf.dtype, device=buf.device))
 
 
-def _with_size(func: Any, args: tuple, kwargs: dict, size: list[int]) -> tuple[tuple, dict]:
+def _with_size(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], size: list[int]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     for i, argument in enumerate(func._schema.arguments):
         if argument.name == "size":
             if i < len(args):

@@ -6,7 +6,7 @@ import contextlib
 import functools
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TypeVar
 
 import torch
@@ -81,7 +81,8 @@ def materialize_tensor(
         raw = _materialize(tensor, device, None, threads)
         with suspended():  # inside deferred_init, the conversion is real, not recorded
             memo[key] = real_tensor(tensor, cast(raw, dtype))
-    return memo[key]
+    real: torch.Tensor = memo[key]
+    return real
 
 
 def materialize_module(
@@ -223,7 +224,7 @@ def _each_replayed(
     dtype: torch.dtype | None,
     progress: ProgressSpec,
     replay: Callable[[DeferredTensor, torch.device | None, str], torch.Tensor],
-) -> Iterator[tuple[str, DeferredTensor, torch.Tensor]]:
+) -> Generator[tuple[str, DeferredTensor, torch.Tensor], None, None]:
     """``(path, deferred tensor, real tensor)`` for each of ``found`` in turn, cast to
     ``dtype``, inside one call of each graph's cache and one progress bar."""
     sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
@@ -275,12 +276,12 @@ def _deferred_reached(
     reached = [r for r in reached_tensors(module, check_fn) if isinstance(r.tensor, DeferredTensor)]
     parameters = {id(r.tensor) for r in reached if r.kind == PARAMETER}
     found: dict[int, tuple[str, DeferredTensor]] = {}
-    grads = []
+    grads: list[tuple[torch.Tensor, torch.Tensor]] = []
     for r in reached:
         if buffers_only and (id(r.tensor) in parameters or r.kind == GRAD):
             continue
         found.setdefault(id(r.tensor), (r.path, r.tensor))  # type: ignore[arg-type]
-        if r.kind == GRAD:
+        if r.kind == GRAD and r.parameter is not None:  # a grad's parameter is always set
             grads.append((r.parameter, r.tensor))
     return dict(found.values()), grads
 
@@ -309,7 +310,13 @@ def _shown(paths: list[str]) -> str:
     return ", ".join(f"'{p}'" for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
 
 
-def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Module:
+def _materialize_sharded(
+    module: M,
+    paths: list[str],
+    device: torch.device | None,
+    buffers_only: bool,
+    check_fn: Callable[[nn.Module], bool] | None,
+) -> M:
     shown = _shown(paths)
     if getattr(_in_sharded, "active", False):
         raise UsageTypeError(
@@ -331,7 +338,8 @@ def _materialize_sharded(module, paths, device, buffers_only, check_fn) -> nn.Mo
         )
     _in_sharded.active = True
     try:
-        return _sharded_materializer[0](module)
+        _sharded_materializer[0](module)  # in place: it returns ``module`` itself
+        return module
     finally:
         _in_sharded.active = False
 
@@ -355,7 +363,7 @@ def _replay(fake: DeferredTensor, device: torch.device | None, name: str | None)
                                                None if name is None else [name])[0]
 
 
-def _on_meta(value, device: torch.device | None) -> torch.Tensor:
+def _on_meta(value: Value, device: torch.device | None) -> torch.Tensor:
     """A meta tensor as eager gives it: what ``t.to("meta")`` makes of the real
     tensor for ``device="meta"``; for a tensor recorded on meta (``with
     torch.device("meta")``), the meta kernels' own layout, storage offset and

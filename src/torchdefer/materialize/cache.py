@@ -189,9 +189,10 @@ def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def cache_for(graph: Graph) -> ReplayCache:
-    if graph.replay_cache is None:
-        graph.replay_cache = ReplayCache()
-    return graph.replay_cache
+    cache: ReplayCache | None = graph.replay_cache
+    if cache is None:
+        cache = graph.replay_cache = ReplayCache()
+    return cache
 
 
 def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:

@@ -6,6 +6,9 @@ re-exported here; :func:`with_context` is replay's own mechanism.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from torchdefer.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
@@ -84,7 +87,7 @@ def _str(self: BaseException) -> str:
     return str(self.args[0]) if self.args else ""
 
 
-def _reduce(self: BaseException):
+def _reduce(self: BaseException) -> tuple[Callable[..., Exception], tuple[Any, ...], Any]:
     return (_rebuild, (_original_kind(type(self)), str(self)), self.__dict__ or None)
 
 

@@ -25,13 +25,14 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
 from torchdefer.materialize.rng import draw, takes_generator
+from torchdefer.recorder.graph import Node
 from torchdefer.rng import chunks, mt19937, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
@@ -101,7 +102,8 @@ def min_chunk(elements: int) -> Iterator[None]:
 
 
 def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor,
-               args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+               args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Draw random ``node`` in chunks on threads: ``(output, state after)``; None if whole.
 
     Only CPU calls into a contiguous tensor of at least two chunks, whose
@@ -205,7 +207,7 @@ def _probe_pairs(call: Any, cached: int) -> bool:
     return True
 
 
-def _drawn_into(node: Any, args: tuple) -> torch.Tensor | None:
+def _drawn_into(node: Any, args: tuple[Any, ...]) -> torch.Tensor | None:
     """The tensor an in-place random op writes (its ``self``); None for a factory."""
     if writes_first_argument(node.op) and args and isinstance(args[0], torch.Tensor):
         return args[0]
@@ -250,7 +252,8 @@ def _drawing_into(call: Any) -> Any:
     if positional != [a.name for a in into._schema.arguments if not a.kwarg_only]:
         return None
     names = {a.name for a in into._schema.arguments}
-    node = _NodeWithOverload(call.node, into)
+    # Read as a Node: every field is the node's own but op.
+    node = cast(Node, _NodeWithOverload(call.node, into))
 
     def run(view: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         args, kwargs = call._call(view)  # the size is the view's; dtype etc. are view's

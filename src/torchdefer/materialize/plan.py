@@ -57,7 +57,7 @@ def make_plan(
     targets: list[tuple[Value, int]],
     cache: ReplayCache,
     device_key: str,
-    device: torch.device,
+    device: torch.device | None,
     substitute: Substitute | None = None,
     aliases: bool = True,
 ) -> Plan:
@@ -80,7 +80,7 @@ def make_plan(
 class _Walk:
     """One walk back from the targets (see the module docstring)."""
 
-    def __init__(self, cache: ReplayCache, device_key: str, device: torch.device,
+    def __init__(self, cache: ReplayCache, device_key: str, device: torch.device | None,
                  substitute: Substitute | None) -> None:
         self.cache, self.device_key, self.device = cache, device_key, device
         self.substitute = substitute

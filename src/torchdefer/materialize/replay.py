@@ -42,6 +42,11 @@ __all__ = ["Replay"]
 
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
 
+# id(value) -> the real tensor computed for it in this replay.
+_Env = dict[int, torch.Tensor]
+# (id(value), version) -> the real tensor the cache answers.
+_Cached = dict[tuple[int, int], torch.Tensor]
+
 
 class Replay:
     """One materialization run over a graph, onto ``device`` (None: as recorded)."""
@@ -86,7 +91,13 @@ class Replay:
         with suspended(), self.cache.call():
             return self._run(targets, names, substitute, inputs)
 
-    def _run(self, targets, names, substitute, inputs: bool) -> list[torch.Tensor]:
+    def _run(
+        self,
+        targets: list[tuple[Value, int]],
+        names: list[str] | None,
+        substitute: Substitute | None,
+        inputs: bool,
+    ) -> list[torch.Tensor]:
         plan = make_plan(targets, self.cache, self.device_key, self.device, substitute,
                          aliases=not inputs)
         self._check_devices(plan.nodes, targets, names)
@@ -128,13 +139,15 @@ class Replay:
             results.append(real)
         return results
 
-    def _pass_through(self, node: Node, env, cached) -> list[Any]:
+    def _pass_through(self, node: Node, env: _Env, cached: _Cached) -> list[Any]:
         """An in-place write a later write hides: its output is its first argument."""
         first = node.inputs[0]
         real = cached.get((id(first), node.reads[0]))
         return [real if real is not None else env[id(first)]] * len(node.outputs)
 
-    def _run_checked(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
+    def _run_checked(
+        self, node: Node, env: _Env, cached: _Cached, standin: bool = False
+    ) -> list[Any]:
         """Run ``node``; a failure is re-raised naming the node, keeping its type.
 
         The new exception is both a :class:`ReplayError` and an instance of the
@@ -151,7 +164,9 @@ class Replay:
             )
             raise with_context(e, message).with_traceback(e.__traceback__) from e
 
-    def _run_node(self, node: Node, env, cached, standin: bool = False) -> list[Any]:
+    def _run_node(
+        self, node: Node, env: _Env, cached: _Cached, standin: bool = False
+    ) -> list[Any]:
         """``standin``: the first input lends only its dtype and device (``Plan.standins``)."""
         kind = node.kind
         if kind == NodeKind.CONSTANT:
@@ -205,7 +220,7 @@ class Replay:
         """The real tensor an EXTERNAL node refers to, on the replay's device; refused if
         it changed since it was recorded."""
         ref = node.payload
-        real = ref.tensor
+        real: torch.Tensor = ref.tensor
         change = ref.changed()
         if change is not None:
             raise ExternalTensorModifiedError(
@@ -216,7 +231,9 @@ class Replay:
             )
         return real.to(self.map_device(real.device))
 
-    def _check_devices(self, nodes: list[Node], targets, names) -> None:
+    def _check_devices(
+        self, nodes: list[Node], targets: list[tuple[Value, int]], names: list[str] | None
+    ) -> None:
         for node in nodes:
             for value in node.outputs:
                 device = self.map_device(value.meta.device)
@@ -234,7 +251,7 @@ class Replay:
                 )
 
 
-def _last_uses(nodes: list[Node], targets) -> dict[int, int]:
+def _last_uses(nodes: list[Node], targets: list[tuple[Value, int]]) -> dict[int, int]:
     last: dict[int, int] = {}
     for i, node in enumerate(nodes):
         for value in node.inputs:
@@ -244,7 +261,7 @@ def _last_uses(nodes: list[Node], targets) -> dict[int, int]:
     return last
 
 
-def _describe(targets, names) -> str:
+def _describe(targets: list[tuple[Value, int]], names: list[str] | None) -> str:
     if names:
         shown = ", ".join(f"'{n}'" for n in names[:3])
         return f"Tensor {shown}" + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")

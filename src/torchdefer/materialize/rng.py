@@ -29,7 +29,7 @@ from torchdefer.recorder.rng import meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 from torchdefer.rng.ledger import default_generator
 from torchdefer.rng.states import set_call_runner
-from torchdefer.rng.stream import Stream, model_of
+from torchdefer.rng.stream import Model, Stream, model_of
 
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
@@ -57,10 +57,11 @@ class RngReplay:
 
         self._split = split_draw
 
-    def run(self, node: Node, args: tuple, kwargs: dict) -> Any:
+    def run(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         stream, e, _ = node.rng  # type: ignore[misc]
         device = self.replay.map_device(stream.device)
-        model = model_of(device)  # "cpu" (mt19937), or the CUDA device whose launches count
+        # "cpu" (mt19937), or the CUDA device whose launches count: replay runs on those.
+        model: Model = model_of(device)  # type: ignore[assignment]
         states = node.graph.rng.states  # type: ignore[union-attr]
         start = states.start_of(node, model)
         split = self._split(node, stream, device, start, args, kwargs)
@@ -91,7 +92,9 @@ class RngReplay:
         out = torch.empty(0, dtype=meta.dtype, device=device)
         return out.set_(buffer, 0, meta.size, meta.stride)
 
-    def _scratch_args(self, node: Node, device: torch.device) -> tuple[tuple, dict]:
+    def _scratch_args(
+        self, node: Node, device: torch.device
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments that draw the same numbers as ``node`` did, into scratch memory."""
         written = {id(storage) for storage, _ in node.writes}
         op = node.op
@@ -109,7 +112,7 @@ class RngReplay:
         if every_written and contents:
             reals = dict(zip(map(id, (v for v, _ in contents)), self.replay.nested(contents)))
         reads_iter = iter(reads)
-        leaves: list = []
+        leaves: list[Any] = []
         copies: dict[int, torch.UntypedStorage] = {}  # real storage -> its own copy
         for leaf in node.leaves:
             if isinstance(leaf, Value):
@@ -148,10 +151,12 @@ def _own_view(real: torch.Tensor, copies: dict[int, torch.UntypedStorage]) -> to
 # Tensor arguments eager takes on the CPU whatever the call's device (the
 # ``high`` of ``randint_like.Tensor``: "high must be a scalar tensor and on
 # CPU"). A replay onto another device moves every value it makes; these go back.
-_CPU_ARGUMENTS = {torch.ops.aten.randint_like: frozenset({"high"})}
+_CPU_ARGUMENTS: dict[Any, frozenset[str]] = {torch.ops.aten.randint_like: frozenset({"high"})}
 
 
-def on_eager_devices(node: Node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def on_eager_devices(
+    node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args, kwargs`` with the tensors eager requires on the CPU moved back there."""
     names = _CPU_ARGUMENTS.get(getattr(node.op, "overloadpacket", None))
     if not names:
@@ -171,7 +176,14 @@ def on_eager_devices(node: Node, args: tuple, kwargs: dict) -> tuple[tuple, dict
 _DEFAULT_GENERATOR = threading.Lock()
 
 
-def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.Tensor]:
+def draw(
+    node: Node,
+    stream: Stream,
+    device: torch.device,
+    state: torch.Tensor,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, torch.Tensor]:
     """Run random ``node`` from generator ``state``; returns (output, state after)."""
     args, kwargs = on_eager_devices(node, args, kwargs)
     if stream.generator is None and not takes_generator(node, args, kwargs):
@@ -204,7 +216,7 @@ def draw(node, stream: Stream, device, state, args, kwargs) -> tuple[Any, torch.
     return out, get_state(private)
 
 
-def call_checking_draws(node: Node, args: tuple, kwargs: dict) -> Any:
+def call_checking_draws(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run a node recorded as deterministic; refuse if it drew from a default generator.
 
     Ops of other libraries are recorded as random (``recorder.record``); what
@@ -240,7 +252,7 @@ def _default_generators() -> list[torch.Generator]:
     return generators
 
 
-def takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
+def takes_generator(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether the recorded overload accepts ``generator=`` as a keyword we can fill."""
     schema = getattr(node.op, "_schema", None)
     if schema is None:
@@ -251,7 +263,7 @@ def takes_generator(node: Node, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _run_call(node: Node, state: torch.Tensor, model: Any) -> torch.Tensor:
+def _run_call(node: Node, state: torch.Tensor, model: Model) -> torch.Tensor:
     from torchdefer.materialize.replay import Replay
 
     steps = getattr(node.op, "steps", None)
@@ -259,7 +271,7 @@ def _run_call(node: Node, state: torch.Tensor, model: Any) -> torch.Tensor:
         # A composite that knows its draws in bounded memory (a rejection loop).
         args, kwargs, _ = meta_call(node)
         with suspended(), torch.no_grad():
-            after = steps(state, *args, **kwargs)
+            after: torch.Tensor | None = steps(state, *args, **kwargs)
         if after is not None:
             return after
     device = torch.device("cpu") if model == "cpu" else model  # a model is its device

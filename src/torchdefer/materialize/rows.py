@@ -63,7 +63,7 @@ from torchdefer.materialize._row_calls import (
 )
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
-from torchdefer.recorder.graph import NodeKind, Storage, Value
+from torchdefer.recorder.graph import Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class RowReplay:
         span.steps.extend(self._writer_step(writer, span) for writer in live)
         return span
 
-    def _live_writers(self, writers: list, span: Span) -> tuple[list, bool]:
+    def _live_writers(self, writers: list[Node], span: Span) -> tuple[list[Node], bool]:
         """The writers ``span``'s elements depend on (oldest first), and whether its
         creator's elements show through. A writer whose elements in the span are all set
         again by later writes that do not read them (``normal_`` after
@@ -208,7 +208,7 @@ class RowReplay:
         positions even its draws are skipped. An elementwise writer reads only its own
         elements (other spans it reads are computed on their own)."""
         covered = Ranges()  # elements set regardless by the live writes after
-        live = []
+        live: list[Node] = []
         for writer in reversed(writers):
             if covered.covers(span.lo, span.hi):
                 return live[::-1], False
@@ -262,7 +262,9 @@ class RowReplay:
             return self._elementwise_step(writer, target, ordered, o, a, b, span.lo)
         raise NotSliceable(writer, "is not elementwise")
 
-    def _elementwise_step(self, node, target, ordered, o, a, b, lo) -> Step:
+    def _elementwise_step(
+        self, node: Node, target: Value, ordered: bool, o: int, a: int, b: int, lo: int
+    ) -> Step:
         """An in-place elementwise op on ``[a, b)``: its other tensors as 0-dim values
         or as spans of the same shape (only where the written range is in order)."""
         inputs = self.elementwise_inputs(node, skip=target, shape=target.meta.size,
@@ -281,7 +283,14 @@ class RowReplay:
 
         return step
 
-    def elementwise_inputs(self, node, skip, shape, ordered, shift) -> dict[int, Any]:
+    def elementwise_inputs(
+        self,
+        node: Node,
+        skip: Value | None,
+        shape: tuple[int, ...],
+        ordered: bool,
+        shift: tuple[int, int],
+    ) -> dict[int, Any]:
         """For each tensor leaf of ``node`` but ``skip``: a 0-dim value (read whole at
         run time) or a :class:`Span` of the elements ``shift`` of a same-shape input."""
         inputs: dict[int, Any] = {}
@@ -302,9 +311,11 @@ class RowReplay:
                 raise NotSliceable(node, "reads a tensor that is not its own shape, in order")
         return inputs
 
-    def real_leaves(self, node, inputs: dict[int, Any], self_part: torch.Tensor | None):
+    def real_leaves(
+        self, node: Node, inputs: dict[int, Any], self_part: torch.Tensor | None
+    ) -> list[Any]:
         """``node``'s leaves with real tensors: its own part, spans computed, 0-dim read."""
-        leaves = []
+        leaves: list[Any] = []
         for i, leaf in enumerate(node.leaves):
             if isinstance(leaf, Value):
                 found = inputs.get(i)
@@ -321,7 +332,9 @@ class RowReplay:
         return leaves
 
 
-def _range_of(value: Value, version: int):
+def _range_of(
+    value: Value, version: int
+) -> tuple[Storage, int, TensorMeta, tuple[int, int]] | None:
     """(storage, version, metadata, element range) that ``value`` reads, if in order."""
     storage, meta = value.storage, value.meta
     try:

@@ -110,7 +110,7 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``detach`` of a deferred tensor of ``graph`` (every ``nn.Parameter(t)``
     detaches ``t``) as ``record_call`` would: a view with the input's metadata."""
     self = args[0] if len(args) == 1 and not kwargs else None
-    if getattr(self, "_graph", None) is not graph:
+    if self is None or getattr(self, "_graph", None) is not graph:
         return SLOW
     value = self._value
     device = self.fake_device

@@ -45,7 +45,7 @@ def refuse_collective(func: Any) -> None:
         entry = _ops.get(id(func))
         if entry is None:
             entry = _ops[id(func)] = (func, collective_name(func))
-        known = entry[1]
+        known: str | None = entry[1]
     else:
         known = _collectives.get(func)
         if known is None:

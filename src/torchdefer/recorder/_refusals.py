@@ -42,7 +42,7 @@ reduction dim"): ``eager_error``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -117,7 +117,7 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
         return _refusal(fn, args, kwargs, written, random) is not None
 
 
-def writes_inference(written: list[Any]) -> bool:
+def writes_inference(written: Sequence[Any]) -> bool:
     """Whether a call writes an inference tensor (outside inference mode, autograd
     refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``).
 
@@ -294,7 +294,10 @@ def _partly_shared(written: list[torch.Tensor], args: tuple, kwargs: dict) -> bo
     storage, their byte ranges meeting without being the same tensor."""
     for w in written:
         for x in _tensors(args, kwargs):
-            if x is w or not hasattr(x, "_value") or x._value.storage is not w._value.storage:
+            if x is w or not hasattr(x, "_value"):
+                continue
+            # Written tensors are deferred ones (recorder.record): w has a _value.
+            if x._value.storage is not w._value.storage:  # type: ignore[attr-defined]
                 continue
             if _partial(w, x):
                 return True

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from torchdefer.recorder.context import deferred
 
 __all__ = ["deferred_init"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
-def deferred_init(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def deferred_init(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Call ``fn(*args, **kwargs)`` with every tensor it creates fake and recorded.
 
     Nothing is allocated for parameters, buffers or intermediates, whatever

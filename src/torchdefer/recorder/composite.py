@@ -23,11 +23,13 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any, TypeVar, overload
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchdefer import _compat
 from torchdefer.recorder._args import flatten_call
 from torchdefer.recorder._refusals import eager_refuses
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
@@ -38,7 +40,7 @@ from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["Composite", "composite", "library_call_asking_is_meta", "library_composites"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class Composite:
@@ -70,7 +72,19 @@ class Composite:
         return [args[i] for i in self.writes]
 
 
-def composite(fn: F | None = None, *, writes: tuple[int, ...] = (0,), random: bool = True) -> Any:
+@overload
+def composite(fn: F, *, writes: tuple[int, ...] = ..., random: bool = ...) -> F: ...
+
+
+@overload
+def composite(
+    fn: None = None, *, writes: tuple[int, ...] = ..., random: bool = ...
+) -> Callable[[F], F]: ...
+
+
+def composite(
+    fn: F | None = None, *, writes: tuple[int, ...] = (0,), random: bool = True
+) -> F | Callable[[F], F]:
     """Record calls of ``fn`` on deferred tensors as one node, replayed by calling ``fn``.
 
     For init functions that read the values they draw (rejection sampling)
@@ -110,6 +124,12 @@ def composite(fn: F | None = None, *, writes: tuple[int, ...] = (0,), random: bo
 
     wrapper.__torchdefer_composite__ = marked  # type: ignore[attr-defined]
     return wrapper
+
+
+def _composite_of(wrapper: Callable[..., object]) -> Composite:
+    """The :class:`Composite` a :func:`composite` wrapper carries."""
+    marked: Composite = wrapper.__torchdefer_composite__  # type: ignore[attr-defined]
+    return marked
 
 
 def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
@@ -167,8 +187,9 @@ def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., A
     if name != "_no_grad_trunc_normal_":
         return marked
     # `run`: the uniform branch's stepping is checked against torch's own function.
-    marked.__torchdefer_composite__.steps = functools.partial(rejection_end, run=original)
-    marked.__torchdefer_composite__.rows = functools.partial(rejection_loop, run=original)
+    info = _composite_of(marked)
+    info.steps = functools.partial(rejection_end, run=original)
+    info.rows = functools.partial(rejection_loop, run=original)
 
     @functools.wraps(original)
     def trunc_normal(tensor, mean, std, a, b, generator=None):
@@ -179,7 +200,7 @@ def _library_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., A
             return tensor
         return marked(tensor, mean, std, a, b, generator=generator)
 
-    trunc_normal.__torchdefer_composite__ = marked.__torchdefer_composite__  # type: ignore[attr-defined]
+    trunc_normal.__torchdefer_composite__ = info  # type: ignore[attr-defined]
     return trunc_normal
 
 
@@ -234,7 +255,7 @@ def library_composites() -> Iterator[None]:
 
 # ------------------------------------------------- calls after deferred_init returned
 
-_IS_META = torch.Tensor.is_meta.__get__
+_IS_META = _compat.descriptor_get(torch.Tensor, "is_meta")
 _inside = threading.local()  # .active: this thread is recording such a call
 
 
@@ -292,7 +313,7 @@ def _hookable(fn: Callable[..., Any]) -> bool:
 
 def _locals_of(code: Any, tensor: Any, depth: int = 6) -> dict[str, Any] | None:
     """The arguments of the frame running ``code`` on ``tensor`` that asked, if any."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return None

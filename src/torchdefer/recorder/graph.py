@@ -138,7 +138,7 @@ class Node:
     # replay re-applies them (recorder/ambient.py). None: the op runs no kernel.
     ambient: Any = None
 
-    def arguments(self) -> tuple[tuple, dict]:
+    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call's ``(args, kwargs)``, each input tensor shown as its :class:`Value`."""
         from torchdefer.recorder._args import unflatten_call
 
@@ -173,7 +173,7 @@ class Holders:
     __slots__ = ("_refs", "_sweep_at")
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
         self._sweep_at = 1024
 
     def __setitem__(self, key: int, tensor: Any) -> None:

@@ -35,7 +35,7 @@ class RecordingMode(FakeSlotMode):
         _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
         return out  # type: ignore[return-value]
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
             return reported_device(args[0])
         if not _any_fake(types) and _real_meta_only(args, kwargs):

@@ -86,9 +86,9 @@ def reached_tensors(
                     grad = grad_of(t)
                     if grad is not None:
                         yield Reached(_join(prefix, name) + ".grad", sub, GRAD, grad, t)
-            for name, t in sub._buffers.items():
-                if t is not None:
-                    yield Reached(_join(prefix, name), sub, BUFFER, t)
+            for name, buffer in sub._buffers.items():
+                if buffer is not None:
+                    yield Reached(_join(prefix, name), sub, BUFFER, buffer)
             for name, value in sub.__dict__.items():
                 # Most of a module's __dict__ is flags, sizes and empty hook
                 # dicts: skipped before any isinstance (which, on an object with

@@ -507,7 +507,7 @@ def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:
     node.source = user_frame(2)
     node.graph = graph
     with _compat.DisableTorchFunctionSubclass():
-        _compat.TensorBase.data.__set__(target, new)
+        _compat.descriptor_set(_compat.TensorBase, "data")(target, new)
     target.fake_device = new.fake_device
     target._value = Value(node, 0, new._value.storage, new._value.meta)
     node.outputs.append(target._value)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in parameter.pyi
 
 from torchdefer import _compat
 from torchdefer.fake._source import is_library_code
@@ -66,7 +66,7 @@ def user_class(tensor: DeferredTensor) -> type:
     return getattr(type(tensor), "_torchdefer_user_class", torch.Tensor)
 
 
-def deferred_class(user: type) -> type:
+def deferred_class(user: type[torch.Tensor]) -> type:
     """The deferred class standing for tensor class ``user`` (made once per class)."""
     cls = _classes.get(user)
     if cls is None:
@@ -236,7 +236,7 @@ def _lazy_materialize(self: Any, shape: Any, device: Any = None, dtype: Any = No
         UninitializedTensorMixin.materialize(self, shape, device, dtype)
 
 
-def _lazy_torch_function(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+def _lazy_torch_function(cls, func, types, args=(), kwargs=None):
     # As in eager: only the allowed methods work on an uninitialized tensor.
     allowed = UninitializedTensorMixin._allowed_methods
     if func in allowed or func.__class__.__name__ == "method-wrapper":

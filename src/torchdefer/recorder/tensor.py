@@ -27,10 +27,10 @@ __all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
 
 _FAKE = _compat.FAKE_MODE_KEY
 _NO_CONTEXT = contextlib.nullcontext()
-_DATA_GET = torch.Tensor.data.__get__
-_DATA_SET = torch.Tensor.data.__set__
+_DATA_GET = _compat.descriptor_get(torch.Tensor, "data")
+_DATA_SET = _compat.descriptor_set(torch.Tensor, "data")
 _DETACH = torch.Tensor.detach
-_IS_META = torch.Tensor.is_meta.__get__
+_IS_META = _compat.descriptor_get(torch.Tensor, "is_meta")
 
 
 class DeferredTensor(FakeTensor):
@@ -57,7 +57,7 @@ class DeferredTensor(FakeTensor):
         return FakeTensor.__new__(cls, elem, device)  # type: ignore[return-value]
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
             # detach() of a plain deferred tensor is ordinary; of a subclass (a
@@ -92,7 +92,7 @@ class DeferredTensor(FakeTensor):
         return out
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         record_call = recorder_entry()
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
@@ -218,6 +218,6 @@ def holds_deferred(t: object) -> bool:
     if isinstance(t, DeferredTensor):
         return True
     if isinstance(t, torch.Tensor) and _compat.is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        names, _ = t.__tensor_flatten__()
         return any(holds_deferred(getattr(t, name)) for name in names)
     return False

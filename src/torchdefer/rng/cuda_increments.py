@@ -84,12 +84,13 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from torchdefer import _compat
-from torchdefer.rng.draws import TensorInfo, schema_value
+from torchdefer.rng.draws import Drawn, TensorInfo, schema_value
 from torchdefer.rng.philox import DeviceShape, counter_increment
 
 __all__ = ["COUNTED", "RUN", "increment", "launch_numels", "unroll"]
@@ -127,7 +128,9 @@ RUN = frozenset(
 """Op packets whose CUDA draws are run, not counted (``bernoulli`` with a tensor ``p``)."""
 
 
-def increment(func: Any, args: tuple, kwargs: dict, drawn: Any, shape: DeviceShape) -> int | None:
+def increment(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], drawn: Drawn, shape: DeviceShape
+) -> int | None:
     """How far ``func(*args, **kwargs)`` writing ``drawn`` moves the Philox offset; None: run it.
 
     ``drawn`` is the tensor the kernel fills (the output, or ``self`` in
@@ -153,7 +156,7 @@ def increment(func: Any, args: tuple, kwargs: dict, drawn: Any, shape: DeviceSha
     return sum(counter_increment(n, u, shape) for n in launch_numels(size, stride, itemsize))
 
 
-def unroll(func: Any, args: tuple, kwargs: dict, drawn: Any) -> int | None:
+def unroll(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], drawn: Drawn) -> int | None:
     """Values per Philox call of ``func``'s nullary kernel (4 or 2); None if not one."""
     packet = func.overloadpacket
     dtype = drawn.dtype
@@ -175,7 +178,9 @@ def _argument_names(func: Any) -> frozenset[str]:
     return frozenset(a.name for a in func._schema.arguments)
 
 
-def _random_unroll(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> int | None:
+def _random_unroll(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype
+) -> int | None:
     """``random_`` and its factory forms (``native/DistributionTemplates.h``)."""
     names = _argument_names(func)
     value = functools.partial(schema_value, func, args, kwargs)
@@ -244,7 +249,7 @@ def _update_to(to: int, dtype: torch.dtype) -> int:
     return to
 
 
-def _real_layout(drawn: Any) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def _real_layout(drawn: Drawn) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """Sizes, strides and itemsize of what the kernel writes (complex: its view_as_real)."""
     dtype = drawn.dtype
     if isinstance(drawn, TensorInfo):
@@ -274,7 +279,9 @@ def launch_numels(size: tuple[int, ...], stride: tuple[int, ...], itemsize: int)
     return [numel, *_sub_launches(tuple(shape), tuple(strides))]
 
 
-def _iterator_geometry(size, stride, itemsize) -> tuple[list[int], list[int]]:
+def _iterator_geometry(
+    size: Sequence[int], stride: Sequence[int], itemsize: int
+) -> tuple[list[int], list[int]]:
     """TensorIterator's shape and byte strides, fastest dimension first."""
     if not size:
         return [], []
@@ -288,7 +295,7 @@ def _iterator_geometry(size, stride, itemsize) -> tuple[list[int], list[int]]:
     return shape, strides
 
 
-def _non_overlapping_and_dense(size, stride) -> bool:
+def _non_overlapping_and_dense(size: Sequence[int], stride: Sequence[int]) -> bool:
     """c10's ``is_non_overlapping_and_dense`` (an empty tensor is contiguous, so dense)."""
     if 0 in size:
         return True
@@ -348,7 +355,7 @@ def _coalesce(shape: list[int], strides: list[int]) -> None:
     del shape[prev + 1 :], strides[prev + 1 :]
 
 
-def _can_use_32bit_indexing(shape, strides) -> bool:
+def _can_use_32bit_indexing(shape: Sequence[int], strides: Sequence[int]) -> bool:
     if math.prod(shape) > _INT32_MAX:
         return False
     return 1 + sum((n - 1) * s for n, s in zip(shape, strides)) <= _INT32_MAX
@@ -366,7 +373,7 @@ def _sub_launches(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int
     )
 
 
-def _dim_to_split(shape, strides) -> int:
+def _dim_to_split(shape: Sequence[int], strides: Sequence[int]) -> int:
     best, extent_max = -1, -1
     for dim in range(len(shape) - 1, -1, -1):
         if shape[dim] == 0:
@@ -377,7 +384,9 @@ def _dim_to_split(shape, strides) -> int:
     return best
 
 
-def _narrow(shape, strides, dim: int, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _narrow(
+    shape: Sequence[int], strides: Sequence[int], dim: int, size: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     new_shape, new_strides = list(shape), list(strides)
     new_shape[dim] = size
     if size == 1:  # narrow() re-coalesces a dimension it shrank to one

@@ -41,6 +41,7 @@ from torchdefer.rng import mt19937
 __all__ = [
     "NORMAL_BLOCKS",
     "TRUSTED_NAMESPACES",
+    "Drawn",
     "Effect",
     "TensorInfo",
     "effect",
@@ -75,6 +76,11 @@ class TensorInfo:
                 return False
             expected *= n
         return True
+
+
+# What a random op writes to, as the models read it: a real, fake or meta
+# tensor, or only its metadata.
+Drawn = torch.Tensor | TensorInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +142,9 @@ _PATH_FREE = {
 _RANDPERM_64 = (1 << 32) // 20  # randperm_cpu draws 64-bit words from here on
 
 
-def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect | None:
+def effect(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], drawn: Drawn
+) -> Effect | None:
     """The draws of ``func(*args, **kwargs)`` on a CPU generator, or None if unmodeled.
 
     ``drawn`` is the tensor the random numbers are written to (the output,
@@ -166,7 +174,7 @@ def effect(func: Any, args: tuple, kwargs: dict, drawn: torch.Tensor) -> Effect 
     return model(n)
 
 
-def schema_value(func: Any, args: tuple, kwargs: dict, name: str) -> Any:
+def schema_value(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     """Argument ``name`` of a call to ``func`` (its default if not passed); KeyError if none."""
     for i, argument in enumerate(func._schema.arguments):
         if argument.name == name:
@@ -200,8 +208,15 @@ def _arguments(func: Any) -> tuple[tuple[int, str, Any, bool], ...]:
     )
 
 
-def _class_key(func, args, kwargs, drawn, shape) -> _Key:
-    tensors, scalars = [], []
+def _class_key(
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    drawn: Drawn,
+    shape: str,
+) -> _Key:
+    tensors: list[tuple[int, torch.dtype]] = []
+    scalars: list[tuple[str, Any]] = []
     n_args = len(args)
     for i, name, default, path in _arguments(func):
         value = args[i] if i < n_args else kwargs.get(name, default)
@@ -238,7 +253,7 @@ def _measured(key: _Key) -> Callable[[int], Effect] | None:
         return None
     if key.shape == "fill":
         per = words[16] // 16
-        candidates = [lambda n, f=f: Effect(words=per * f(n)) for f in _FILL_SHAPES]
+        candidates = [_fill_model(per, f) for f in _FILL_SHAPES]
     else:
         a = words[2] - words[1]
         b = words[1] - a
@@ -249,10 +264,17 @@ def _measured(key: _Key) -> Callable[[int], Effect] | None:
     return None
 
 
+def _fill_model(per: int, shape: Callable[[int], int]) -> Callable[[int], Effect]:
+    return lambda n: Effect(words=per * shape(n))
+
+
 # Contiguous normal_ of 16 or more elements: uniforms for every element, then
 # 16 more to recompute the last block when the count is not a multiple of 16
 # (float32/float64); whole blocks of 16 (float16/bfloat16 on torch 2.13).
-_FILL_SHAPES = (lambda n: n + (16 if n % 16 else 0), lambda n: -(-n // 16) * 16)
+_FILL_SHAPES: tuple[Callable[[int], int], ...] = (
+    lambda n: n + (16 if n % 16 else 0),
+    lambda n: -(-n // 16) * 16,
+)
 
 
 def _fit_serial(key: _Key) -> Callable[[int], Effect] | None:
@@ -266,7 +288,7 @@ def _fit_serial(key: _Key) -> Callable[[int], Effect] | None:
     return lambda n: Effect(normals=n)
 
 
-def _run_sample(key: _Key, n: int, with_cached_normal: bool = False):
+def _run_sample(key: _Key, n: int, with_cached_normal: bool = False) -> tuple[int, bool, bool]:
     """Run ``key``'s call at size ``n`` from a probe state: (words, cache touched, valid after)."""
     probe = torch.Generator()
     probe.manual_seed(0x5EED + n)
@@ -284,7 +306,8 @@ def _call_with_state(key: _Key, n: int, state: torch.Tensor) -> torch.Tensor:
     schema = key.func._schema
     tensor_dtypes = dict(key.tensors)
     scalars = dict(key.scalars)
-    call_args, call_kwargs = [], {}
+    call_args: list[Any] = []
+    call_kwargs: dict[str, Any] = {}
     has_generator = any(a.name == "generator" for a in schema.arguments)
     generator = torch.Generator()
     generator.set_state(state)

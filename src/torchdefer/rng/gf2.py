@@ -92,7 +92,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def _spectrum(a: int) -> torch.Tensor:
-    return torch.fft.rfft(_bits(a, _FFT_SIZE))
+    spectrum: torch.Tensor = torch.fft.rfft(_bits(a, _FFT_SIZE))  # torch.fft is untyped
+    return spectrum
 
 
 def clmul(a: int, b: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer._compat.generator import get_state
+from torchdefer._compat.generator import generator_id, get_state
 from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
@@ -123,7 +123,7 @@ class RngLedger:
             epoch.calls.append(call)
             if model is not None:  # the layout places the calls it has not yet
                 self.states.layout(stream, epoch, model)
-            if real is None:
+            if real is None or current is None:  # both or neither
                 return
             if lazy and model == "cpu":
                 self._leave_marker(stream, epoch, real, current, same)
@@ -134,7 +134,7 @@ class RngLedger:
         if generator is not None:
             # By the C++ generator: the dispatcher hands ops a new Python wrapper of
             # the generator the user passed, so the wrapper identity differs.
-            key: Any = ("explicit", generator._cdata)
+            key: Any = ("explicit", generator_id(generator))
         else:
             key = ("default", device.type, device.index or 0)
         stream = self.streams.get(key)
@@ -190,7 +190,12 @@ class RngLedger:
     # ----------------------------------------------------------- syncing
 
     def _leave_marker(
-        self, stream: Stream, epoch: Epoch, real, current: torch.Tensor, same: bool
+        self,
+        stream: Stream,
+        epoch: Epoch,
+        real: torch.Generator,
+        current: torch.Tensor,
+        same: bool,
     ) -> None:
         """Put a state standing for ``epoch``'s end in the generator (~10 us, no jump).
 
@@ -222,7 +227,7 @@ class RngLedger:
         real.set_state(marker)
         stream.left, stream.left_key = marker, key
 
-    def _sync(self, stream: Stream, epoch: Epoch, real) -> None:
+    def _sync(self, stream: Stream, epoch: Epoch, real: torch.Generator) -> None:
         exact = self.states.end_of(stream, epoch, stream.model)  # type: ignore[arg-type]
         real.set_state(exact)
         stream.left, stream.left_key = get_state(real), None
@@ -233,9 +238,9 @@ class RngLedger:
 
     def tracks(self, generator: torch.Generator) -> bool:
         """Whether a stream here draws from ``generator`` (the same C++ generator)."""
-        wanted = generator._cdata
+        wanted = generator_id(generator)
         return any(
-            real is not None and real._cdata == wanted
+            real is not None and generator_id(real) == wanted
             for real in map(self._real, self.streams.values())
         )
 
@@ -246,12 +251,12 @@ class RngLedger:
         a recording ends. The exact state is remembered, so restoring it later
         is known as its position.
         """
-        wanted = None if generator is None else generator._cdata
+        wanted = None if generator is None else generator_id(generator)
         for stream in self.streams.values():
             real = self._real(stream)
             if real is None or stream.model != "cpu":
                 continue
-            if wanted is not None and real._cdata != wanted:
+            if wanted is not None and generator_id(real) != wanted:
                 continue
             ref = self._markers.get(_key(get_state(real)))
             if ref is None:  # an exact state: ours, or one user code set

@@ -105,7 +105,13 @@ def _from_effects(blocks: bool, effect_of: Callable[[int], Effect | None]) -> El
     return ElementModel(True, a) if ok else None
 
 
-def _probe(model, effect_of, run, dtype: torch.dtype, device: torch.device) -> bool:
+def _probe(
+    model: ElementModel,
+    effect_of: Callable[[int], Effect | None],
+    run: Runner,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> bool:
     """Draw probe calls whole and in pieces from one state; every piece must match."""
     state = torch.Generator().manual_seed(0x51ACE).get_state()
     sizes = (37,) if not model.blocks else (48, 50, 53)
@@ -160,7 +166,9 @@ def draw_range(
         out[first - s :].copy_(block[first - redone : e - redone])
 
 
-def _blocks(model: ElementModel, s: int, e: int, out: torch.Tensor, state_at, run):
+def _blocks(
+    model: ElementModel, s: int, e: int, out: torch.Tensor, state_at: StateAt, run: Runner
+) -> tuple[torch.Tensor, int]:
     """Elements ``[s, e)`` of whole blocks: the end blocks through a 16-element buffer
     when only part of them is wanted, the blocks between straight into ``out``.
     Returns the state after the last block drawn and its word."""
@@ -179,7 +187,9 @@ def _blocks(model: ElementModel, s: int, e: int, out: torch.Tensor, state_at, ru
     return state, model.words * BLOCK * -(-e // BLOCK)
 
 
-def _partial(k: int, s: int, e: int, out: torch.Tensor, state, run) -> torch.Tensor:
+def _partial(
+    k: int, s: int, e: int, out: torch.Tensor, state: torch.Tensor, run: Runner
+) -> torch.Tensor:
     """Block ``k`` drawn whole into a buffer; its elements within ``[s, e)`` into ``out``."""
     lo, hi = max(s, k * BLOCK), min(e, (k + 1) * BLOCK)
     block = torch.empty(BLOCK, dtype=out.dtype, device=out.device)

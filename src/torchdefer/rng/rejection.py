@@ -26,7 +26,7 @@ round: ``empty_like`` keeps the dimension order, and so does ``where``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,8 @@ def _per_uniform(dtype: torch.dtype) -> int:
 
 
 _START = "start"  # the loop's first state's own cached sample (a round-state cache)
+# A round state's cached sample: _START, None (none), or the word its pair was drawn at.
+_Cache = str | int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +97,25 @@ class NormalRejection:
             return None
         return self._loop(state_at, s, e, out, chunk)[2]
 
-    def _loop(self, state_at, s, e, out, chunk) -> tuple[int, object, int]:
+    def _loop(
+        self,
+        state_at: Callable[[int], torch.Tensor],
+        s: int,
+        e: int,
+        out: torch.Tensor | None,
+        chunk: int | None,
+    ) -> tuple[int, _Cache, int]:
         """Rounds until every position of ``[s, e)`` is accepted: (word, cache) where the
         round after the last starts, and values drawn."""
         waiting: torch.Tensor | None = None  # sorted positions still rejected; None: all
-        word, cache, drawn, first = 0, _START, 0, True
+        cache: _Cache = _START
+        word, drawn, first = 0, 0, True
         if self.n == 0:
             return word, cache, drawn
         while waiting is None or waiting.numel():
             start = _round_state(state_at, word, cache)
             serial = self.serial[0] if first else self.serial[1]
-            rejected = []
+            rejected: list[torch.Tensor] = []
             for a, values, indices in self._draw(start, serial, waiting, s, e, chunk):
                 drawn += values.numel()
                 if indices is None:  # first round: every value in place, rejected or not
@@ -123,14 +133,24 @@ class NormalRejection:
             first = False
         return word, cache, drawn
 
-    def _draw(self, start, serial, waiting, s, e, chunk):
+    def _draw(
+        self,
+        start: torch.Tensor,
+        serial: bool,
+        waiting: torch.Tensor | None,
+        s: int,
+        e: int,
+        chunk: int | None,
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
         args = (self.n, self.dtype, self.mean, self.std)
         if serial:
             return _cached_normal.round_values(start, *args, chunk or CHUNK, waiting, s, e)
         blocks = max(_BLOCK, (chunk or CHUNK) // _BLOCK * _BLOCK)  # the fill path's blocks whole
         return _round(start, *args, self.round_words, blocks, waiting, s, e)
 
-    def _next(self, start, word, cache, serial) -> tuple[int, object]:
+    def _next(
+        self, start: torch.Tensor, word: int, cache: _Cache, serial: bool
+    ) -> tuple[int, _Cache]:
         """Where the next round starts: its word, and its cached sample."""
         if not serial:  # the fill path leaves the cache as it found it
             return word + self.round_words, cache
@@ -141,15 +161,17 @@ class NormalRejection:
         return (values < self.lo) | (values > self.hi)
 
 
-def _round_state(state_at: Callable[[int], torch.Tensor], word: int, cache: object):
+def _round_state(
+    state_at: Callable[[int], torch.Tensor], word: int, cache: _Cache
+) -> torch.Tensor:
     """The state at ``word`` with the cached sample ``cache``: the first state's
     (``_START``), none (None), or the sine of the pair drawn at word ``cache``."""
-    if cache == _START:
+    if isinstance(cache, str):  # _START, the only string
         return state_at(word)
     if cache is None:
         return _cached_normal.without_cache(state_at(word))
-    pair = _cached_normal.without_cache(state_at(cache))  # type: ignore[arg-type]
-    return mt19937.advance(_cached_normal.one_normal(pair), word - cache - 4)  # type: ignore[operator]
+    pair = _cached_normal.without_cache(state_at(cache))
+    return mt19937.advance(_cached_normal.one_normal(pair), word - cache - 4)
 
 
 def normal_rejection_end(
@@ -178,7 +200,18 @@ def normal_rejection_end(
     return loop.end(state, chunk)
 
 
-def _round(state, n, dtype, mean, std, round_words, chunk, waiting, lo=0, hi=None):
+def _round(
+    state: torch.Tensor,
+    n: int,
+    dtype: torch.dtype,
+    mean: float,
+    std: float,
+    round_words: int,
+    chunk: int,
+    waiting: torch.Tensor | None,
+    lo: int = 0,
+    hi: int | None = None,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
     """(first index, values, waiting indices among them) of one round's draw, for the
     elements ``[lo, hi)`` (default: all) from the round's first state ``state``.
 

@@ -48,6 +48,7 @@ from torchdefer.rng.stream import (
     CallReader,
     Epoch,
     Layout,
+    Model,
     Position,
     advance,
     call_effect,
@@ -57,18 +58,20 @@ from torchdefer.rng.stream import (
 __all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
 
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
+# A known state: (words, cache key, position, state), sorted by the first two.
+_Entry = tuple[int, int, Position, torch.Tensor]
 
 # (node, state, model) -> state after the node; installed by torchdefer.materialize.
-_runner: list[Callable[[Any, torch.Tensor, str], torch.Tensor]] = []
+_runner: list[Callable[[Any, torch.Tensor, Model], torch.Tensor]] = []
 
 
-def set_call_runner(runner: Callable[[Any, torch.Tensor, str], torch.Tensor]) -> None:
+def set_call_runner(runner: Callable[[Any, torch.Tensor, Model], torch.Tensor]) -> None:
     """Install how a call the model cannot count is run: ``runner(call, state, model)``
     gives the state after it (``torchdefer.materialize`` installs its replay)."""
     _runner[:] = [runner]
 
 
-def _run_call(node: Any, state: torch.Tensor, model: str) -> torch.Tensor:
+def _run_call(node: Any, state: torch.Tensor, model: Model) -> torch.Tensor:
     if not _runner:
         raise StateError(
             "Placing a random op after one whose draws cannot be counted needs "
@@ -95,12 +98,12 @@ class RngStates:
         self.start_seed = mt19937_seed(cpu_start) if start_seed is None else start_seed
         self.cuda_start = dict(cuda_start or {})
         # (id(epoch), model, anchor) -> sorted [(words, cache key, position, state)]
-        self._known: dict[tuple[int, str, int], list[tuple[int, int, Position, Any]]] = {}
+        self._known: dict[tuple[int, Model, int], list[_Entry]] = {}
         self._epochs: dict[int, Epoch] = {}  # keeps ids above valid
 
     # ------------------------------------------------------------ layouts
 
-    def layout(self, stream: Any, epoch: Epoch, model: str) -> Layout:
+    def layout(self, stream: Any, epoch: Epoch, model: Model) -> Layout:
         """``epoch``'s positions for ``model``, computed from its calls when first asked."""
         layout = epoch.layouts.get(model)
         if layout is None:
@@ -113,7 +116,7 @@ class RngStates:
             self.append(stream, epoch, model, node)
         return layout
 
-    def append(self, stream: Any, epoch: Epoch, model: str, node: Any) -> Position:
+    def append(self, stream: Any, epoch: Epoch, model: Model, node: Any) -> Position:
         """Place ``node`` at the end of ``epoch``'s layout for ``model``; its start."""
         layout = epoch.layouts[model]
         start = layout.end
@@ -133,7 +136,7 @@ class RngStates:
         layout.end = after
         return start
 
-    def _base_cache(self, stream: Any, epoch: Epoch, model: Any) -> bool | None:
+    def _base_cache(self, stream: Any, epoch: Epoch, model: Model) -> bool | None:
         if model != "cpu":
             return False
         base = epoch.base
@@ -161,20 +164,22 @@ class RngStates:
 
     # ------------------------------------------------------------- states
 
-    def start_of(self, node: Any, model: str) -> torch.Tensor:
+    def start_of(self, node: Any, model: Model) -> torch.Tensor:
         stream, e, i = node.rng
         epoch = stream.epochs[e]
         return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).starts[i])
 
-    def end_of(self, stream: Any, epoch: Epoch, model: str) -> torch.Tensor:
+    def end_of(self, stream: Any, epoch: Epoch, model: Model) -> torch.Tensor:
         return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).end)
 
-    def after_call(self, node: Any, model: str) -> Position:
+    def after_call(self, node: Any, model: Model) -> Position:
         stream, e, i = node.rng
         layout = self.layout(stream, stream.epochs[e], model)
         return layout.starts[i + 1] if i + 1 < len(layout.starts) else layout.end
 
-    def remember(self, stream: Any, epoch: Epoch, model: str, position: Position, state) -> None:
+    def remember(
+        self, stream: Any, epoch: Epoch, model: Model, position: Position, state: torch.Tensor
+    ) -> None:
         """A state a replay reached for real; a different known one means a wrong model."""
         key = (id(epoch), model, position.anchor)
         self._epochs[id(epoch)] = epoch
@@ -193,7 +198,7 @@ class RngStates:
         if len(entries) > _KEEP:
             del entries[len(entries) // 2]  # keep the earliest and the latest
 
-    def state_at(self, stream: Any, epoch: Epoch, model: str, position: Position) -> torch.Tensor:
+    def state_at(self, stream: Any, epoch: Epoch, model: Model, position: Position) -> torch.Tensor:
         key = (id(epoch), model, position.anchor)
         entries = self._known.get(key)
         if not entries:
@@ -207,11 +212,11 @@ class RngStates:
         self.remember(stream, epoch, model, position, state)
         return state
 
-    def _exact(self, entries, position: Position) -> Any:
+    def _exact(self, entries: list[_Entry], position: Position) -> torch.Tensor | None:
         i, hit = _index(entries, position)
         return entries[i][3] if hit else None
 
-    def _reach(self, entries, position: Position, model: str) -> torch.Tensor:
+    def _reach(self, entries: list[_Entry], position: Position, model: Model) -> torch.Tensor:
         if model != "cpu":
             _, _, known, state = entries[0]
             offset = philox.offset_of(state)[1] + position.words - known.words
@@ -238,7 +243,7 @@ class RngStates:
         state = _cached_normal.one_normal(state)
         return mt19937.advance(state, position.words - target - 4)
 
-    def _anchor_state(self, stream: Any, epoch: Epoch, model: str, anchor: int) -> torch.Tensor:
+    def _anchor_state(self, stream: Any, epoch: Epoch, model: Model, anchor: int) -> torch.Tensor:
         if anchor >= 0:
             node = epoch.calls[anchor]
             starts = self.layout(stream, epoch, model).starts
@@ -257,13 +262,13 @@ class RngStates:
         if how == "seed":
             return _seeded(model, seed)  # type: ignore[arg-type]
         if how == "start":
-            if model == "cpu":
+            if isinstance(model, str):  # "cpu", the only string
                 return self.cpu_start
             return self.cuda_start.get(model.index, philox.state(self.start_seed))
         previous = stream.epochs[stream.epochs.index(epoch) - 1]
         return self.end_of(stream, previous, model)
 
-    def _restored_state(self, ref: tuple, model: Any) -> torch.Tensor:
+    def _restored_state(self, ref: tuple[Any, Epoch, Position], model: Model) -> torch.Tensor:
         """The state at a restored position, in ``model``'s layout of the same epoch.
 
         Markers and synced states stand for a position of their stream's own
@@ -282,7 +287,7 @@ class RngStates:
         return self.state_at(origin, restored, model, position)
 
 
-def _cache_asked(effect: Any, start: Position, layout: Layout, model: str) -> bool:
+def _cache_asked(effect: Any, start: Position, layout: Layout, model: Model) -> bool:
     """Whether a countable call failed only for not knowing the anchor's cached sample."""
     return (model == "cpu" and isinstance(effect, Effect) and effect.normals > 0
             and start.cache == ANCHOR and layout.anchor_cache is None and start.anchor >= 0)
@@ -292,7 +297,7 @@ class CrossDeviceRestoreWarning(UserWarning):
     """A recording restored a generator state, and is materialized on another kind of device."""
 
 
-def _warn_cross_restore(stream: Any, epoch: Epoch, model: Any) -> None:
+def _warn_cross_restore(stream: Any, epoch: Epoch, model: Model) -> None:
     first = epoch.calls[0] if epoch.calls else None
     where = f" (the first draw after it: {first.name} at {first.where()})" if first else ""
     warnings.warn(
@@ -324,7 +329,7 @@ def _fresh_seed(base: Any) -> int | None:
     return None
 
 
-def _seeded(model: Any, seed: int) -> torch.Tensor:
+def _seeded(model: Model, seed: int) -> torch.Tensor:
     if model == "cpu":
         generator = torch.Generator()
         generator.manual_seed(seed)
@@ -337,7 +342,7 @@ def _cache_key(position: Position) -> int:
     return -2 if cache == ANCHOR else -1 if cache is None else cache
 
 
-def _index(entries: list, position: Position) -> tuple[int, bool]:
+def _index(entries: list[_Entry], position: Position) -> tuple[int, bool]:
     """Where ``position`` sits among sorted ``entries``, and whether it is there."""
     sought = (position.words, _cache_key(position))
     i = bisect.bisect_left(entries, sought, key=lambda e: e[:2])

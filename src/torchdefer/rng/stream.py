@@ -39,6 +39,7 @@ __all__ = [
     "CallReader",
     "Epoch",
     "Layout",
+    "Model",
     "Position",
     "RandomCall",
     "Stream",
@@ -52,6 +53,10 @@ __all__ = [
 # the anchor's state had), or an int w: the second normal of the pair drawn
 # at word w past the anchor.
 ANCHOR = "anchor"
+
+# A model of generator (model_of): "cpu", or the CUDA device whose launch grid
+# sets the Philox increments.
+Model = str | torch.device
 
 
 class RandomCall(Protocol):
@@ -77,8 +82,8 @@ class CallReader:
     or None; calls with equal keys draw alike.
     """
 
-    describe: Callable[[Any], tuple[tuple, dict, TensorInfo | None]]
-    signature: Callable[[Any], tuple | None]
+    describe: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any], TensorInfo | None]]
+    signature: Callable[[Any], tuple[Any, ...] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,7 @@ class Epoch:
     # whose marker user code restored (it may come from another generator).
     base: Any
     calls: list[Any] = field(default_factory=list)  # the random Nodes
-    layouts: dict[str, Layout] = field(default_factory=dict)
+    layouts: dict[Model, Layout] = field(default_factory=dict)
     # (Stream, Epoch, Position in that stream's own layout) a state-tensor base
     # stands for, where a sync of this recording left it (fork_rng reads and
     # restores such states): the same position on another kind of device.
@@ -148,7 +153,7 @@ class Stream:
 
     device: torch.device
     generator: torch.Generator | None  # None: the default generator of `device`
-    model: Any  # model_of(device) when a real generator exists here, else None
+    model: Model | None  # model_of(device) when a real generator exists here, else None
     epochs: list[Epoch] = field(default_factory=list)
     # The state this process's generator was left in by the recorder (a
     # synced state or a marker); anything else means user code changed it.
@@ -163,7 +168,7 @@ class Stream:
         return f"Stream({who} on {self.device})"
 
 
-def model_of(device: torch.device) -> Any:
+def model_of(device: torch.device) -> Model | None:
     """The generator model that counts positions for ops running on ``device``.
 
     ``"cpu"`` for the CPU; the normalized device itself for CUDA, because a
@@ -179,19 +184,21 @@ def model_of(device: torch.device) -> Any:
     return None
 
 
-def kind_of(model: Any) -> str | None:
+def kind_of(model: Model | None) -> str | None:
     """``"cpu"`` or ``"cuda"``: the kind of generator a model counts for."""
     if model is None:
         return None
     return "cpu" if model == "cpu" else "cuda"
 
 
-def call_effect(call: Any, model: Any, reader: CallReader) -> draws.Effect | int | None:
+def call_effect(
+    call: Any, model: Model | None, reader: CallReader
+) -> draws.Effect | int | None:
     """What ``call`` does to a generator of ``model``: an Effect (CPU), words (Philox), None."""
     func = call.op
     if not hasattr(func, "_schema"):  # a composite node (a Python function)
         return None
-    if model == "cpu":
+    if isinstance(model, str):  # "cpu", the only string
         return _cpu_effect(call, func, reader)
     if model is None:  # a device without a generator model: run the call
         return None
@@ -205,7 +212,7 @@ def call_effect(call: Any, model: Any, reader: CallReader) -> draws.Effect | int
 # few signatures (its layers share shapes), and the draw model's answer is a
 # function of the op, the metadata of its tensors and its other arguments,
 # and TORCHDEFER_RNG_JUMPS; asking it costs ~20 µs a call, a lookup ~2.
-_effects: dict[tuple, Any] = {}
+_effects: dict[tuple[Any, ...], draws.Effect | None] = {}
 _EFFECTS_KEPT = 4096
 _MISSING = object()
 
@@ -222,7 +229,7 @@ def _jumps_setting() -> Any:
 
 try:  # os._Environ's own mapping of encoded names to encoded values
     _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined]
-    _JUMPS_KEY: Any = os.environ.encodekey("TORCHDEFER_RNG_JUMPS")  # type: ignore[attr-defined]
+    _JUMPS_KEY: Any = os.environ.encodekey("TORCHDEFER_RNG_JUMPS")
 except AttributeError:  # another Python's environ: ask it
     _ENV_DATA, _JUMPS_KEY = os.environ, "TORCHDEFER_RNG_JUMPS"
 
@@ -232,7 +239,7 @@ def _cpu_effect(call: Any, func: Any, reader: CallReader) -> draws.Effect | None
     key = None if signature is None else (_jumps_setting(), signature)
     known = _effects.get(key, _MISSING) if key is not None else _MISSING
     if known is not _MISSING:
-        return known
+        return known  # type: ignore[return-value]  # not _MISSING: an Effect or None
     args, kwargs, drawn = reader.describe(call)
     effect = None if drawn is None else draws.effect(func, args, kwargs, drawn)
     if key is not None:

@@ -37,7 +37,7 @@ function once per dtype (:func:`premises_hold`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -131,7 +131,14 @@ class UniformRejection:
             round_word += 2 * self.words
         return drawn
 
-    def _round(self, state, waiting, lo, hi, chunk):
+    def _round(
+        self,
+        state: torch.Tensor,
+        waiting: torch.Tensor | None,
+        lo: int,
+        hi: int,
+        chunk: int | None,
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
         """(first, candidates, accepted, indices) per chunk of ``[lo, hi)`` drawn this round.
 
         Only chunks holding a waiting index are drawn (all in the first round,
@@ -142,7 +149,7 @@ class UniformRejection:
         chunk, per = chunk or CHUNK, _per_element(self.dtype)
         candidates, accepts = torch.Generator(device="cpu"), torch.Generator(device="cpu")
         buffers = [torch.empty(min(chunk, hi - lo), dtype=self.dtype) for _ in range(2)]
-        at = None  # the element both generators stand at
+        at: int | None = None  # the element both generators stand at
         for first in range(lo, hi, chunk):
             last = min(first + chunk, hi)
             indices = None if waiting is None else _between(waiting, first, last)
@@ -181,7 +188,7 @@ class UniformRejection:
         the tensor over threads on its own), which could make a third value.
         """
         peak, mean, std = self.log_peak, self.mean, self.std
-        stages = (
+        stages: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (
             lambda t: t.sub_(mean), lambda t: t.div_(std), lambda t: t.pow_(2),
             lambda t: t.mul_(-0.5), lambda t: t.sub_(peak),
         )
@@ -244,7 +251,9 @@ def _padded(k: int) -> int:
     return -(-k // split) * split
 
 
-def _still_waiting(accepted: torch.Tensor, first: int, indices: torch.Tensor | None):
+def _still_waiting(
+    accepted: torch.Tensor, first: int, indices: torch.Tensor | None
+) -> torch.Tensor:
     if indices is None:
         return (~accepted).nonzero().reshape(-1) + first
     return indices[~accepted]

@@ -166,7 +166,7 @@ class _Builder:
         return found
 
     def _add_slice(self, targets: list[tuple[Value, int]], cache, module: str | None) -> None:
-        for node in make_plan(targets, cache, "recorded", None).nodes:  # type: ignore[arg-type]
+        for node in make_plan(targets, cache, "recorded", None).nodes:
             self._take(node, module)
 
     def _take(self, node: Node, module: str | None) -> None:

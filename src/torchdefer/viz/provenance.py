@@ -72,7 +72,7 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
         ])
     value = tensor._value
     storage = value.storage
-    nodes = make_plan([(value, storage.version)], ReplayCache(), "recorded", None).nodes  # type: ignore[arg-type]
+    nodes = make_plan([(value, storage.version)], ReplayCache(), "recorded", None).nodes
     lines = [
         f"{title}{wrapper}: deferred {what} {_shape_on(value)}, storage s#{storage.id} at "
         f"version {storage.version}"

@@ -66,7 +66,7 @@ def targets_of(obj: object) -> tuple[list[Target], dict[str, str]]:
 def _module_targets(root: nn.Module) -> tuple[list[Target], dict[str, str]]:
     modules = {path: type(m).__name__ for path, m in root.named_modules(remove_duplicate=False)}
     named: dict[int, tuple[torch.Tensor, list[str]]] = {}
-    tensors = list(root.named_parameters(remove_duplicate=False))
+    tensors: list[tuple[str, torch.Tensor]] = list(root.named_parameters(remove_duplicate=False))
     tensors += list(root.named_buffers(remove_duplicate=False))
     for name, t in tensors:
         named.setdefault(id(t), (t, []))[1].append(name)

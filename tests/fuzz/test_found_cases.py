@@ -325,6 +325,14 @@ CASES: dict[str, Program] = {
             "t4 = t3.transpose(0, -1)",
             "t4.data = t4 * 1",
         ),)),
+    # seed 20261207 (eager_refusals): .data of a real meta tensor set to a deferred one
+    "data_of_a_real_meta_tensor_set_to_a_deferred_one": Program(20261207000339, ((
+        "torch.set_default_device('meta')",
+        "t5 = torch.arange(7, dtype=torch.int32)",
+        "t6 = torch.tensor([-0.75, 1.0, 0.25, 0.0, 0.0, -1.5])",
+        "t10 = t5.select(0, -1)",
+        "t6.data = t10 * 1",
+    ),)),
 }
 
 # torchdefer's own refusal inside a program's attempt(): it must reach the harness

@@ -17,11 +17,13 @@ another) is deterministic, and must stay so when one of them records:
   dtype only if its own thread changed it, and not a change another thread
   made meanwhile.
 
-One more patch rides on the first install, though it is not about threads:
+Two more patches ride on the install, though they are not about threads:
 ``Tensor.set_``, whose binding takes no ``__torch_function__``, refuses a
 source view whose autograd history cannot be rebuilt on fake tensors with
 torchdefer's error rather than PyTorch's internal assert
-(``fake._calls.set_refusing_lost_view_history``).
+(``fake._calls.set_refusing_lost_view_history``); and ``Tensor.data``'s
+setter sees ``real.data = deferred``, which its binding hands to ``self``'s
+``__torch_function__`` alone.
 
 The patches are installed once while any thread records (the first block in
 installs them, the last one out removes them; ``set_``'s stays, since the
@@ -41,8 +43,10 @@ from typing import Any
 import torch
 import torch.random
 
+from torchdefer import _compat
 from torchdefer._compat import generator as _generator
 from torchdefer.fake._calls import set_refusing_lost_view_history
+from torchdefer.fake.tensor import FakeTensor
 
 __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 
@@ -114,6 +118,35 @@ def _set_once() -> None:
 
 _set_wrapped: list[bool] = []
 
+_C_DATA = _compat.TensorBase.__dict__["data"]
+_data_get = _compat.descriptor_get(_compat.TensorBase, "data")
+_data_set = _compat.descriptor_set(_compat.TensorBase, "data")
+
+
+class _DataOfReal:
+    """``Tensor.data`` seeing ``real.data = deferred``: the C setter calls
+    ``__torch_function__`` of ``self`` alone, so a real target (a meta tensor
+    made by ``torch.tensor`` under a meta device) reached ``set_data`` with a
+    deferred tensor and failed there with "incompatible tensor type".
+
+    Read on the class it is torch's own C property, so ``torch.Tensor.data.__get__``
+    (what ``__torch_function__`` handlers compare with) is unchanged.
+    """
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return _C_DATA if obj is None else _data_get(obj)
+
+    def __set__(self, obj: torch.Tensor, new: torch.Tensor) -> None:
+        if isinstance(new, FakeTensor) and not isinstance(obj, FakeTensor):
+            from torchdefer.recorder.record import record_data_set
+
+            record_data_set(obj, new)
+            return
+        _data_set(obj, new)
+
+
+_DATA_OF_REAL = _DataOfReal()
+
 
 def _install() -> None:
     _fork_hook()
@@ -139,6 +172,7 @@ def _install() -> None:
         new.__doc__, new.__name__ = old.__doc__, old.__name__
     _saved["reads"] = _generator.intercept_reads(_sync_mine)
     _set_once()
+    torch.Tensor.data = _DATA_OF_REAL  # type: ignore[assignment]  # a descriptor in place of the C one
     threading.Thread.start = exact_start  # type: ignore[method-assign]
     torch.set_default_dtype = logged_set_default_dtype
     torch.set_default_tensor_type = logged_set_default_tensor_type
@@ -151,6 +185,7 @@ def _note_dtype() -> None:
 
 def _remove() -> None:
     _generator.restore_reads()
+    del torch.Tensor.data  # TensorBase's C property again
     threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
     torch.set_default_dtype = _saved["set_default_dtype"]
     torch.set_default_tensor_type = _saved["set_default_tensor_type"]

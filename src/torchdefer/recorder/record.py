@@ -498,8 +498,10 @@ def _own_copy(real: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return own.requires_grad_() if requires_grad else own
 
 
-def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:
+def record_data_set(target: torch.Tensor, new: torch.Tensor) -> None:
     """``target.data = new``: the tensor object now holds ``new``'s value."""
+    if not isinstance(target, DeferredTensor):
+        return _data_set_of_real(target, new)
     graph = target._graph
     new = _as_deferred(graph, new, "Tensor.data.__set__")
     node = Node(graph.next_seq(), NodeKind.DATA_SET, None, [new._value], None,
@@ -511,3 +513,29 @@ def record_data_set(target: DeferredTensor, new: torch.Tensor) -> None:
     target.fake_device = new.fake_device
     target._value = Value(node, 0, new._value.storage, new._value.meta)
     node.outputs.append(target._value)
+
+
+def _data_set_of_real(target: torch.Tensor, new: torch.Tensor) -> None:
+    """``real.data = deferred``. A meta tensor (``torch.tensor(data)`` under a meta
+    device is one, as in eager) takes ``new``'s metadata: neither has values.
+    Any other real tensor would hold values nothing has computed yet: refused."""
+    if target.is_meta and new.device.type == "meta":
+        if isinstance(new, DeferredTensor):
+            meta, nbytes = new._value.meta, new._value.storage.nbytes
+        else:  # a fake tensor of fake_mode
+            meta, nbytes = TensorMeta.of(new, new.device), new.untyped_storage().nbytes()
+        with suspended(), _compat.DisableTorchFunctionSubclass():
+            storage = torch.UntypedStorage(nbytes, device="meta")
+            twin = torch.empty(0, dtype=meta.dtype, device="meta")
+            twin.set_(storage, meta.offset, meta.size, meta.stride)
+            _compat.descriptor_set(_compat.TensorBase, "data")(target, twin)
+        return
+    where = user_frame(2)
+    at = f" at {where[0]}:{where[1]}" if where else ""
+    raise RecordingError(
+        f"Tensor.data.__set__{at} sets the data of a real tensor (one created outside "
+        "deferred_init, or one materialize_tensor/materialize_module returned) to a deferred "
+        "tensor, whose values are not computed yet. Materialize it first "
+        "(real.data = torchdefer.materialize_tensor(t)), or create the target inside "
+        "deferred_init."
+    )

@@ -31,7 +31,7 @@ import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
-from torchdefer.materialize.rng import draw, takes_generator
+from torchdefer.materialize.rng import NodeWithOverload, draw, generator_overload, takes_generator
 from torchdefer.rng import chunks, mt19937, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
@@ -100,6 +100,12 @@ def min_chunk(elements: int) -> Iterator[None]:
         _min_chunk.reset(token)
 
 
+def _lead(floor: int) -> int:
+    """The first chunk's head start (``chunks.LEAD``), scaled down with a lowered floor
+    so that tests splitting small calls split them unevenly too."""
+    return chunks.LEAD if floor >= chunks.MIN_CHUNK else floor // 2
+
+
 def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor,
                args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Draw random ``node`` in chunks on threads: ``(output, state after)``; None if whole.
@@ -123,7 +129,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     if n < 2 * floor:
         return None
     if stream.generator is None and not takes_generator(node, args, kwargs):
-        node = _with_generator_overload(node)
+        node = generator_overload(node)
         if node is None:  # one borrowed default generator cannot serve two threads
             return None
     from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
@@ -146,7 +152,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
                                  call.dtype, device)
     if model is None:
         return None
-    starts = chunks.bounds(n, model, threads, floor)
+    starts = chunks.bounds(n, model, threads, floor, _lead(floor))
     if len(starts) < 3:
         return None
     run = call.run
@@ -250,7 +256,7 @@ def _drawing_into(call: Any) -> Any:
     if positional != [a.name for a in into._schema.arguments if not a.kwarg_only]:
         return None
     names = {a.name for a in into._schema.arguments}
-    node = _NodeWithOverload(call.node, into)
+    node = NodeWithOverload(call.node, into)
 
     def run(view: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         args, kwargs = call._call(view)  # the size is the view's; dtype etc. are view's
@@ -259,40 +265,3 @@ def _drawing_into(call: Any) -> Any:
         return after
 
     return run
-
-
-# Overloads that draw from the default generator, and their siblings taking
-# ``generator=`` (kwarg-only, same other arguments: checked on the schemas).
-_GENERATOR_SIBLINGS = {"default": "generator", "low": "low_generator",
-                       "low_dtype": "low_generator_dtype", "Tensor": "Tensor_generator"}
-
-
-class _NodeWithOverload:
-    """``node`` as if recorded with another overload of its op (everything else its own)."""
-
-    def __init__(self, node: Any, op: Any) -> None:
-        self._node = node
-        self.op = op
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
-
-
-def _with_generator_overload(node: Any) -> Any:
-    """``node`` calling the overload of its op that takes ``generator=``; None if none.
-
-    ``torch.randn(n)`` is ``aten.randn.default``, which draws from the default
-    generator: the same kernel as ``aten.randn.generator`` given it.
-    """
-    op = node.op
-    sibling = _GENERATOR_SIBLINGS.get(getattr(op, "_overloadname", ""))
-    packet = getattr(op, "overloadpacket", None)
-    if sibling is None or packet is None or sibling not in packet.overloads():
-        return None
-    other = getattr(packet, sibling)
-    mine = [(a.name, a.kwarg_only) for a in op._schema.arguments]
-    theirs = [(a.name, a.kwarg_only) for a in other._schema.arguments if a.name != "generator"]
-    takes = [a for a in other._schema.arguments if a.name == "generator" and a.kwarg_only]
-    if mine != theirs or not takes:
-        return None
-    return _NodeWithOverload(node, other)

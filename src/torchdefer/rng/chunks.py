@@ -24,11 +24,16 @@ call starts, so tensors of one shape share their jumps' powers of ``x``
   normal or draws a pair (four words) and caches the second; a chunk starts
   after a whole pair (:func:`pair_bounds`, :func:`draw_pairs`).
 
-Calls that do not split run whole: strided ``normal_`` (cached normals in
-iteration order), ``bernoulli_`` with MKL (one seed word for the whole call),
-rejection loops and other composites whose draws depend on values,
-``randperm``, and anything the draw model does not know. A stepped rejection
-loop (``rng.rejection``) could split by its steps later.
+Calls that do not split run whole: strided outputs (the kernel walks them
+in TensorIterator's order, not storage order, so a run of that order is no
+view; strided ``normal_`` also takes cached normals in pairs along it),
+``bernoulli_`` with MKL (one seed word for the whole call), rejection loops
+(``rng.rejection``: where a round starts is known only once the rounds
+before it were drawn) and other composites whose draws depend on values,
+``randperm``, and anything the draw model does not know.
+
+The first chunk starts from the call's own state and the others jump first,
+so the first takes :data:`LEAD` elements more (``bounds(..., lead=)``).
 
 The last chunk's end state is the call's end state: the generator is left
 where one eager call leaves it.

@@ -41,15 +41,16 @@ where one eager call leaves it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from torchdefer.errors import InternalError
 from torchdefer.rng import mt19937, ranges
+from torchdefer.rng._workers import run_pieces
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
 __all__ = ["MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
@@ -183,10 +184,8 @@ def _threaded(out: torch.Tensor, state: torch.Tensor, starts: list[int],
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return run(out[s:e], state if s == 0 else state_for(s))
 
-    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
-        futures = [pool.submit(chunk, s, e) for s, e in pieces]
-        # Leaving the pool waits for every chunk: none writes after a failure is raised.
-        ends = [f.result() for f in futures]
+    with mt19937.one_thread():
+        ends = run_pieces([functools.partial(chunk, s, e) for s, e in pieces])
     return ends[-1]
 
 
@@ -229,7 +228,5 @@ def draw_range(
             ranges.draw_range(model, n, total_words, a, b, out[a - s : b - s], jumped, run)
 
     pieces = list(itertools.pairwise(cuts))
-    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
-        futures = [pool.submit(piece, a, b) for a, b in pieces]
-        for f in futures:
-            f.result()
+    with mt19937.one_thread():
+        run_pieces([functools.partial(piece, a, b) for a, b in pieces])

@@ -263,6 +263,12 @@ def _loads(runs: list[dict], case: str) -> str:
     return ", ".join(f"{r['load']:.1f}" for r in runs if r["case"] == case)
 
 
+def _lead() -> int:
+    from torchdefer.rng import chunks
+
+    return chunks.LEAD
+
+
 def _min_chunk() -> int:
     from torchdefer.rng import chunks
 
@@ -303,7 +309,8 @@ def _model_lines(rates: dict, jumps: dict, params: int) -> list[str]:
         f"generator-bound up to ~{300e9 / traffic:.0f} cores at 300 GB/s and the model's "
         f"{params * 12 / 1e9:.1f} GB of traffic takes >= {params * 12 / 300e9:.2f} s.",
         f"- Jumps: at most 64 per tensor, in parallel ({jumps['jump_known_s'] * 1e3:.0f}-"
-        f"{jumps['jump_new_s'] * 1e3:.0f} ms each); with `MIN_CHUNK` = {floor:,} elements "
+        f"{jumps['jump_new_s'] * 1e3:.0f} ms each), while the first chunk, which needs none, "
+        f"draws `chunks.LEAD` = {_lead():,} elements more; with `MIN_CHUNK` = {floor:,} elements "
         f"a tensor splits 64 ways from {64 * floor / 1e6:.0f}M elements on. Smaller "
         f"tensors use fewer chunks: a Llama 1B's 4.2M and 16.8M ones get "
         f"{(1 << 22) // floor} and {(1 << 24) // floor}, so at 64 cores the serial part "

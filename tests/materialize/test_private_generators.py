@@ -99,3 +99,36 @@ def test_the_generator_overload_is_the_sibling_with_the_same_other_arguments():
     # Taking generator= already, or no sibling: nothing to switch to.
     for op in (aten.randn.generator, aten.normal_.default, aten.add.Tensor):
         assert replay_rng.generator_overload(Node(op)) is None
+
+
+def test_a_thread_drawing_from_the_default_generator_meanwhile_changes_nothing():
+    """Replay never sets the process's default generator, so another thread drawing
+    from it during materialization neither shifts the replayed values nor sees
+    replay's states (both could happen while replay borrowed it)."""
+    build = CALLS["randn.default"]
+    torch.manual_seed(8)
+    eager = build(3)
+    deferred = []
+    for _ in range(200):
+        torch.manual_seed(8)
+        deferred.append(torchdefer.deferred_init(build, 3))
+    saved = torch.default_generator.get_state()
+    stop = threading.Event()
+    seen: list[bool] = []
+
+    def user_thread() -> None:
+        torch.default_generator.manual_seed(99)
+        expected = torch.Generator().manual_seed(99)
+        while not stop.is_set():
+            seen.append(torch.equal(torch.randn(64), torch.randn(64, generator=expected)))
+
+    worker = threading.Thread(target=user_thread)
+    worker.start()
+    try:
+        got = [torchdefer.materialize_tensor(d, threads=1) for d in deferred]
+    finally:
+        stop.set()
+        worker.join()
+        torch.default_generator.set_state(saved)
+    assert all(torch.equal(g, eager) for g in got)
+    assert seen and all(seen)

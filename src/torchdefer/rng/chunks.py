@@ -53,7 +53,7 @@ from torchdefer.rng import mt19937, ranges
 from torchdefer.rng._workers import run_pieces
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
-__all__ = ["MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
+__all__ = ["LEAD", "MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
            "pair_bounds"]
 
 # Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of

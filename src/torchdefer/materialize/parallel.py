@@ -37,8 +37,8 @@ from torchdefer.rng.draws import NORMAL_BLOCKS
 
 _aten = torch.ops.aten
 
-__all__ = ["check_threads", "chunk_floor", "current_threads", "min_chunk", "split_draw",
-           "threads_used"]
+__all__ = ["check_threads", "chunk_floor", "chunk_lead", "current_threads", "min_chunk",
+           "split_draw", "threads_used"]
 
 # The threads of the materialization running in this context (None: torch's
 # intra-op setting), and the smallest chunk (tests lower it to split small calls).
@@ -100,9 +100,10 @@ def min_chunk(elements: int) -> Iterator[None]:
         _min_chunk.reset(token)
 
 
-def _lead(floor: int) -> int:
-    """The first chunk's head start (``chunks.LEAD``), scaled down with a lowered floor
-    so that tests splitting small calls split them unevenly too."""
+def chunk_lead() -> int:
+    """The first chunk's head start here (``chunks.LEAD``), scaled down with a lowered
+    floor so that tests splitting small calls split them unevenly too."""
+    floor = _min_chunk.get()
     return chunks.LEAD if floor >= chunks.MIN_CHUNK else floor // 2
 
 
@@ -152,7 +153,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
                                  call.dtype, device)
     if model is None:
         return None
-    starts = chunks.bounds(n, model, threads, floor, _lead(floor))
+    starts = chunks.bounds(n, model, threads, floor, chunk_lead())
     if len(starts) < 3:
         return None
     run = call.run

@@ -103,9 +103,10 @@ def _alignment(model: ElementModel) -> int:
     return math.lcm(per_refill, BLOCK) if model.blocks else per_refill
 
 
-def _cuts(s: int, e: int, model: ElementModel, threads: int, min_chunk: int) -> list[int]:
+def _cuts(s: int, e: int, model: ElementModel, threads: int, min_chunk: int,
+          lead: int) -> list[int]:
     """``[s, c1, ..., e]``: the inner cuts of a range on chunk boundaries of the call."""
-    inner = [s + c for c in bounds(e - s, model, threads, min_chunk)[1:-1]]
+    inner = [s + c for c in bounds(e - s, model, threads, min_chunk, lead)[1:-1]]
     step = _alignment(model)
     cuts = sorted({-(-c // step) * step for c in inner} - {s, e})
     return [s, *(c for c in cuts if s < c < e), e]
@@ -200,15 +201,17 @@ def draw_range(
     run: Runner,
     threads: int,
     min_chunk: int = MIN_CHUNK,
+    lead: int = 0,
 ) -> None:
     """:func:`ranges.draw_range` (elements ``[s, e)`` of a call of ``n``) on ``threads``.
 
     A sharded rank's rows are one range; it is cut on the call's chunk
     boundaries and each piece drawn on a thread of its own. ``state_at`` is
     asked once, here (it may read shared accounting); the threads jump on
-    from the state it gives. ``run`` is called from several threads.
+    from the state it gives. ``run`` is called from several threads. The first
+    piece (a jump of less than a refill) takes up to ``lead`` elements more.
     """
-    cuts = _cuts(s, e, model, threads, min_chunk)
+    cuts = _cuts(s, e, model, threads, min_chunk, lead)
     if len(cuts) < 3:
         ranges.draw_range(model, n, total_words, s, e, out, state_at, run)
         return

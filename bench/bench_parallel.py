@@ -28,6 +28,11 @@ The machine is shared: run it when it is quiet. One command, which writes
 
     nice python bench/bench_parallel.py --repeat 3
 
+The quick check of the targets (threads 1 and 2 against eager, ~2-3 min on
+an idle 2-core machine; writes the same file)::
+
+    nice python bench/bench_parallel.py --repeat 3 --quick
+
 A short run (2 layers, fewer sizes): ``--model llama-1b-L2 --repeat 1``.
 """
 
@@ -201,7 +206,6 @@ def _report(args, runs, rates, jumps, threshold, load_before, load_after) -> str
     peak = {c: max(r["peak"] for r in runs if r["case"] == c) for c in cases}
     prints = {c: {r["fingerprint"] for r in runs if r["case"] == c} for c in cases}
     reference = prints.get("eager") or prints.get("threads=1")
-    one = med.get("threads=1")
     params = runs[0]["params"]
     lines = [
         "# Parallel CPU materialization",
@@ -215,18 +219,21 @@ def _report(args, runs, rates, jumps, threshold, load_before, load_after) -> str
         f"Load before: `{load_before}`",
         f"Load after: `{load_after}`",
         "",
+        "Ratios are per round (each case against threads=1, or eager, of the same round): "
+        "median [min, max]. Load: the 1-minute load average at the end of each run.",
+        "",
         "| case | median s | vs threads=1 | vs eager | CPU s | peak MiB | peak vs threads=1 "
-        "| bits equal eager |",
-        "|---|---|---|---|---|---|---|---|",
+        "| bits equal eager | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    ratios, to_eager = _round_ratios(runs, cases, "threads=1"), _round_ratios(runs, cases, "eager")
     for c in cases:
-        vs_one = f"{med[c] / one:.2f}x" if one and c != "eager" else ""
-        vs_eager = f"{med[c] / med['eager']:.2f}x" if "eager" in med else ""
+        vs_one, vs_eager = ratios.get(c, ""), to_eager.get(c, "")
         vs_peak = f"{peak[c] / peak['threads=1']:.3f}" if "threads=1" in peak else ""
         equal = "yes" if prints[c] == reference and len(prints[c]) == 1 else "NO"
         lines.append(f"| {c} | {med[c]:.2f} | {vs_one} | {vs_eager} | {cpu[c]:.2f} "
                      f"| {peak[c] / MiB:,.0f} "
-                     f"| {vs_peak} | {equal} |")
+                     f"| {vs_peak} | {equal} | {_loads(runs, c)} |")
     lines += _model_lines(rates, jumps, params)
     lines += ["", "## Chunk threshold", "",
               "One `normal_` of n float32 elements, `materialize_tensor` with 1 and 2 threads "
@@ -237,6 +244,29 @@ def _report(args, runs, rates, jumps, threshold, load_before, load_after) -> str
         lines.append(f"| {row['n']:,} | {row['one'] * 1e3:.1f} | {row['two'] * 1e3:.1f} "
                      f"| {row['two'] / row['one']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _round_ratios(runs: list[dict], cases: list[str], base: str) -> dict[str, str]:
+    """``case -> "median [min, max]"`` of its time over ``base``'s in the same round."""
+    rounds: dict[int, dict[str, float]] = {}
+    for r in runs:
+        rounds.setdefault(r["round"], {})[r["case"]] = r["seconds"]
+    out = {}
+    for c in cases:
+        xs = [t[c] / t[base] for t in rounds.values() if c in t and base in t]
+        if xs and c not in (base, "eager"):
+            out[c] = f"{statistics.median(xs):.2f}x [{min(xs):.2f}, {max(xs):.2f}]"
+    return out
+
+
+def _loads(runs: list[dict], case: str) -> str:
+    return ", ".join(f"{r['load']:.1f}" for r in runs if r["case"] == case)
+
+
+def _lead() -> int:
+    from torchdefer.rng import chunks
+
+    return chunks.LEAD
 
 
 def _min_chunk() -> int:
@@ -279,7 +309,8 @@ def _model_lines(rates: dict, jumps: dict, params: int) -> list[str]:
         f"generator-bound up to ~{300e9 / traffic:.0f} cores at 300 GB/s and the model's "
         f"{params * 12 / 1e9:.1f} GB of traffic takes >= {params * 12 / 300e9:.2f} s.",
         f"- Jumps: at most 64 per tensor, in parallel ({jumps['jump_known_s'] * 1e3:.0f}-"
-        f"{jumps['jump_new_s'] * 1e3:.0f} ms each); with `MIN_CHUNK` = {floor:,} elements "
+        f"{jumps['jump_new_s'] * 1e3:.0f} ms each), while the first chunk, which needs none, "
+        f"draws `chunks.LEAD` = {_lead():,} elements more; with `MIN_CHUNK` = {floor:,} elements "
         f"a tensor splits 64 ways from {64 * floor / 1e6:.0f}M elements on. Smaller "
         f"tensors use fewer chunks: a Llama 1B's 4.2M and 16.8M ones get "
         f"{(1 << 22) // floor} and {(1 << 24) // floor}, so at 64 cores the serial part "
@@ -298,11 +329,16 @@ def main() -> None:
     parser.add_argument("--rate-elements", type=int, default=1 << 25,
                         help="elements of the one-core rate measurements")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true",
+                        help="threads 1 and 2 only, two threshold sizes (~2-3 min)")
     args = parser.parse_args()
+    if args.quick:
+        args.threads, args.sizes = "1,2", "1048576,16777216"
     cases = ([] if args.no_eager else ["eager"]) + [
         f"threads={t}" for t in args.threads.split(",")]
     load_before = _uptime()
-    runs = [_spawn(case, args.model) for _ in range(args.repeat) for case in cases]
+    runs = [{**_spawn(case, args.model), "round": i} for i in range(args.repeat)
+            for case in cases]
     elements = args.rate_elements
     rates = _one_core_rates(elements)
     rates["fill_bytes_per_s_all"] = _all_core_fill(elements)

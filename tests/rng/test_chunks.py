@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,9 +21,10 @@ from torchdefer.rng.ranges import BLOCK, ElementModel
     words=st.sampled_from([1, 2]),
     threads=st.integers(1, 64),
     floor=st.integers(1, 10**6),
+    lead=st.sampled_from([0, 1, 1000, chunks.LEAD, 10**7]),
 )
-def test_chunks_start_on_whole_refills_and_whole_blocks(n, blocks, words, threads, floor):
-    starts = chunks.bounds(n, ElementModel(blocks, words), threads, floor)
+def test_chunks_start_on_whole_refills_and_whole_blocks(n, blocks, words, threads, floor, lead):
+    starts = chunks.bounds(n, ElementModel(blocks, words), threads, floor, lead)
     assert starts[0] == 0 and starts[-1] == n
     assert starts == sorted(set(starts)) or starts == [0, 0]
     assert len(starts) - 1 <= max(threads, 1)
@@ -31,6 +35,21 @@ def test_chunks_start_on_whole_refills_and_whole_blocks(n, blocks, words, thread
             assert s >= floor
         if blocks:
             assert n - starts[-2] >= BLOCK  # the tail rule stays in the last chunk
+        sizes = [e - s for s, e in itertools.pairwise(starts)]
+        # The first chunk (no jump) is the largest: by at most the lead and a step.
+        step = mt19937.N // math.gcd(mt19937.N, words) * (BLOCK if blocks else 1)
+        assert sizes[0] >= max(sizes[1:])
+        if len(sizes) > 2:  # the last chunk may be a remainder
+            assert sizes[0] - sizes[1] <= lead + step
+        assert starts == chunks.bounds(n, ElementModel(blocks, words), threads, floor, lead)
+
+
+def test_the_first_chunk_draws_the_lead_more_than_the_others():
+    n = 16 * chunks.MIN_CHUNK
+    starts = chunks.bounds(n, ElementModel(True, 1), 2, chunks.MIN_CHUNK, chunks.LEAD)
+    assert len(starts) == 3
+    first, second = starts[1], n - starts[1]
+    assert 0 < first - second - chunks.LEAD <= 2 * 624 * BLOCK
 
 
 @pytest.mark.parametrize(
@@ -111,3 +130,41 @@ def test_a_chunked_log_normal_leaves_the_state_and_cache_the_whole_call_leaves(c
     out = torch.empty(n)
     after = chunks.draw_pairs(out, start, run, starts)
     assert torch.equal(out, whole) and torch.equal(after, end)
+
+
+def test_a_failing_chunk_is_raised_after_every_chunk_ended():
+    from torchdefer.rng._workers import run_pieces
+
+    ended = []
+
+    def piece(k):
+        def run():
+            if k == 1:
+                raise RuntimeError("chunk 1")
+            import time
+
+            time.sleep(0.05)
+            ended.append(k)
+            return k
+
+        return run
+
+    with pytest.raises(RuntimeError, match="chunk 1"):
+        run_pieces([piece(k) for k in range(4)])
+    assert sorted(ended) == [0, 2, 3]
+    assert run_pieces([piece(0), piece(2)]) == [0, 2]
+
+
+def test_a_forked_child_forgets_the_kept_draw_threads():
+    """Threads are not copied into a fork: the child must start its own, or its
+    pieces would wait on threads that do not exist."""
+    from torchdefer.rng import _workers
+
+    workers = _workers._Workers()
+    parent = workers.pool(2)
+    assert workers.pool(1) is parent and workers.pool(2) is parent
+    workers.forget()  # what os.register_at_fork runs in the child
+    child = workers.pool(1)
+    assert child is not parent and child.submit(lambda: 7).result() == 7
+    parent.shutdown()
+    child.shutdown()

@@ -147,7 +147,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
 
     def step(buf: torch.Tensor) -> None:
         chunks.draw_range(model, n, effect.words, s, e, buf[at : at + e - s], state_at, run,
-                          parallel.current_threads(), parallel.chunk_floor())
+                          parallel.current_threads(), parallel.chunk_floor(), parallel.chunk_lead())
 
     return step
 

@@ -31,15 +31,15 @@ import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.errors import ThreadsError
-from torchdefer.materialize.rng import draw, takes_generator
+from torchdefer.materialize.rng import NodeWithOverload, draw, generator_overload, takes_generator
 from torchdefer.recorder.graph import Node
 from torchdefer.rng import chunks, mt19937, ranges
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
 _aten = torch.ops.aten
 
-__all__ = ["check_threads", "chunk_floor", "current_threads", "min_chunk", "split_draw",
-           "threads_used"]
+__all__ = ["check_threads", "chunk_floor", "chunk_lead", "current_threads", "min_chunk",
+           "split_draw", "threads_used"]
 
 # The threads of the materialization running in this context (None: torch's
 # intra-op setting), and the smallest chunk (tests lower it to split small calls).
@@ -101,6 +101,13 @@ def min_chunk(elements: int) -> Iterator[None]:
         _min_chunk.reset(token)
 
 
+def chunk_lead() -> int:
+    """The first chunk's head start here (``chunks.LEAD``), scaled down with a lowered
+    floor so that tests splitting small calls split them unevenly too."""
+    floor = _min_chunk.get()
+    return chunks.LEAD if floor >= chunks.MIN_CHUNK else floor // 2
+
+
 def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor,
                args: tuple[Any, ...], kwargs: dict[str, Any]
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -125,7 +132,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     if n < 2 * floor:
         return None
     if stream.generator is None and not takes_generator(node, args, kwargs):
-        node = _with_generator_overload(node)
+        node = generator_overload(node)
         if node is None:  # one borrowed default generator cannot serve two threads
             return None
     from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
@@ -148,7 +155,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
                                  call.dtype, device)
     if model is None:
         return None
-    starts = chunks.bounds(n, model, threads, floor)
+    starts = chunks.bounds(n, model, threads, floor, chunk_lead())
     if len(starts) < 3:
         return None
     run = call.run
@@ -253,7 +260,7 @@ def _drawing_into(call: Any) -> Any:
         return None
     names = {a.name for a in into._schema.arguments}
     # Read as a Node: every field is the node's own but op.
-    node = cast(Node, _NodeWithOverload(call.node, into))
+    node = cast(Node, NodeWithOverload(call.node, into))
 
     def run(view: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         args, kwargs = call._call(view)  # the size is the view's; dtype etc. are view's
@@ -262,40 +269,3 @@ def _drawing_into(call: Any) -> Any:
         return after
 
     return run
-
-
-# Overloads that draw from the default generator, and their siblings taking
-# ``generator=`` (kwarg-only, same other arguments: checked on the schemas).
-_GENERATOR_SIBLINGS = {"default": "generator", "low": "low_generator",
-                       "low_dtype": "low_generator_dtype", "Tensor": "Tensor_generator"}
-
-
-class _NodeWithOverload:
-    """``node`` as if recorded with another overload of its op (everything else its own)."""
-
-    def __init__(self, node: Any, op: Any) -> None:
-        self._node = node
-        self.op = op
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
-
-
-def _with_generator_overload(node: Any) -> Any:
-    """``node`` calling the overload of its op that takes ``generator=``; None if none.
-
-    ``torch.randn(n)`` is ``aten.randn.default``, which draws from the default
-    generator: the same kernel as ``aten.randn.generator`` given it.
-    """
-    op = node.op
-    sibling = _GENERATOR_SIBLINGS.get(getattr(op, "_overloadname", ""))
-    packet = getattr(op, "overloadpacket", None)
-    if sibling is None or packet is None or sibling not in packet.overloads():
-        return None
-    other = getattr(packet, sibling)
-    mine = [(a.name, a.kwarg_only) for a in op._schema.arguments]
-    theirs = [(a.name, a.kwarg_only) for a in other._schema.arguments if a.name != "generator"]
-    takes = [a for a in other._schema.arguments if a.name == "generator" and a.kwarg_only]
-    if mine != theirs or not takes:
-        return None
-    return _NodeWithOverload(node, other)

@@ -15,7 +15,7 @@ and restored in ``finally``. User generators are replaced by private copies.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -34,7 +34,8 @@ from torchdefer.rng.stream import Model, Stream, model_of
 if TYPE_CHECKING:
     from torchdefer.materialize.replay import Replay
 
-__all__ = ["RngReplay", "call_checking_draws", "draw", "takes_generator"]
+__all__ = ["NodeWithOverload", "RngReplay", "call_checking_draws", "draw", "generator_overload",
+           "on_eager_devices", "takes_generator"]
 
 # Random ops whose number of draws depends on the values of a tensor they
 # write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
@@ -173,6 +174,10 @@ def on_eager_devices(
     return args, {k: place(k, x) for k, x in kwargs.items()}
 
 
+# A default generator is borrowed only where no private one can be given: a
+# CUDA call (its Philox state is offset bookkeeping of the device's default
+# generator) or an op with no overload taking ``generator=``. The borrowers
+# take it one at a time, or one thread would draw from the state another set.
 _DEFAULT_GENERATOR = threading.Lock()
 
 
@@ -184,27 +189,20 @@ def draw(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> tuple[Any, torch.Tensor]:
-    """Run random ``node`` from generator ``state``; returns (output, state after)."""
+    """Run random ``node`` from generator ``state``; returns (output, state after).
+
+    Every CPU call draws from a private generator: one recorded without
+    ``generator=`` (``torch.randn(n)`` is ``aten.randn.default``) runs as its
+    sibling overload that takes one (:func:`generator_overload`), the same
+    kernel. So calls on several threads (the chunks of a split call, a
+    sharded rank's rows) never share a generator.
+    """
     args, kwargs = on_eager_devices(node, args, kwargs)
     if stream.generator is None and not takes_generator(node, args, kwargs):
-        generator = default_generator(device)
-        if generator is None:
-            raise DeviceUnavailableError(
-                f"{node.name}, recorded at {node.where()}, draws from the default generator of "
-                f"{device}, and this process has none: no such device here, or a device type "
-                "torchdefer does not replay random ops on (it replays them on cpu and cuda). "
-                "Materialize onto a device this process has, e.g. device='cpu'.")
-        # One default generator serves every thread: the threads of a split
-        # call (a sharded rank's rows on threads) take it one at a time, or
-        # one would draw from the state another just set.
-        with _DEFAULT_GENERATOR:
-            saved = get_state(generator)  # as it is: a marker while recording
-            try:
-                generator.set_state(state)
-                out = node.op(*args, **kwargs)
-                return out, get_state(generator)
-            finally:
-                generator.set_state(saved)
+        sibling = generator_overload(node) if torch.device(device).type == "cpu" else None
+        if sibling is None:
+            return _borrowing_default(node, device, state, args, kwargs)
+        node = cast(Node, sibling)  # read as a Node: every field is the node's own but op
     private = torch.Generator(device=device)
     private.set_state(state)
     if stream.generator is None:
@@ -214,6 +212,76 @@ def draw(
         kwargs = {k: private if isinstance(x, torch.Generator) else x for k, x in kwargs.items()}
     out = node.op(*args, **kwargs)
     return out, get_state(private)
+
+
+def _borrowing_default(
+    node: Node,
+    device: torch.device,
+    state: torch.Tensor,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, torch.Tensor]:
+    """``node`` run on ``device``'s default generator set to ``state``, then restored.
+
+    One default generator serves every thread: threads take it one at a time,
+    or one would draw from the state another just set (CUDA calls, and ops
+    with no overload taking ``generator=``).
+    """
+    generator = default_generator(device)
+    if generator is None:
+        raise DeviceUnavailableError(
+            f"{node.name}, recorded at {node.where()}, draws from the default generator of "
+            f"{device}, and this process has none: no such device here, or a device type "
+            "torchdefer does not replay random ops on (it replays them on cpu and cuda). "
+            "Materialize onto a device this process has, e.g. device='cpu'.")
+    with _DEFAULT_GENERATOR:
+        saved = get_state(generator)  # as it is: a marker while recording
+        try:
+            generator.set_state(state)
+            out = node.op(*args, **kwargs)
+            return out, get_state(generator)
+        finally:
+            generator.set_state(saved)
+
+
+# Overloads that draw from the default generator, and their siblings taking
+# ``generator=`` (kwarg-only, same other arguments: checked on the schemas).
+_GENERATOR_SIBLINGS = {
+    "default": "generator", "low": "low_generator", "low_dtype": "low_generator_dtype",
+    "Tensor": "Tensor_generator", "out": "generator_out", "low_out": "low_generator_out",
+    "Tensor_out": "Tensor_generator_out", "low_dtype_out": "low_generator_dtype_out",
+}  # fmt: skip
+
+
+class NodeWithOverload:
+    """``node`` as if recorded with another overload of its op (everything else its own)."""
+
+    def __init__(self, node: Any, op: Any) -> None:
+        self._node = node
+        self.op = op
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+
+def generator_overload(node: Any) -> NodeWithOverload | None:
+    """``node`` calling the overload of its op that takes ``generator=``; None if none.
+
+    ``torch.randn(n)`` is ``aten.randn.default``, which draws from the default
+    generator: the same kernel as ``aten.randn.generator`` given it.
+    """
+    op = node.op
+    sibling = _GENERATOR_SIBLINGS.get(getattr(op, "_overloadname", ""))
+    packet = getattr(op, "overloadpacket", None)
+    if sibling is None or packet is None or sibling not in packet.overloads():
+        return None
+    other = getattr(packet, sibling)
+    mine = [(a.name, a.kwarg_only) for a in op._schema.arguments]
+    theirs = [(a.name, a.kwarg_only) for a in other._schema.arguments if a.name != "generator"]
+    takes = [a for a in other._schema.arguments if a.name == "generator" and a.kwarg_only]
+    if mine != theirs or not takes:
+        return None
+    return NodeWithOverload(node, other)
 
 
 def call_checking_draws(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

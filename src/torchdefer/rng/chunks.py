@@ -24,11 +24,16 @@ call starts, so tensors of one shape share their jumps' powers of ``x``
   normal or draws a pair (four words) and caches the second; a chunk starts
   after a whole pair (:func:`pair_bounds`, :func:`draw_pairs`).
 
-Calls that do not split run whole: strided ``normal_`` (cached normals in
-iteration order), ``bernoulli_`` with MKL (one seed word for the whole call),
-rejection loops and other composites whose draws depend on values,
-``randperm``, and anything the draw model does not know. A stepped rejection
-loop (``rng.rejection``) could split by its steps later.
+Calls that do not split run whole: strided outputs (the kernel walks them
+in TensorIterator's order, not storage order, so a run of that order is no
+view; strided ``normal_`` also takes cached normals in pairs along it),
+``bernoulli_`` with MKL (one seed word for the whole call), rejection loops
+(``rng.rejection``: where a round starts is known only once the rounds
+before it were drawn) and other composites whose draws depend on values,
+``randperm``, and anything the draw model does not know.
+
+The first chunk starts from the call's own state and the others jump first,
+so the first takes :data:`LEAD` elements more (``bounds(..., lead=)``).
 
 The last chunk's end state is the call's end state: the generator is left
 where one eager call leaves it.
@@ -36,18 +41,19 @@ where one eager call leaves it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from torchdefer.errors import InternalError
 from torchdefer.rng import mt19937, ranges
+from torchdefer.rng._workers import run_pieces
 from torchdefer.rng.ranges import BLOCK, ElementModel
 
-__all__ = ["MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
+__all__ = ["LEAD", "MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
            "pair_bounds"]
 
 # Elements per chunk, at least: a chunk costs a jump (~2 ms with its power of
@@ -55,26 +61,40 @@ __all__ = ["MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "dr
 # an element on one idle core here, so a 2M-element chunk (~5 ms) more than
 # pays for a known jump (bench/results/parallel.md measures the threshold).
 MIN_CHUNK = 1 << 21
+# Elements the first chunk draws beyond the others: it starts from the call's
+# own state, while each other chunk first jumps to its start (~2 ms with the
+# power of x known: ~500k float32 normal_ elements with page faults, at ~4 ns).
+# Equal chunks would leave the first chunk's core idle for a jump per call.
+# A constant, not a timing: chunk starts then depend only on the call's size,
+# so calls of one shape keep sharing their powers of x.
+LEAD = 1 << 19
 
 Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def bounds(n: int, model: ElementModel, threads: int, min_chunk: int = MIN_CHUNK) -> list[int]:
-    """Chunk starts of a call of ``n`` elements, then ``n``: ``[0, c, 2c, ..., n]``.
+def bounds(n: int, model: ElementModel, threads: int, min_chunk: int = MIN_CHUNK,
+           lead: int = 0) -> list[int]:
+    """Chunk starts of a call of ``n`` elements, then ``n``: ``[0, c1, c2, ..., n]``.
 
     At most ``threads`` chunks of at least ``min_chunk`` elements each; one
-    chunk (``[0, n]``) where splitting cannot pay or is not safe.
+    chunk (``[0, n]``) where splitting cannot pay or is not safe. The first
+    chunk takes up to ``lead`` elements more than the others (it needs no jump).
     """
     step = _alignment(model)
     parts = min(threads, n // max(min_chunk, 1))
     if parts < 2 or n < 2 * max(step, BLOCK):
         return [0, n]
-    size = -(-n // parts)  # ceil
-    size = -(-size // step) * step
-    starts = list(range(0, n, size))
+    lead = min(lead, n // parts)  # never more than doubles the first chunk
+    size = _up(-(-(n - lead) // parts), step)  # ceil, whole steps
+    first = _up(lead + size, step)
+    starts = [0, *range(first, n, size)]
     if model.blocks and n - starts[-1] < BLOCK:
         starts.pop()  # the tail rule needs 16 elements in the last chunk
     return [*starts, n]
+
+
+def _up(x: int, step: int) -> int:
+    return -(-x // step) * step
 
 
 def _alignment(model: ElementModel) -> int:
@@ -83,9 +103,10 @@ def _alignment(model: ElementModel) -> int:
     return math.lcm(per_refill, BLOCK) if model.blocks else per_refill
 
 
-def _cuts(s: int, e: int, model: ElementModel, threads: int, min_chunk: int) -> list[int]:
+def _cuts(s: int, e: int, model: ElementModel, threads: int, min_chunk: int,
+          lead: int) -> list[int]:
     """``[s, c1, ..., e]``: the inner cuts of a range on chunk boundaries of the call."""
-    inner = [s + c for c in bounds(e - s, model, threads, min_chunk)[1:-1]]
+    inner = [s + c for c in bounds(e - s, model, threads, min_chunk, lead)[1:-1]]
     step = _alignment(model)
     cuts = sorted({-(-c // step) * step for c in inner} - {s, e})
     return [s, *(c for c in cuts if s < c < e), e]
@@ -164,10 +185,8 @@ def _threaded(out: torch.Tensor, state: torch.Tensor, starts: list[int],
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return run(out[s:e], state if s == 0 else state_for(s))
 
-    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
-        futures = [pool.submit(chunk, s, e) for s, e in pieces]
-        # Leaving the pool waits for every chunk: none writes after a failure is raised.
-        ends = [f.result() for f in futures]
+    with mt19937.one_thread():
+        ends = run_pieces([functools.partial(chunk, s, e) for s, e in pieces])
     return ends[-1]
 
 
@@ -182,15 +201,17 @@ def draw_range(
     run: Runner,
     threads: int,
     min_chunk: int = MIN_CHUNK,
+    lead: int = 0,
 ) -> None:
     """:func:`ranges.draw_range` (elements ``[s, e)`` of a call of ``n``) on ``threads``.
 
     A sharded rank's rows are one range; it is cut on the call's chunk
     boundaries and each piece drawn on a thread of its own. ``state_at`` is
     asked once, here (it may read shared accounting); the threads jump on
-    from the state it gives. ``run`` is called from several threads.
+    from the state it gives. ``run`` is called from several threads. The first
+    piece (a jump of less than a refill) takes up to ``lead`` elements more.
     """
-    cuts = _cuts(s, e, model, threads, min_chunk)
+    cuts = _cuts(s, e, model, threads, min_chunk, lead)
     if len(cuts) < 3:
         ranges.draw_range(model, n, total_words, s, e, out, state_at, run)
         return
@@ -210,7 +231,5 @@ def draw_range(
             ranges.draw_range(model, n, total_words, a, b, out[a - s : b - s], jumped, run)
 
     pieces = list(itertools.pairwise(cuts))
-    with mt19937.one_thread(), ThreadPoolExecutor(len(pieces), "torchdefer-draw") as pool:
-        futures = [pool.submit(piece, a, b) for a, b in pieces]
-        for f in futures:
-            f.result()
+    with mt19937.one_thread():
+        run_pieces([functools.partial(piece, a, b) for a, b in pieces])

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
@@ -204,6 +205,8 @@ def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException
     tensors = list(_tensors(args, kwargs))
     if not tensors or not _cpu_arg(kwargs) or not all(_device(t) == _CPU for t in tensors):
         return None
+    if any(is_lazy(t) for t in tensors):
+        return None  # an uninitialized parameter has no shape to ask with
     if any(t.dtype in _RARE for t in tensors) or (
             isinstance(func, OpOverload) and any(t.numel() == 0 for t in tensors)):
         # by shape: on empty tensors some kernels return before they dispatch on the dtype
@@ -220,7 +223,9 @@ def _dtype_gap(func: Any, args: tuple, kwargs: dict) -> tuple[type[BaseException
     if issubclass(verdict[0], NotImplementedError) or _pointwise(func):
         # A pointwise kernel's other checks are of dtypes and scalar arguments too
         # (relu of bool, maximum of complex, mul_ of bool by int64): both fills
-        # of the twins refused, so no tensor value caused it.
+        # of the twins refused, so no tensor value caused it; twins cut to two
+        # elements a dimension never count here (_run_twins drops their
+        # RuntimeErrors: cut apart, shapes that broadcast may no longer).
         return verdict
     return None
 
@@ -434,7 +439,7 @@ def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
         except Exception as error:  # whatever eager raises is the verdict
             message = (str(error).strip().splitlines() or [""])[0]
             cut = _was_cut(args, kwargs, func)
-            size_free = getattr(func, "overloadpacket", None) in _SIZE_FREE or _pointwise(func)
+            size_free = getattr(func, "overloadpacket", None) in _SIZE_FREE
             if cut and not size_free and not isinstance(error, NotImplementedError) and (
                     _OVERLAP not in message):
                 return None

@@ -42,16 +42,24 @@ def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
 
     Returns ``NOT_HANDLED`` for any other call (the caller goes on as usual).
     """
-    if not args or not getattr(args[0], "__dict__", {}).get(NONLEAF, False):
-        return NOT_HANDLED
-    if func == _IS_LEAF:
-        return False
+    # The function first: it is one of these three for few calls, and reading the
+    # mark builds nothing then (this runs for every call on a fake tensor).
     if func is torch.Tensor.requires_grad_:
-        value = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        asks = "requires_grad_"
     elif func == _SET_REQUIRES_GRAD:
-        value = args[1]
+        asks = "set"
+    elif func == _IS_LEAF:
+        asks = "is_leaf"
     else:
         return NOT_HANDLED
+    if not args or not getattr(args[0], "__dict__", {}).get(NONLEAF, False):
+        return NOT_HANDLED
+    if asks == "is_leaf":
+        return False
+    if asks == "requires_grad_":
+        value = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+    else:
+        value = args[1]
     if not value:
         raise RuntimeError(
             "you can only change requires_grad flags of leaf variables. If you want to use "

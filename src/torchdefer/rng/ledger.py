@@ -123,6 +123,7 @@ class RngLedger:
                lazy: bool) -> None:
         with _compat.DisableTorchDispatch():
             stream = self._stream(generator, device)
+            real: torch.Generator | None
             if generator is not None:
                 real = generator
             elif stream.model == "cpu":  # default_generator(stream.device), one call fewer
@@ -237,11 +238,11 @@ class RngLedger:
                 marker[mt19937.CACHES] = current[mt19937.CACHES]
         self._marker_count += 1
         # The count as the array's first word: unique per position.
-        words = self._count_words.get(id(stream))
-        if words is None or words[0] is not marker:
-            words = self._count_words[id(stream)] = (
+        count = self._count_words.get(id(stream))
+        if count is None or count[0] is not marker:
+            count = self._count_words[id(stream)] = (
                 marker, ctypes.c_int64.from_address(marker.data_ptr() + _KEY_AT))
-        words[1].value = self._marker_count
+        count[1].value = self._marker_count
         key = _COUNT.pack(self._marker_count) + word  # _key(marker), as just written
         layout = epoch.layouts[stream.model]  # type: ignore[index]
         self._markers[key] = (stream, epoch, layout.end)

@@ -9,6 +9,7 @@ wrong reuse would show: against eager PyTorch, as everywhere.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -167,5 +168,69 @@ def test_normal_and_uniform_after_a_resize_a_set_and_through_a_view_keep_eagers_
         v = x.t()
         v.normal_(2, 3)
         return x, y, v
+
+    check(lambda defer: defer(build))
+
+
+def _line() -> int:
+    """The caller's line, as its frame reports it."""
+    return sys._getframe(1).f_lineno
+
+
+def _one_line_fills():
+    out, lines = [], []
+    for _ in range(3):  # the line of each instruction offset is kept after the first
+        out.append(torch.empty(2).fill_(1.0)); lines.append(_line())  # noqa: E702
+        out.append(torch.empty(3).normal_(0.0, 1.0)); lines.append(_line())  # noqa: E702
+        out.append(torch.empty(4).uniform_()); lines.append(_line())  # noqa: E702
+    return out, lines
+
+
+def _multi_line_fills():
+    out = []
+    for _ in range(3):
+        out.append(torch.empty(3).normal_(
+            0.0,
+            1.0))
+        out.append(
+            torch.empty(4).uniform_(-1.0,
+                                    1.0))
+    return out
+
+
+def _sources(out):
+    return [t._value.node.source for t in out]
+
+
+def test_recorded_source_lines_are_the_frames_lines_after_the_line_cache_is_warm():
+    out, lines = torchdefer.deferred_init(_one_line_fills)
+    assert _sources(out) == [(__file__, n, "_one_line_fills") for n in lines]
+    assert len(set(lines)) == 3
+
+
+def test_recorded_source_lines_of_calls_over_several_lines_are_the_frames_lines():
+    # Under a tracer user_frame asks each frame its line (f_lineno), as before
+    # the line cache; the cached answers must be the same.
+    warm = _sources(torchdefer.deferred_init(_multi_line_fills))
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: None)
+    try:
+        traced = _sources(torchdefer.deferred_init(_multi_line_fills))
+    finally:
+        sys.settrace(previous)
+    assert warm == traced
+    assert warm[:2] == warm[2:4] == warm[4:]
+    assert all(file == __file__ and name == "_multi_line_fills" for file, _, name in warm)
+
+
+def test_draws_on_cpu_and_cpu_0_share_the_default_generators_stream_as_in_eager():
+    # The ledger finds a default stream by the device object: cpu and cpu:0 are
+    # two keys of the one stream.
+    def build():
+        out = []
+        for device in ("cpu", torch.device("cpu", 0), torch.device("cpu"), "cpu:0"):
+            out.append(torch.randn(3, device=device))
+            out.append(torch.empty(5, device=device).normal_())
+        return out
 
     check(lambda defer: defer(build))

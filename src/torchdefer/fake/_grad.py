@@ -42,16 +42,24 @@ def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
 
     Returns ``NOT_HANDLED`` for any other call (the caller goes on as usual).
     """
-    if not args or not getattr(args[0], "__dict__", {}).get(NONLEAF, False):
-        return NOT_HANDLED
-    if func == _IS_LEAF:
-        return False
+    # The function first: it is one of these three for few calls, and reading the
+    # mark builds nothing then (this runs for every call on a fake tensor).
     if func is torch.Tensor.requires_grad_:
-        value = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        asks = "requires_grad_"
     elif func == _SET_REQUIRES_GRAD:
-        value = args[1]
+        asks = "set"
+    elif func == _IS_LEAF:
+        asks = "is_leaf"
     else:
         return NOT_HANDLED
+    if not args or not getattr(args[0], "__dict__", {}).get(NONLEAF, False):
+        return NOT_HANDLED
+    if asks == "is_leaf":
+        return False
+    if asks == "requires_grad_":
+        value = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+    else:
+        value = args[1]
     if not value:
         raise RuntimeError(
             "you can only change requires_grad flags of leaf variables. If you want to use "
@@ -63,13 +71,15 @@ def leafness(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def touches_missing_device(args: tuple, kwargs: dict) -> bool:
     """Whether a tensor argument lives on, or a device argument names, a missing device."""
-    for x in _flat(args, kwargs):
-        if isinstance(x, torch.Tensor):
-            device = getattr(x, "fake_device", None)
-            if device is not None and not device_available(device):
+    # Plain loops, not a generator: this runs for every recorded call of a parameter.
+    for group in (args, kwargs.values()):
+        for a in group:
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if _on_missing_device(b):
+                        return True
+            elif _on_missing_device(a):
                 return True
-        elif isinstance(x, torch.device) and not device_available(normalize(x)):
-            return True
     device = kwargs.get("device")
     if isinstance(device, (str, int)):
         return not device_available(normalize(torch.device(device)))
@@ -174,9 +184,9 @@ def _is_leaf(x: torch.Tensor) -> bool:
         return False
 
 
-def _flat(args: tuple, kwargs: dict):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            yield from a
-        else:
-            yield a
+def _on_missing_device(x: Any) -> bool:
+    """Whether ``x`` is a tensor on, or a device naming, a device this process lacks."""
+    if isinstance(x, torch.Tensor):
+        device = getattr(x, "fake_device", None)
+        return device is not None and not device_available(device)
+    return isinstance(x, torch.device) and not device_available(normalize(x))

@@ -108,7 +108,10 @@ class RngRecorder(RngLedger):
         if device.type == "meta":
             node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
             return
-        super().place(node, generator, device, self._lazy())
+        if torch.is_inference_mode_enabled():
+            super().place(node, generator, device, self._lazy())
+        else:  # what RngLedger.place does then, one call fewer for each random op
+            self._place(node, generator, device, self._lazy())
 
     def sync(self, generator: torch.Generator | None = None) -> None:
         from torchdefer.recorder.mode import suspended

@@ -46,6 +46,14 @@ def run_scenarios(
         try:
             mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module),
                      nprocs=world_size)
+        except mp.ProcessRaisedException as raised:
+            # Another process took the free port between _free_port() and the
+            # store's bind (seen 2026-11-26 with other test runs in parallel).
+            if "EADDRINUSE" not in str(raised):
+                raise
+            warnings.warn(f"{world_size}-rank spawn: port taken; spawned again", stacklevel=2)
+            mp.spawn(_worker, args=(world_size, _free_port(), names, str(out_dir), module),
+                     nprocs=world_size)
         except mp.ProcessExitedException as crash:
             # Seen once (2026-11-25, 1 of 4 full runs on the 2-core machine): a rank aborting
             # in gloo's C++ ("terminate called without an active exception"),

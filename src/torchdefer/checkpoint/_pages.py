@@ -76,6 +76,8 @@ def map_pages(tensors: Iterable[torch.Tensor]) -> PageMapper:
                 continue
             storage = t.untyped_storage()
             nbytes = storage.nbytes()
+            if nbytes == 0:
+                continue
             if size + nbytes > _PIECE:
                 pieces.append([])
                 size = 0
@@ -98,4 +100,7 @@ def _read(pieces: list[list[torch.Tensor]], stop: threading.Event) -> None:
         for piece in pieces:
             if stop.is_set():
                 return
-            torch.cat(piece)  # reads every byte listed, in C++ without the GIL
+            try:
+                torch.cat(piece)  # reads every byte listed, in C++ without the GIL
+            except Exception:  # only the speed is at stake: the pages map when read
+                return

@@ -91,7 +91,7 @@ def _touch(storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
     window may be left when the storage starts off a ``_STEP`` boundary: in a
     checkpoint file that is the window of the tensor before it, read with it."""
     first = (nbytes - 1) % _STEP
-    return torch.empty(0, dtype=torch.uint8).set_(
+    return torch.empty(0, dtype=torch.uint8, device="cpu").set_(
         storage, first, ((nbytes - 1) // _STEP + 1,), (_STEP,))
 
 

@@ -11,6 +11,7 @@ rather than resolved by file order.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -75,19 +76,21 @@ def open_files(files: list[Path], where: str, index: dict[str, Path] | None = No
     for file in files:
         regular_file(file, "safetensors file")
         handle = _open_one(safe_open, file)
+        where = str(file)
         for key in handle.keys():
             if key in entries:
                 raise CheckpointFormatError(
                     f"'{key}' is in both {entries[key].where} and {file}; a checkpoint must "
                     "hold each key once. Remove the stale file (or the duplicate key)."
                 )
-            if index is not None and index.get(key) != file:
+            placed = None if index is None else index.get(key)
+            if placed is not file and index is not None and placed != file:
                 raise CheckpointFormatError(
                     f"{file} holds '{key}', which {index_path} "
                     f"{'does not list' if key not in index else f'puts in {index[key]}'}; "
                     "the index and the shards disagree. Re-save the checkpoint."
                 )
-            entries[key] = _entry(handle, key, file)
+            entries[key] = _entry(handle, key, where)
             handles[key] = handle
 
     def read(key: str) -> torch.Tensor:
@@ -153,15 +156,20 @@ def _first_key(weight_map: dict[str, str], name: str) -> str:
     return next(k for k, v in weight_map.items() if v == name)
 
 
-def _entry(handle: Any, key: str, file: Path) -> Entry:
+def _entry(handle: Any, key: str, where: str) -> Entry:
     view = handle.get_slice(key)
     shape, name = tuple(view.get_shape()), view.get_dtype()
-    dtype = torch_dtype(name)
+    dtype = _dtype_named(name)
     if dtype is None:
-        return Entry(shape, None, str(file),
+        return Entry(shape, None, where,
                      f"has dtype {name}, which torch {torch.__version__} cannot hold",
                      CheckpointFormatError)
-    return Entry(shape, dtype, str(file))
+    return Entry(shape, dtype, where)
+
+
+@functools.lru_cache(maxsize=64)  # names come from files: bounded
+def _dtype_named(name: str) -> torch.dtype | None:
+    return torch_dtype(name)
 
 
 def _open_one(safe_open: Any, file: Path) -> Any:

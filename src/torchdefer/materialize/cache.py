@@ -214,8 +214,11 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
     before = {k: cache._storages.get((sid, k)) for k in keys}
     replaced = cache._replaced.get(sid)
     if keys:
-        for key in keys:
-            cache.store(value, value.storage.version, key, real)
+        first, *others = keys
+        cache.store(value, value.storage.version, first, real)
+        entry = cache._storages.get((sid, first))  # None: an external storage, never kept
+        for key in others if entry is not None else ():
+            cache._storages[(sid, key)] = entry  # frozen, its layouts never changed: shared
     else:
         cache._replaced[sid] = value.storage
 

@@ -27,6 +27,7 @@ again on the real one.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 from typing import Any
 
@@ -69,7 +70,9 @@ def real_tensor(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     # recording mode would otherwise record these ops on the real tensor.
     # An inference tensor (recorded under inference_mode) takes requires_grad
     # only inside inference mode, as eager's nn.Parameter(...) there did.
-    with suspended(), torch.inference_mode(real.is_inference()):
+    inference = real.is_inference()
+    with suspended(), (contextlib.nullcontext() if inference == torch.is_inference_mode_enabled()
+                       else torch.inference_mode(inference)):
         if cls is torch.Tensor and requires_grad and not _can_require_grad(real):
             out = _view_of_a_base_requiring_grad(real)
         elif cls is torch.Tensor:

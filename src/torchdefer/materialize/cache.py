@@ -216,9 +216,10 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
     if keys:
         first, *others = keys
         cache.store(value, value.storage.version, first, real)
-        entry = cache._storages.get((sid, first))  # None: an external storage, never kept
-        for key in others if entry is not None else ():
-            cache._storages[(sid, key)] = entry  # frozen, its layouts never changed: shared
+        kept = cache._storages.get((sid, first))  # None: an external storage, never kept
+        if kept is not None:
+            for key in others:
+                cache._storages[(sid, key)] = kept  # frozen, its layouts never changed: shared
     else:
         cache._replaced[sid] = value.storage
 

@@ -65,6 +65,8 @@ SOURCES = {
     "leaf requiring grad": lambda: torch.ones(2, 3, requires_grad=True),
     "non-leaf": lambda: nn.Parameter(torch.ones(2, 3)) * 2,
     "view of a parameter": lambda: nn.Parameter(torch.ones(3, 2)).t(),
+    # a view made a leaf by requires_grad_(): its views take the base's (fuzz seed 20261208)
+    "leaf view requiring grad": lambda: torch.arange(6.0).sin().reshape(2, 3).requires_grad_(),
 }
 
 

@@ -333,6 +333,13 @@ CASES: dict[str, Program] = {
         "t10 = t5.select(0, -1)",
         "t6.data = t10 * 1",
     ),)),
+    # seed 20261208 (ambient): a view of a leaf view under inference mode
+    "a_flattened_leaf_view_under_inference_mode_does_not_require_grad": Program(
+        20261208000000, ((
+            "t10 = torch.arange(15.0).sin().reshape((3, 5))",
+            "t10.requires_grad_()",
+            "with torch.inference_mode(): t23 = t10.flatten()",
+        ),)),
 }
 
 # torchdefer's own refusal inside a program's attempt(): it must reach the harness

@@ -104,21 +104,27 @@ def call_without_autograd(func: Callable[..., Any], args: tuple, kwargs: dict) -
     return out
 
 
-def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict):
+def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict,
+                    keep_views: bool = False):
     """``(requires_grad, is_leaf)`` per tensor output of the call on meta twins.
 
     Raises what eager autograd would raise for the call; None when the twins
-    cannot say (no meta kernel, a data-dependent op).
+    cannot say (no meta kernel, a data-dependent op). ``keep_views``: a view
+    argument's twin is a view of its base's twin (inference mode gives a view
+    the ``requires_grad`` of the base it views).
     """
     from torchdefer.fake.mode import no_fake_modes
 
+    def twins(tree: Any) -> Any:
+        return _twins(tree, _view_twin if keep_views else _twin)
+
     with no_fake_modes():
         try:
-            out = func(*_twins(args), **_twins(kwargs))
+            out = func(*twins(args), **twins(kwargs))
         except Exception as error:
             try:
                 with torch.no_grad():
-                    func(*_twins(args), **_twins(kwargs))
+                    func(*twins(args), **twins(kwargs))
             except Exception:
                 return None
             raise error from None  # autograd's own refusal, as eager raises it
@@ -135,7 +141,7 @@ def fix_inference_mode_grads(func: Callable[..., Any], args: tuple, kwargs: dict
     tensors, answer as eager.
     """
     try:
-        grads = _eager_autograd(func, args, kwargs)
+        grads = _eager_autograd(func, args, kwargs, keep_views=True)
     except Exception:  # an eager refusal on the twins: the call itself ran, leave it
         return
     outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
@@ -154,10 +160,36 @@ def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
         return False
 
 
-def _twins(tree: Any) -> Any:
+def _twins(tree: Any, twin: Callable[[Any], Any] | None = None) -> Any:
     if isinstance(tree, dict) and isinstance(tree.get("device"), (str, int)):
         tree = {**tree, "device": "meta"}
-    return tree_map(_twin, tree)
+    return tree_map(twin or _twin, tree)
+
+
+def _view_twin(x: Any) -> Any:
+    """``x``'s twin, a view of its base's twin where ``x`` is a view (see ``_twin``).
+
+    In inference mode a view of a view takes its ``requires_grad`` from the
+    base: ``arange(15.).reshape(3, 5).requires_grad_().flatten()`` does not
+    require grad there, a ``Parameter``'s view does.
+    """
+    if not isinstance(x, torch.Tensor) or x.is_inference():
+        return _twin(x)
+    with _compat.DisableTorchFunctionSubclass():
+        base = x._base if x._is_view() else None
+        if base is None:
+            return _twin(x)
+        root = _twin(base)
+        offset = root.storage_offset() + x.storage_offset() - base.storage_offset()
+        try:
+            with torch.inference_mode(False):
+                if x.requires_grad and root.requires_grad:
+                    return root.as_strided(x.shape, x.stride(), offset)
+                with torch.no_grad():
+                    view = root.as_strided(x.shape, x.stride(), offset)
+                return view.requires_grad_() if x.requires_grad else view
+        except RuntimeError:  # outside the base's storage (set_, resize_): as a plain tensor
+            return _twin(x)
 
 
 def _twin(x: Any) -> Any:

@@ -187,13 +187,14 @@ def dtypes_unasked(func: Any, args: tuple, kwargs: dict) -> bool:
 def _gap_key(func: Any, args: tuple, kwargs: dict) -> Any:
     """``(func, dtypes of the tensors, the rest)``; None without tensors.
 
-    Plain arguments by value (``pow(t, -1)`` of an int tensor is refused,
-    ``pow(t, 2)`` not), others by type.
+    Plain arguments but floats by value (``pow(t, -1)`` of an int tensor is
+    refused, ``pow(t, 2)`` not), others by type: a model's many scales and
+    stds do not each make a question.
     """
     dtypes = tuple(t.dtype for t in _tensors(args, kwargs))
     if not dtypes:
         return None
-    rest = tuple((type(x), x if type(x) in _PLAIN else None)
+    rest = tuple((type(x), x if type(x) in _BY_VALUE else None)
                  for x in (*args, *kwargs.values()) if not isinstance(x, torch.Tensor))
     return func, dtypes, rest, tuple(kwargs)
 
@@ -234,6 +235,7 @@ def _pointwise(func: Any) -> bool:
     return isinstance(func, OpOverload) and torch.Tag.pointwise in func.tags
 
 
+_BY_VALUE = _PLAIN - {float}
 # Verdicts on the common dtypes, by _gap_key: None (the kernel has them) or eager's error.
 _gap_verdicts: dict[Any, Any] = {}
 

@@ -270,7 +270,19 @@ def generator_overload(node: Any) -> NodeWithOverload | None:
     ``torch.randn(n)`` is ``aten.randn.default``, which draws from the default
     generator: the same kernel as ``aten.randn.generator`` given it.
     """
-    op = node.op
+    try:
+        other = _siblings[node.op]
+    except KeyError:
+        other = _siblings[node.op] = _sibling_of(node.op)
+    except TypeError:  # an unhashable op (a Python function): none
+        return None
+    return None if other is None else NodeWithOverload(node, other)
+
+
+_siblings: dict[Any, Any] = {}  # op -> its overload taking generator=, or None (schemas once)
+
+
+def _sibling_of(op: Any) -> Any:
     sibling = _GENERATOR_SIBLINGS.get(getattr(op, "_overloadname", ""))
     packet = getattr(op, "overloadpacket", None)
     if sibling is None or packet is None or sibling not in packet.overloads():
@@ -279,9 +291,7 @@ def generator_overload(node: Any) -> NodeWithOverload | None:
     mine = [(a.name, a.kwarg_only) for a in op._schema.arguments]
     theirs = [(a.name, a.kwarg_only) for a in other._schema.arguments if a.name != "generator"]
     takes = [a for a in other._schema.arguments if a.name == "generator" and a.kwarg_only]
-    if mine != theirs or not takes:
-        return None
-    return NodeWithOverload(node, other)
+    return other if mine == theirs and takes else None
 
 
 def call_checking_draws(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

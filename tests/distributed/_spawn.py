@@ -8,8 +8,10 @@ outcome. A scenario is a function ``(rank, world_size) -> None`` in
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import socket
 import traceback
 import warnings
@@ -39,31 +41,21 @@ def run_scenarios(
 
     ``module`` is the file (next to this one) that defines the scenarios.
     """
-    port = _free_port()
     saved = {name: os.environ.get(name) for name in _WORKER_ENV}
     os.environ.update(_WORKER_ENV)
-    def spawn(port: int) -> None:
-        mp.spawn(_worker, args=(world_size, port, names, str(out_dir), module),
-                 nprocs=world_size)
-
     try:
-        try:
-            spawn(port)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failed:
-            # Flakes of the machine, not of ours, get one more spawn (a crash of
-            # ours fails again); the first is kept as a warning:
-            # - another process took the free port between _free_port() and the
-            #   store's bind (seen 2026-11-26 with other test runs in parallel);
-            # - a rank aborting in gloo's C++ ("terminate called without an active
-            #   exception"; seen once on 2026-11-25, 1 of 4 full runs on the 2-core
-            #   machine, not reproduced in isolation).
-            flake = ("EADDRINUSE" in str(failed)
-                     if isinstance(failed, mp.ProcessRaisedException)
-                     else failed.signal_name is not None)
-            if not flake:
-                raise
-            warnings.warn(f"{world_size}-rank spawn: {failed}; spawned again", stacklevel=2)
-            spawn(_free_port())
+        crash = _spawn(world_size, names, out_dir, module)
+        if crash is not None:
+            # A rank killed by a signal (an abort in gloo's C++, "terminate called
+            # without an active exception": seen 2026-11-25 and 2026-11-26, about 1
+            # in 4 full runs on the 2-core CI machine, never in isolation) or another
+            # process taking the port between _free_port() and the store's bind: a
+            # flake of the machine gets one more spawn; a crash of ours crashes again.
+            warnings.warn(f"{world_size}-rank spawn: {crash}; spawned again", stacklevel=2)
+            again = _spawn(world_size, names, out_dir, module)
+            if again is not None:
+                raise RuntimeError(f"{world_size}-rank spawn failed twice:\n{crash}\n"
+                                   f"then:\n{again}")
     finally:
         for name, value in saved.items():
             if value is None:
@@ -80,6 +72,46 @@ def run_scenarios(
     return results
 
 
+def _spawn(world_size: int, names: list[str], out_dir: Path, module: str) -> str | None:
+    """Run the ranks; None when every rank ended, else what killed the spawn (a flake).
+
+    A rank's Python exception outside a scenario is raised; a rank killed by a signal,
+    or a port taken before the store bound it, is returned with each rank's last
+    scenario and the Python stacks its fault handler dumped.
+    """
+    for rank in range(world_size):
+        for suffix in (".json", ".fault"):
+            (out_dir / f"rank{rank}{suffix}").unlink(missing_ok=True)
+    context = mp.start_processes(
+        _worker, args=(world_size, _free_port(), names, str(out_dir), module),
+        nprocs=world_size, join=False, start_method="spawn")
+    try:
+        while not context.join(grace_period=10):  # the others end on their own first
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as failed:
+        codes = [process.exitcode for process in context.processes]
+        ours = (-signal.SIGTERM, -signal.SIGKILL)  # what join sends to the ranks left
+        if "EADDRINUSE" not in str(failed) and not any(c is not None and c < 0 and c not in ours
+                                                       for c in codes):
+            raise
+        return f"{failed}\n" + "\n".join(
+            f"rank {rank}: exit code {code}, {_last_words(out_dir, rank)}"
+            for rank, code in enumerate(codes))
+    return None
+
+
+def _last_words(out_dir: Path, rank: int) -> str:
+    """Which scenario a rank was in, and what its fault handler dumped."""
+    report = out_dir / f"rank{rank}.json"
+    running = json.loads(report.read_text()).get(_RUNNING) if report.exists() else None
+    fault = out_dir / f"rank{rank}.fault"
+    dump = fault.read_text().strip() if fault.exists() else ""
+    return f"running {running or 'no scenario'}" + (f"; fault handler:\n{dump}" if dump else "")
+
+
+_RUNNING = "__running__"  # the scenario a rank is in, in its report while it runs
+
+
 def _worker(
     rank: int, world_size: int, port: int, names: list[str], out_dir: str, module: str
 ) -> None:
@@ -89,6 +121,9 @@ def _worker(
     import torch.distributed as dist
 
     scenarios = importlib.import_module(module)
+    # A rank killed by a signal (an abort in C++) leaves its Python stacks here.
+    fault = open(Path(out_dir, f"rank{rank}.fault"), "w")  # open until the rank exits
+    faulthandler.enable(file=fault, all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # A rank stuck in a collective its peer never reached fails instead of hanging.
     dist.init_process_group(
@@ -98,6 +133,7 @@ def _worker(
     try:
         outcome[GLOO_AVG_SUMS] = _gloo_avg_sums(world_size)
         for name in names:
+            _report(out_dir, rank, {**outcome, _RUNNING: name})
             try:
                 getattr(scenarios, name)(rank, world_size)
                 outcome[name] = ""
@@ -105,8 +141,12 @@ def _worker(
                 outcome[name] = traceback.format_exc()
             dist.barrier()  # a failing rank must not leave the others in a collective
     finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
+        _report(out_dir, rank, outcome)
         dist.destroy_process_group()
+
+
+def _report(out_dir: str, rank: int, outcome: dict[str, str]) -> None:
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcome))
 
 
 def _gloo_avg_sums(world_size: int) -> str:

@@ -296,7 +296,7 @@ def _node_attrs(node: Node) -> dict[str, Any]:
         "writes": [(s.id, v) for s, v in node.writes],
         "rng": rng_text(node),
         "source": fmt_source(node.source),
-        "function": None if node.source is None else node.source[2],
+        "function": None if node.source is None else node.source.function,
         "observed": short_repr(node.payload) if node.kind == NodeKind.OBSERVE else None,
     }
 
@@ -310,7 +310,7 @@ def _op_text(node: Node) -> str | None:
 
 
 def _node_form(node: Node) -> tuple[Any, ...]:
-    stream = None if node.rng is None else id(node.rng[0])
+    stream = None if node.rng is None else id(node.rng.stream)
     metas = tuple((v.meta.size, v.meta.stride, v.meta.dtype, v.meta.device) for v in node.outputs)
     return (node.kind, str(node.op), fmt_args_form(node), metas, len(node.writes),
             node.source, stream)

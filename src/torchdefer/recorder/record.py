@@ -52,6 +52,10 @@ __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _TO = torch.ops.aten.to
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
+# NodeKind's members, read once: on Python 3.11 a member lookup costs ~0.1 µs
+# (EnumType.__getattr__), and these are read for every recorded op.
+_RANDOM, _INPLACE, _VIEW, _FACTORY, _CALL = (
+    NodeKind.RANDOM, NodeKind.INPLACE, NodeKind.VIEW, NodeKind.FACTORY, NodeKind.CALL)
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -147,7 +151,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # op of another library may draw from a default generator untagged:
         # placing it in that stream (its end reached by running it) keeps the
         # stream and the values right either way.
-        kind = NodeKind.RANDOM
+        kind = _RANDOM
     node = graph.add_node(kind, op, leaves, spec, tuple(inputs), tuple(reads), ambient=ambient)
     if writes:
         node.writes = record_writes(node, written, writes)
@@ -157,7 +161,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if pinned or func is _PIN_MEMORY:
         for value in node.outputs:
             value.storage.pinned = True  # a new storage: eager's is page-locked
-    if kind is NodeKind.RANDOM:
+    if kind is _RANDOM:
         graph.rng.place(node, generator, device)
     return out
 
@@ -274,14 +278,14 @@ def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: 
 def _kind(facts: OpFacts, writes: bool, aliased: bool, factory: bool,
           device: torch.device) -> NodeKind:
     if facts.random and device.type != "meta":
-        return NodeKind.RANDOM
+        return _RANDOM
     if writes:
-        return NodeKind.INPLACE
+        return _INPLACE
     if aliased:
-        return NodeKind.VIEW
+        return _VIEW
     if factory:
-        return NodeKind.FACTORY
-    return NodeKind.CALL
+        return _FACTORY
+    return _CALL
 
 
 def record_constant(

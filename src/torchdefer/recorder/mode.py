@@ -10,8 +10,8 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
 from torchdefer.fake.tensor import FakeTensor, reported_device
+from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
-from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
 __all__ = ["RecordingMode", "recording", "suspended"]

@@ -14,6 +14,7 @@ from torchdefer.fake.layout import meta_twin
 from torchdefer.fake.tensor import run_on_meta
 from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
+from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._fast import FAST_OPS, SLOW
 from torchdefer.recorder._hooks import read_value
@@ -25,7 +26,6 @@ from torchdefer.recorder._nodes import (
     where,
     written_tensors,
 )
-from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder._refusals import (
     dtypes_unasked,
     eager_error,

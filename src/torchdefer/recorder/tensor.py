@@ -24,9 +24,9 @@ from torchdefer.fake.tensor import (
     not_picklable,
     reported_device,
 )
+from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
 from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph, Value
 from torchdefer.recorder.mode import RecordingMode
 

@@ -186,7 +186,7 @@ class Node:
 
     @property
     def name(self) -> str:
-        return str(self.op) if self.op is not None else self.kind
+        return str(self.op) if self.op is not None else self.kind.value
 
     def where(self) -> str:
         return "<unknown location>" if self.source is None else str(self.source)

@@ -81,7 +81,7 @@ def _short_path(file: str) -> str:
 def op_name(node: Node) -> str:
     """The op without namespace and overload (``aten.uniform_.default`` -> ``uniform_``)."""
     if node.op is None:
-        return node.kind
+        return node.kind.value
     packet = getattr(node.op, "overloadpacket", None)
     if packet is not None:
         return packet.__name__

@@ -186,7 +186,8 @@ class _Builder:
         owners = self.owners[id(node)]
         module = common_prefix(owners) if owners else ""
         nid = self.node_id(node)
-        self.items[nid] = Item(nid, node.kind, module, _node_lines(node), _node_attrs(node),
+        # The plain string: exports (networkx, GraphML) take no enum members.
+        self.items[nid] = Item(nid, node.kind.value, module, _node_lines(node), _node_attrs(node),
                                _node_form(node))
         for index, (value, version) in enumerate(zip(node.inputs, node.reads)):
             self._link_read(value, version, nid, index)

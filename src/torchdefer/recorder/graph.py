@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdefer.errors import InternalError
-from torchdefer.fake._source import SourceLocation, user_frame
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import Ambient, current_ambient
+from torchdefer.recorder.source import SourceLocation, user_frame
 from torchdefer.rng.stream import Placement
 
 if TYPE_CHECKING:  # made by the recorder, which builds on this module (recorder.context)

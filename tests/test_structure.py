@@ -124,7 +124,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports_of(module: str) -> list[Import]:
+def _imports_of(module: str, source: str | None = None) -> list[Import]:
+    """The torchdefer imports of ``module`` (its file, or ``source`` given as its text)."""
     path = MODULES[module]
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: list[Import] = []
@@ -163,7 +164,8 @@ def _imports_of(module: str) -> list[Import]:
             inner = "function" if where == "module" else where
         visit(child, inner)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")), "module")
+    text = path.read_text(encoding="utf-8") if source is None else source
+    visit(ast.parse(text), "module")
     return found
 
 
@@ -317,14 +319,29 @@ def test_every_allowed_private_read_still_exists():
 
 # ---- the checker itself ----------------------------------------------------------
 
-def test_the_checker_sees_imports_inside_functions_and_relative_imports():
-    by_source = defaultdict(set)
-    for imp in IMPORTS:
-        by_source[imp.source].add((imp.target, imp.where))
-    # recorder/__init__.py imports its modules at the top; materialize/rng.py
-    # imports parallel inside a function (a lazy dependency by design).
-    assert ("torchdefer.recorder.record", "module") in by_source["torchdefer.recorder"]
-    assert any(w == "function" for _, w in by_source["torchdefer.materialize.rng"])
+def test_the_checker_sees_imports_inside_functions_relative_ones_and_type_only_ones():
+    source = """
+from typing import TYPE_CHECKING
+from . import record
+from .mode import suspended
+import torchdefer.recorder.tensor
+if TYPE_CHECKING:
+    from torchdefer.recorder.rng import RngRecorder
+def f():
+    from torchdefer.viz import dot
+class C:
+    def m(self):
+        import torchdefer.materialize.api
+"""
+    seen = {(i.target, i.where) for i in _imports_of("torchdefer.recorder.graph", source)}
+    assert seen == {
+        ("torchdefer.recorder.record", "module"),
+        ("torchdefer.recorder.mode", "module"),
+        ("torchdefer.recorder.tensor", "module"),
+        ("torchdefer.recorder.rng", "type"),
+        ("torchdefer.viz.dot", "function"),
+        ("torchdefer.materialize.api", "function"),
+    }
     assert package_of("torchdefer.recorder.graph") == "recorder"
     assert package_of("torchdefer.errors") == "errors"
     assert package_of("torchdefer") == TOP_LEVEL

@@ -146,4 +146,4 @@ def pin(real: torch.Tensor) -> torch.Tensor:
 
 def _where(depth: int = 2) -> str:
     frame = user_frame(depth)
-    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
+    return "<unknown location>" if frame is None else str(frame)

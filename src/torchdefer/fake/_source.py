@@ -5,11 +5,30 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["is_library_code", "is_library_file", "user_frame"]
+__all__ = ["SourceLocation", "is_library_code", "is_library_file", "user_frame"]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """A line of the user's code: where an op was called.
+
+    >>> SourceLocation("model.py", 12, "__init__")
+    SourceLocation(file='model.py', line=12, function='__init__')
+    >>> str(SourceLocation("model.py", 12, "__init__"))
+    'model.py:12 in __init__'
+    """
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -41,14 +60,14 @@ def is_library_code(code: CodeType) -> bool:
 # user_frame runs for every recorded op and walks ~10 frames; the code object
 # is kept so that its id stays its own. A user frame's line is kept per
 # instruction offset: ``f_lineno`` walks the code's line table from its start
-# (~2 µs in a 300-line function), and the nodes of one line share one tuple.
-_known_codes: dict[int, tuple[CodeType, bool, dict[int, tuple[str, int, str]]]] = {}
+# (~2 µs in a 300-line function), and the nodes of one line share one location.
+_known_codes: dict[int, tuple[CodeType, bool, dict[int, SourceLocation]]] = {}
 _CODES_KEPT = 1 << 16  # code made at run time (exec, dataclasses) could grow it
 _LINES_KEPT = 1 << 12  # instruction offsets kept per code object
 
 
-def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
-    """``(file, line, function)`` of the innermost frame outside torch and torchdefer."""
+def user_frame(skip: int = 1) -> SourceLocation | None:
+    """The location of the innermost frame outside torch and torchdefer."""
     frame: FrameType | None = sys._getframe(skip)
     known = _known_codes
     while frame is not None:
@@ -64,15 +83,15 @@ def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
     return None
 
 
-def _where(frame: FrameType, code: CodeType, lines: dict[int, tuple[str, int, str]]
-           ) -> tuple[str, int, str]:
-    """``(file, line, function)`` of ``frame``, by its instruction offset once seen."""
+def _where(frame: FrameType, code: CodeType, lines: dict[int, SourceLocation]
+           ) -> SourceLocation:
+    """The location of ``frame``, by its instruction offset once seen."""
     if sys.gettrace() is not None:  # a tracer may set f_lineno itself: ask the frame
-        return (code.co_filename, frame.f_lineno, code.co_name)
+        return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
     lasti = frame.f_lasti
     where = lines.get(lasti)
     if where is None:
         if len(lines) >= _LINES_KEPT:
             lines.clear()
-        where = lines[lasti] = (code.co_filename, frame.f_lineno, code.co_name)
+        where = lines[lasti] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
     return where

@@ -122,7 +122,7 @@ def random_step(rows: RowReplay, node: Node, o: int, n: int, s: int, e: int, at:
     packet = getattr(node.op, "overloadpacket", None)
     if (packet not in _PER_ELEMENT and packet not in _BLOCKS) or node.rng is None:
         raise NotSliceable(node, "a random op whose elements do not take words of their own")
-    stream = node.rng[0]
+    stream = node.rng.stream
     device = rows.replay.map_device(stream.device)
     if device.type != "cpu":
         # Philox streams: per-thread offsets, not per element
@@ -167,7 +167,7 @@ def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int)
     loop = composite_rows(node)
     if loop is None or loop.n != n:
         raise NotSliceable(node, "its elements depend on each other's draws")
-    stream = node.rng[0]  # type: ignore[index]
+    stream = node.rng.stream  # type: ignore[union-attr]
     if rows.replay.map_device(stream.device).type != "cpu":
         raise NotSliceable(node, "draws from a CUDA generator")
     state_at = _state_at(node)
@@ -184,10 +184,11 @@ def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int)
 
 def _state_at(node: Node) -> Callable[[int], torch.Tensor]:
     """``state_at(words)``: the CPU state ``words`` past ``node``'s first word."""
-    stream, e_index, i = node.rng  # type: ignore[misc]
+    place = node.rng  # a random node's: never None here
+    stream = place.stream  # type: ignore[union-attr]
     states = node.graph.rng.states  # type: ignore[union-attr]
-    epoch = stream.epochs[e_index]
-    start = states.layout(stream, epoch, "cpu").starts[i]
+    epoch = stream.epochs[place.epoch]  # type: ignore[union-attr]
+    start = states.layout(stream, epoch, "cpu").starts[place.index]  # type: ignore[union-attr]
 
     def state_at(words: int) -> torch.Tensor:
         return states.state_at(
@@ -203,7 +204,7 @@ class _LocalCall:
     def __init__(self, node: Node, device: torch.device) -> None:
         self.node = node
         self.device = device
-        self.stream = node.rng[0]  # type: ignore[index]
+        self.stream = node.rng.stream  # type: ignore[union-attr]
         self.packet = node.op.overloadpacket
         self.factory = not writes_first_argument(node.op) and self.packet not in _LIKE
         tensors = [i for i, leaf in enumerate(node.leaves) if isinstance(leaf, Value)]

@@ -59,7 +59,8 @@ class RngReplay:
         self._split = split_draw
 
     def run(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        stream, e, _ = node.rng  # type: ignore[misc]
+        place = node.rng
+        stream = place.stream  # type: ignore[union-attr]
         device = self.replay.map_device(stream.device)
         # "cpu" (mt19937), or the CUDA device whose launches count: replay runs on those.
         model: Model = model_of(device)  # type: ignore[assignment]
@@ -67,13 +68,13 @@ class RngReplay:
         start = states.start_of(node, model)
         split = self._split(node, stream, device, start, args, kwargs)
         out, after = split if split is not None else draw(node, stream, device, start, args, kwargs)
-        epoch = stream.epochs[e]
+        epoch = stream.epochs[place.epoch]  # type: ignore[union-attr]
         states.remember(stream, epoch, model, states.after_call(node, model), after)
         return out
 
     def run_into_scratch(self, node: Node, state: torch.Tensor) -> torch.Tensor:
         """The state after ``node`` drawn from ``state``, its output thrown away."""
-        stream = node.rng[0]  # type: ignore[index]
+        stream = node.rng.stream  # type: ignore[union-attr]
         device = self.replay.map_device(stream.device)
         args, kwargs = self._scratch_args(node, device)
         _, after = draw(node, stream, device, state, args, kwargs)

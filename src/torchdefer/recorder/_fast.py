@@ -31,10 +31,8 @@ from torchdefer.fake._state import STATE
 from torchdefer.fake.tensor import run_on_meta
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage import write
-from torchdefer.recorder.ambient import current_ambient
-from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.source import user_frame
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.graph import Graph, NodeKind, TensorMeta, Value
+from torchdefer.recorder.tensor import DATA_GET_CALL, DeferredTensor
 
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 
@@ -44,6 +42,10 @@ SLOW = object()
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
 _FILL_ = torch.ops.aten.fill_.Scalar
+# NodeKind's members, read once: on Python 3.11 a member lookup costs ~0.1 µs
+# (EnumType.__getattr__), and these are read for every recorded op.
+_RANDOM, _INPLACE, _VIEW, _DATA_GET, _FACTORY = (
+    NodeKind.RANDOM, NodeKind.INPLACE, NodeKind.VIEW, NodeKind.DATA_GET, NodeKind.FACTORY)
 # Largest finite value per dtype: uniform_ refuses bounds beyond it, fill_
 # refuses values it cannot convert.
 _LIMITS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32,
@@ -62,19 +64,13 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if writes_inference((self,)):  # eager writes, then refuses: the general path's case
         return SLOW
     leaves = [value, *args[1:]]
-    node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, _SPECS[len(args)], (value,),
-                (storage.version,))
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()
+    kind = _INPLACE if func is _FILL_ else _RANDOM
+    node = graph.add_node(kind, func, leaves, _SPECS[len(args)], (value,), (storage.version,))
     node.writes = (write(node, storage),)
     # In place, metadata untouched: the same object holds a new value.
     self._value = Value(node, 0, storage, value.meta)
     node.outputs.append(self._value)
-    if func is _FILL_:
-        node.kind = NodeKind.INPLACE
-    else:
-        node.kind = NodeKind.RANDOM
+    if kind is _RANDOM:
         graph.rng.place(node, None, self.fake_device)
     return self
 
@@ -115,11 +111,9 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     value = self._value
     device = self.fake_device
     elem = _on_meta(func, self)
-    node = Node(graph.next_seq(), NodeKind.VIEW, func, [value], _SPECS[1], (value,),
-                (value.storage.version,))
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()
+    # `t.data` reaches the dispatcher as this detach (recorder.tensor marks it).
+    kind = _DATA_GET if DATA_GET_CALL.active else _VIEW
+    node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,))
     out = DeferredTensor(elem, device)
     out._graph = graph
     out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
@@ -172,10 +166,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         else:
             leaves.append(out.dtype)
             keys, shape = (*keys, "dtype"), (*shape, None)
-    node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, (1, keys, shape), (), ())
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()
+    node = graph.add_node(_FACTORY, func, leaves, (1, keys, shape), (), ())
     fake = DeferredTensor(out, device)
     storage = graph.new_storage(node, out.untyped_storage().nbytes())
     graph.holders[_compat.storage_id(fake)] = fake

@@ -47,6 +47,7 @@ from torchdefer import _compat
 from torchdefer._compat import generator as _generator
 from torchdefer.fake._calls import set_refusing_lost_view_history
 from torchdefer.fake.tensor import FakeTensor
+from torchdefer.recorder.record import record_data_set
 
 __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 
@@ -138,8 +139,6 @@ class _DataOfReal:
 
     def __set__(self, obj: torch.Tensor, new: torch.Tensor) -> None:
         if isinstance(new, FakeTensor) and not isinstance(obj, FakeTensor):
-            from torchdefer.recorder.record import record_data_set
-
             record_data_set(obj, new)
             return
         _data_set(obj, new)

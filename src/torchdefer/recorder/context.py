@@ -29,6 +29,7 @@ from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.rng import RngRecorder
 from torchdefer.recorder.subclasses import subclassing
 from torchdefer.recorder.ties import watching_registrations
 
@@ -82,7 +83,7 @@ def deferred() -> Iterator[Graph]:
         if isinstance(active, RecordingMode):  # nested: record into the outer graph
             yield active.graph
             return
-        graph = Graph()
+        graph = Graph(RngRecorder())
         # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
         # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
         with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing(), \

@@ -29,7 +29,7 @@ from torchdefer._compat.generator import get_state
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder._threads import reads_seen, recording_thread
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import NodeKind, Value
+from torchdefer.recorder.graph import Value
 from torchdefer.rng.draws import TensorInfo
 from torchdefer.rng.ledger import RngLedger, cuda_states
 from torchdefer.rng.stream import CallReader
@@ -102,12 +102,9 @@ class RngRecorder(RngLedger):
               device: torch.device) -> None:
         """Give ``node`` its place in its stream; move the real generator past it.
 
-        On meta nothing is drawn (eager's kernels there touch no generator):
-        the node is an ordinary write, replayed as one.
+        Never for a call on meta (the recorder makes it an ordinary node: eager's
+        kernels there touch no generator).
         """
-        if device.type == "meta":
-            node.kind = NodeKind.INPLACE if node.writes else NodeKind.CALL
-            return
         if torch.is_inference_mode_enabled():
             super().place(node, generator, device, self._lazy())
         else:  # what RngLedger.place does then, one call fewer for each random op

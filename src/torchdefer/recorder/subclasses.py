@@ -43,11 +43,12 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in parameter.pyi
 
 from torchdefer import _compat
+from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake._source import is_library_code
 from torchdefer.fake.mode import import_dynamo_outside_modes
-from torchdefer.recorder._copy import PRIVATE_ATTRIBUTES
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.mode import recording
+from torchdefer.recorder.tensor import PRIVATE_ATTRIBUTES, DeferredTensor
 
 __all__ = [
     "deferred_class",
@@ -116,8 +117,6 @@ def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 def _recording_for(args: tuple, kwargs: dict) -> contextlib.AbstractContextManager[None]:
-    from torchdefer.recorder.mode import recording
-
     for a in (*args, *kwargs.values()):
         if isinstance(a, DeferredTensor):
             return recording(a._graph)
@@ -147,9 +146,6 @@ def detach_for_parameter(tensor: DeferredTensor) -> torch.Tensor:
     eager Parameter ``p`` makes a new Parameter, while its path for tensor
     subclasses wants ``detach()`` to keep the class of ``p``.
     """
-    from torchdefer.fake._calls import call_grad_safe
-    from torchdefer.recorder.mode import recording
-
     with recording(tensor._graph), _compat.DisableTorchFunctionSubclass():
         out = call_grad_safe(torch.Tensor.detach, (tensor,), {})
     if user_class(tensor) is nn.Parameter and _parameter_class_being_built(sys._getframe(2)):
@@ -230,8 +226,6 @@ def _lazy_namespace(user: type) -> dict[str, Any]:
 
 def _lazy_materialize(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
     """``UninitializedTensorMixin.materialize``, recorded also after ``deferred_init``."""
-    from torchdefer.recorder.mode import recording
-
     with recording(self._graph):
         UninitializedTensorMixin.materialize(self, shape, device, dtype)
 

@@ -34,7 +34,7 @@ from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 from torchdefer.rng.states import RngStates
-from torchdefer.rng.stream import CallReader, Epoch, Position, Stream, model_of
+from torchdefer.rng.stream import CallReader, Epoch, Placement, Position, Stream, model_of
 
 __all__ = ["RngLedger", "default_generator"]
 
@@ -134,7 +134,7 @@ class RngLedger:
             same = current is not None and self._holds_left(stream, current)
             epoch = self._epoch(stream, current, same)
             model = stream.model
-            call.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
+            call.rng = Placement(stream, len(stream.epochs) - 1, len(epoch.calls))
             epoch.calls.append(call)
             if model is not None:  # the layout places the calls it has not yet
                 self.states.layout(stream, epoch, model)

@@ -165,16 +165,19 @@ class RngStates:
     # ------------------------------------------------------------- states
 
     def start_of(self, node: Any, model: Model) -> torch.Tensor:
-        stream, e, i = node.rng
-        epoch = stream.epochs[e]
-        return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).starts[i])
+        place = node.rng
+        stream = place.stream
+        epoch = stream.epochs[place.epoch]
+        return self.state_at(stream, epoch, model,
+                             self.layout(stream, epoch, model).starts[place.index])
 
     def end_of(self, stream: Any, epoch: Epoch, model: Model) -> torch.Tensor:
         return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).end)
 
     def after_call(self, node: Any, model: Model) -> Position:
-        stream, e, i = node.rng
-        layout = self.layout(stream, stream.epochs[e], model)
+        place = node.rng
+        stream, i = place.stream, place.index
+        layout = self.layout(stream, stream.epochs[place.epoch], model)
         return layout.starts[i + 1] if i + 1 < len(layout.starts) else layout.end
 
     def remember(

@@ -40,6 +40,7 @@ __all__ = [
     "Epoch",
     "Layout",
     "Model",
+    "Placement",
     "Position",
     "RandomCall",
     "Stream",
@@ -63,7 +64,7 @@ class RandomCall(Protocol):
     """What the RNG accounting needs of one recorded random call (``recorder.Node`` is one)."""
 
     op: Any  # an OpOverload, or a composite (a Python function; ``steps`` maybe)
-    rng: tuple[Any, int, int] | None  # (Stream, epoch index, index in the epoch)
+    rng: Placement | None  # its place in its stream, given by RngLedger.place
 
     @property
     def name(self) -> str: ...
@@ -93,6 +94,16 @@ class Position:
     anchor: int  # -1: the epoch's base; k: the end of call k of the epoch
     words: int
     cache: Any = ANCHOR
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a random call draws: call ``index`` of epoch ``epoch`` of ``stream``
+    (what ``RngLedger.place`` gives it, as its ``rng``)."""
+
+    stream: Stream
+    epoch: int
+    index: int
 
 
 def advance(

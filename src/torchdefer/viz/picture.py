@@ -186,7 +186,8 @@ class _Builder:
         owners = self.owners[id(node)]
         module = common_prefix(owners) if owners else ""
         nid = self.node_id(node)
-        self.items[nid] = Item(nid, node.kind, module, _node_lines(node), _node_attrs(node),
+        # The plain string: exports (networkx, GraphML) take no enum members.
+        self.items[nid] = Item(nid, node.kind.value, module, _node_lines(node), _node_attrs(node),
                                _node_form(node))
         for index, (value, version) in enumerate(zip(node.inputs, node.reads)):
             self._link_read(value, version, nid, index)
@@ -296,7 +297,7 @@ def _node_attrs(node: Node) -> dict[str, Any]:
         "writes": [(s.id, v) for s, v in node.writes],
         "rng": rng_text(node),
         "source": fmt_source(node.source),
-        "function": None if node.source is None else node.source[2],
+        "function": None if node.source is None else node.source.function,
         "observed": short_repr(node.payload) if node.kind == NodeKind.OBSERVE else None,
     }
 
@@ -310,7 +311,7 @@ def _op_text(node: Node) -> str | None:
 
 
 def _node_form(node: Node) -> tuple[Any, ...]:
-    stream = None if node.rng is None else id(node.rng[0])
+    stream = None if node.rng is None else id(node.rng.stream)
     metas = tuple((v.meta.size, v.meta.stride, v.meta.dtype, v.meta.device) for v in node.outputs)
     return (node.kind, str(node.op), fmt_args_form(node), metas, len(node.writes),
             node.source, stream)

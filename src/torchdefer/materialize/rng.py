@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from torchdefer._compat.generator import get_state
+from torchdefer._hooks import CALL_RUNNER
 from torchdefer.materialize.errors import DeviceUnavailableError, UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
@@ -28,7 +29,6 @@ from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.rng import meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 from torchdefer.rng.ledger import default_generator
-from torchdefer.rng.states import set_call_runner
 from torchdefer.rng.stream import Model, Stream, model_of
 
 if TYPE_CHECKING:
@@ -361,4 +361,4 @@ def _run_call(node: Node, state: torch.Tensor, model: Model) -> torch.Tensor:
         replay.rng.release()
 
 
-set_call_runner(_run_call)
+CALL_RUNNER.install(_run_call)

@@ -6,6 +6,7 @@ from torchdefer.recorder.context import deferred
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.target import Target, mark_materialized, target_of
 from torchdefer.recorder.tensor import DeferredTensor, is_deferred
 
 __all__ = [
@@ -16,10 +17,13 @@ __all__ = [
     "RecordingError",
     "RecordingMode",
     "Storage",
+    "Target",
     "TensorMeta",
     "Value",
     "composite",
     "deferred",
     "deferred_init",
     "is_deferred",
+    "mark_materialized",
+    "target_of",
 ]

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer._hooks import VALUE_READER
 from torchdefer.fake.tensor import FakeTensor, flat_tensors
-from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.source import user_frame
 
@@ -123,7 +123,7 @@ def write_real(func: Any, args: tuple, kwargs: dict) -> Any:
     from torchdefer.recorder.tensor import DeferredTensor
 
     def real(x: Any) -> Any:
-        return read_value(x) if isinstance(x, DeferredTensor) else x
+        return VALUE_READER.get()(x) if isinstance(x, DeferredTensor) else x
 
     args = tuple(
         type(a)(real(b) for b in a) if isinstance(a, (list, tuple)) else real(a) for a in args

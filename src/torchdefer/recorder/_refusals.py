@@ -455,12 +455,12 @@ def _ask_with_data(func: Any, args: tuple, kwargs: dict,
                    ) -> tuple[type[BaseException], str] | None:
     """Run the call on its tensors' real values (read, not recorded) with a private
     generator; the error eager gives, or None."""
-    from torchdefer.recorder._hooks import read_value
+    from torchdefer._hooks import VALUE_READER
     from torchdefer.recorder.mode import suspended
 
     def real(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and hasattr(x, "_value"):
-            return read_value(x)
+            return VALUE_READER.get()(x)
         if isinstance(x, torch.Generator):
             return torch.Generator(device=_CPU).manual_seed(0)
         return x

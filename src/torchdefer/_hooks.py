@@ -10,7 +10,7 @@ hook                       called by                    installed by
 =========================  ===========================  =================================
 ``VALUE_READER``           ``recorder`` (``.item()``,   ``materialize.api`` (on import)
                            ``.tolist()`` while building)
-``CALL_RUNNER``            ``rng.states`` (an anchor    ``materialize.rng`` (on import)
+``CALL_RUNNER``            ``rng.states`` (an anchor    ``materialize.replay`` (on import)
                            after an uncounted call)
 ``SHARDED_MATERIALIZER``   ``materialize.api``          ``torchdefer/__init__.py``
                                                         (``distributed.materialize_module``)

@@ -5,7 +5,7 @@ the full parameter (its factory, its init ops), slice it (``chunk``,
 ``narrow``), and copy the slice into the shard's own storage. When the slice
 is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
 and every op of the parameter allows it, the replay computes only those
-elements (``torchdefer.materialize.rows``): random ops draw just the shard's
+elements (``torchdefer.distributed.rows``): random ops draw just the shard's
 numbers from generator states reached by jump-ahead, elementwise ops run on
 the shard. A block of columns (``Shard(1)``: ``RowwiseParallel``, and FSDP2's
 shard of it under TP+FSDP2) is computed the same way from chunks of whole rows

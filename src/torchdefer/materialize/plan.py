@@ -10,7 +10,7 @@ including in-place writes done through views after the value was taken.
 
 A ``substitute`` hook may answer a value itself (a real tensor, or None to
 expand it as usual): the sharded path computes a slice of a parameter from its
-own elements that way (``materialize.rows``).
+own elements that way (``distributed.rows``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torchdefer.materialize._overwrites import (
     COPY,
     FILLS,
+    Ranges,
     live_writers,
     sets_regardless,
     writes_first_argument,
@@ -31,8 +32,10 @@ from torchdefer.materialize._overwrites import (
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder.graph import Node, NodeKind, Storage, Value
 
-__all__ = ["COPY", "FILLS", "Plan", "Substitute", "make_plan", "recorded_slice",
-           "writes_first_argument"]
+# COPY, FILLS, Ranges, sets_regardless, writes_first_argument: what a substitute
+# (distributed.rows) needs to judge writes as the slice does.
+__all__ = ["COPY", "FILLS", "Plan", "Ranges", "Substitute", "make_plan", "recorded_slice",
+           "sets_regardless", "writes_first_argument"]
 
 # (value, version) -> its real tensor, or None to replay it as recorded
 Substitute = Callable[[Value, int], torch.Tensor | None]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +42,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in parameter.pyi
 
 from torchdefer import _compat
+from torchdefer._compat.patch import SharedPatches, attribute, patched
 from torchdefer.fake._source import is_library_code
 from torchdefer.fake.mode import import_dynamo_outside_modes
 from torchdefer.recorder._copy import PRIVATE_ATTRIBUTES
@@ -181,10 +181,9 @@ def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: 
     return out
 
 
-# Depth of nested subclassing() blocks per process: the patch is installed by
-# the outermost block and removed when it exits. A lock, because threads share it.
-_depth = 0
-_lock = threading.Lock()
+# Installed while any thread is inside a subclassing() block (threads share it).
+_PATCH = SharedPatches(lambda stack: stack.enter_context(
+    patched(attribute(torch.Tensor, "_make_subclass"), staticmethod(_make_subclass))))
 
 
 @contextlib.contextmanager
@@ -195,23 +194,12 @@ def subclassing() -> Iterator[None]:
     ``torch._C.TensorBase``) and put back when the outermost block exits;
     other data is passed to the original unchanged.
     """
-    global _depth
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass
     # when first imported (which PyTorch does lazily, often while a
     # constructor runs): it must see the original, not the function below.
     import_dynamo_outside_modes()
-
-    with _lock:
-        if _depth == 0:
-            torch.Tensor._make_subclass = staticmethod(_make_subclass)  # type: ignore[assignment]
-        _depth += 1
-    try:
+    with _PATCH.held():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                del torch.Tensor._make_subclass
 
 
 # ---- lazy modules: UninitializedParameter / UninitializedBuffer --------------------

@@ -3,22 +3,19 @@
 Imports point one way (``docs/ARCHITECTURE.md``): ``rng`` knows nothing of
 the recorder, the core never imports ``checkpoint`` or ``distributed``. Yet
 a lower package sometimes needs work only a higher one can do. Each such
-call is a :class:`Hook` here, installed by the package that can answer it:
+call is a :class:`Hook` here, installed by the package that can answer it
+(hook: who calls it; who installs it):
 
-=========================  ===========================  =================================
-hook                       called by                    installed by
-=========================  ===========================  =================================
-``VALUE_READER``           ``recorder`` (``.item()``,   ``materialize.api`` (on import)
-                           ``.tolist()`` while building)
-``CALL_RUNNER``            ``rng.states`` (an anchor    ``materialize.replay`` (on import)
-                           after an uncounted call)
-``SHARDED_MATERIALIZER``   ``materialize.api``          ``torchdefer/__init__.py``
-                                                        (``distributed.materialize_module``)
-``DISTRIBUTED_LOADER``     ``checkpoint.load``          ``torchdefer/__init__.py``
-                                                        (``distributed.checkpoint``)
-``SHARDED_WRITER``         ``checkpoint.write``         ``torchdefer/__init__.py``
-                                                        (``distributed.save``)
-=========================  ===========================  =================================
+* ``VALUE_READER``: the recorder, for ``.item()`` / ``.tolist()`` while
+  building; ``materialize.api``, on import.
+* ``CALL_RUNNER``: ``rng.states``, for an anchor after a call the draw model
+  cannot count; ``materialize.replay``, on import.
+* ``SHARDED_MATERIALIZER``: ``materialize.api``; ``torchdefer/__init__.py``
+  (``distributed.materialize_module``, imported on first use).
+* ``DISTRIBUTED_LOADER``: ``checkpoint.load``; ``torchdefer/__init__.py``
+  (``distributed.checkpoint``).
+* ``SHARDED_WRITER``: ``checkpoint.write``; ``torchdefer/__init__.py``
+  (``distributed.save``).
 
 ``import torchdefer`` installs them all; a caller that finds its hook empty
 (only a subpackage was imported) raises the hook's error, which says so.

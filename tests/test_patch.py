@@ -63,7 +63,7 @@ def test_restore_if_false_leaves_a_change_the_block_does_not_own():
 
 
 def test_shared_patches_stay_until_the_last_thread_leaves_in_any_order():
-    shared = SharedPatches(lambda stack: stack.enter_context(
+    shared = SharedPatches(lambda stack: stack.enter(
         patched(attribute(Child, "hello"), lambda self: "patched")))
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
     seen = []

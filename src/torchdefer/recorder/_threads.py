@@ -45,7 +45,7 @@ import torch.random
 
 from torchdefer import _compat
 from torchdefer._compat import generator as _generator
-from torchdefer._compat.patch import SharedPatches, attribute, patched
+from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.fake._calls import set_refusing_lost_view_history
 from torchdefer.fake.tensor import FakeTensor
 
@@ -146,7 +146,7 @@ class _DataOfReal:
 _DATA_OF_REAL = _DataOfReal()
 
 
-def _install(stack: contextlib.ExitStack) -> None:
+def _install(stack: PatchStack) -> None:
     """Put the patches in; ``stack`` takes them out again, in reverse order."""
     _fork_hook()
     start = threading.Thread.start
@@ -176,7 +176,7 @@ def _install(stack: contextlib.ExitStack) -> None:
         (torch.Tensor, "data", _DATA_OF_REAL),  # a descriptor in place of TensorBase's C one
     )
     for owner, name, new in patches:
-        stack.enter_context(patched(attribute(owner, name), new))
+        stack.enter(patched(attribute(owner, name), new))
     _set_once()
     # The generator reads go first (last in); reads_seen() is False before they do.
     reads = _generator.intercept_reads(_sync_mine)

@@ -30,7 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer import _compat
-from torchdefer._compat.patch import SharedPatches, attribute, patched
+from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.recorder._args import flatten_call
 from torchdefer.recorder._refusals import eager_refuses
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
@@ -241,7 +241,7 @@ def library_composites() -> Iterator[None]:
         yield
 
 
-def _mark_library(patches: contextlib.ExitStack) -> None:
+def _mark_library(patches: PatchStack) -> None:
     from torchdefer.recorder.mode import suspended
 
     for module, name, _ in _LIBRARY:
@@ -251,7 +251,7 @@ def _mark_library(patches: contextlib.ExitStack) -> None:
         with suspended():
             reads = _reads_data(module, name)
         if reads:
-            patches.enter_context(
+            patches.enter(
                 patched(attribute(module, name), _library_wrapper(name, original)))
 
 

@@ -182,7 +182,7 @@ def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: 
 
 
 # Installed while any thread is inside a subclassing() block (threads share it).
-_PATCH = SharedPatches(lambda stack: stack.enter_context(
+_PATCH = SharedPatches(lambda stack: stack.enter(
     patched(attribute(torch.Tensor, "_make_subclass"), staticmethod(_make_subclass))))
 
 

@@ -146,6 +146,12 @@ class _DataOfReal:
 _DATA_OF_REAL = _DataOfReal()
 
 
+_SET_TYPE = attribute(torch, "set_default_tensor_type")
+_SET_DTYPE = attribute(torch, "set_default_dtype")
+_START = attribute(threading.Thread, "start")
+_DATA = attribute(torch.Tensor, "data")
+
+
 def _install(stack: PatchStack) -> None:
     """Put the patches in; ``stack`` takes them out again, in reverse order."""
     _fork_hook()
@@ -169,14 +175,10 @@ def _install(stack: PatchStack) -> None:
                      (logged_set_default_dtype, set_dtype),
                      (logged_set_default_tensor_type, set_type)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
-    patches: tuple[tuple[Any, str, Any], ...] = (
-        (torch, "set_default_tensor_type", logged_set_default_tensor_type),
-        (torch, "set_default_dtype", logged_set_default_dtype),
-        (threading.Thread, "start", exact_start),
-        (torch.Tensor, "data", _DATA_OF_REAL),  # a descriptor in place of TensorBase's C one
-    )
-    for owner, name, new in patches:
-        stack.enter(patched(attribute(owner, name), new))
+    stack.enter(patched(_SET_TYPE, logged_set_default_tensor_type))
+    stack.enter(patched(_SET_DTYPE, logged_set_default_dtype))
+    stack.enter(patched(_START, exact_start))
+    stack.enter(patched(_DATA, _DATA_OF_REAL))  # a descriptor in place of TensorBase's C one
     _set_once()
     # The generator reads go first (last in); reads_seen() is False before they do.
     reads = _generator.intercept_reads(_sync_mine)

@@ -182,8 +182,9 @@ def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: 
 
 
 # Installed while any thread is inside a subclassing() block (threads share it).
+_MAKE_SUBCLASS = attribute(torch.Tensor, "_make_subclass")
 _PATCH = SharedPatches(lambda stack: stack.enter(
-    patched(attribute(torch.Tensor, "_make_subclass"), staticmethod(_make_subclass))))
+    patched(_MAKE_SUBCLASS, staticmethod(_make_subclass))))
 
 
 @contextlib.contextmanager

@@ -192,7 +192,7 @@ def subclassing() -> Iterator[None]:
     """While active, ``torch.Tensor._make_subclass(C, deferred)`` gives a deferred ``C``.
 
     The binding is replaced on ``torch.Tensor`` (the C version stays on
-    ``torch._C.TensorBase``) and put back when the outermost block exits;
+    ``torch._C.TensorBase``) and put back when the last block (of any thread) exits;
     other data is passed to the original unchanged.
     """
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass

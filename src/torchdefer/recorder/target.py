@@ -33,13 +33,14 @@ from torchdefer.recorder.tensor import DeferredTensor
 __all__ = ["Target", "mark_materialized", "target_of"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Target:
     """A recorded value at one version of its storage: what replay must produce.
 
     Frozen: taken at one moment, it keeps naming that version even when the
     tensor is written again later (a replay started before sees what it asked
-    for).
+    for). Compared by identity (a graph is not compared field by field);
+    compare ``.key`` to ask whether two name the same value and version.
     """
 
     graph: Graph

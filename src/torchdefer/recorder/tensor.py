@@ -39,7 +39,8 @@ class DeferredTensor(FakeTensor):
     ``_value`` is the graph value the tensor holds now; an op that changes the
     tensor's metadata in place (``t_()``) or rebinds it (``.data = x``) moves it
     to a new value. Ops on it are recorded also after ``deferred_init`` has
-    returned (``model.half()``, ``apply(init_fn)``, weight tying).
+    returned (``model.half()``, ``apply(init_fn)``, weight tying). Outside the
+    recorder, ask :func:`torchdefer.recorder.target_of` what it stands for.
     """
 
     _graph: Graph

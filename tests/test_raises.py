@@ -55,8 +55,9 @@ SIGNALS = {
     "torchdefer.checkpoint._pipeline.Aborted": "caught in Pipeline._write",
     "torchdefer.cli.CliError": "caught in cli.main, which returns exit status 2",
     "torchdefer.descriptors.program._Unknown": "caught in descriptors.program",
-    "torchdefer.materialize._row_calls.NotSliceable":
-        "caught by row replay (materialize.rows, parallel), which falls back to whole tensors",
+    "torchdefer.materialize.local_call.NotSliceable":
+        "caught by row replay (distributed.rows, materialize.parallel), which falls back to "
+        "whole tensors",
 }
 
 

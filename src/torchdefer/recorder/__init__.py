@@ -11,6 +11,7 @@ from torchdefer.recorder.mode import RecordingMode
 from torchdefer.recorder.reach import is_deferred
 from torchdefer.recorder.record import data_read, record_call, record_data_set
 from torchdefer.recorder.subclasses import detach_for_parameter, make_parameter
+from torchdefer.recorder.target import Target, mark_materialized, target_of
 from torchdefer.recorder.tensor import DeferredTensor
 
 # Deferred tensors' calls reach the recorder through these (recorder/_entries.py).
@@ -33,10 +34,13 @@ __all__ = [
     "RecordingError",
     "RecordingMode",
     "Storage",
+    "Target",
     "TensorMeta",
     "Value",
     "composite",
     "deferred",
     "deferred_init",
     "is_deferred",
+    "mark_materialized",
+    "target_of",
 ]

@@ -50,8 +50,8 @@ from torch.nn.parameter import is_lazy
 
 from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import EagerRefusalError
-from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.ambient import current_ambient
 from torchdefer.recorder.mode import suspended
 
@@ -457,7 +457,7 @@ def _ask_with_data(func: Any, args: tuple, kwargs: dict,
     generator; the error eager gives, or None."""
     def real(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and hasattr(x, "_value"):
-            return read_value(x)
+            return VALUE_READER.get()(x)
         if isinstance(x, torch.Generator):
             return torch.Generator(device=_CPU).manual_seed(0)
         return x

@@ -30,6 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer import _compat
+from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.recorder._args import flatten_call
 from torchdefer.recorder._nodes import as_deferred, generator_of, record_writes, where
 from torchdefer.recorder._refusals import eager_refuses
@@ -237,21 +238,25 @@ def _reads_data(module: Any, name: str) -> bool:
 @contextlib.contextmanager
 def library_composites() -> Iterator[None]:
     """Mark the data-reading library init functions as composites while recording."""
-    saved = []
-    try:
-        for module, name, _ in _LIBRARY:
-            original = getattr(module, name)
-            if hasattr(original, "__torchdefer_composite__"):
-                continue  # an outer recording marked it already
-            with suspended():
-                reads = _reads_data(module, name)
-            if reads:
-                saved.append((module, name, original))
-                setattr(module, name, _library_wrapper(name, original))
+    # While any thread records: one thread's block ending first must not unmark
+    # them under another's (which then read their data, op by op).
+    with _LIBRARY_PATCHES.held():
         yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
+
+
+def _mark_library(patches: PatchStack) -> None:
+    for module, name, _ in _LIBRARY:
+        original = getattr(module, name)
+        if hasattr(original, "__torchdefer_composite__"):
+            continue  # marked by the user
+        with suspended():
+            reads = _reads_data(module, name)
+        if reads:
+            patches.enter(
+                patched(attribute(module, name), _library_wrapper(name, original)))
+
+
+_LIBRARY_PATCHES = SharedPatches(_mark_library)
 
 
 # ------------------------------------------------- calls after deferred_init returned

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._pinned import check_pinning, lifted_is_pinned
 from torchdefer.fake.device import output_device
@@ -17,7 +18,6 @@ from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._fast import FAST_OPS, SLOW
-from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder._nodes import (
     as_deferred,
     external,
@@ -260,7 +260,7 @@ def _needs_data(facts: OpFacts, flat: list[Any]) -> bool:
 def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: dict, inputs):
     """Run a data-dependent op on the materialized inputs; keep the result as constants."""
     device = output_device(kwargs, [x for x in flat if isinstance(x, torch.Tensor)])
-    real = [read_value(x) if isinstance(x, DeferredTensor) else x for x in flat]
+    real = [VALUE_READER.get()(x) if isinstance(x, DeferredTensor) else x for x in flat]
     real_args, real_kwargs = unflatten_call(real, spec)
     with suspended():
         out = func(*real_args, **real_kwargs)
@@ -424,7 +424,7 @@ def _unrecordable(func: Any, error: BaseException) -> RecordingError:
 def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     """Answer ``.item()``, ``.tolist()``, ``bool(t)`` ... by materializing just that value."""
     fake = args[0]
-    real = read_value(fake)
+    real = VALUE_READER.get()(fake)
     # numpy() detaches internally: with the recording mode on, that detach
     # would be recorded and the array would read a fake tensor's memory.
     with suspended(), _compat.DisableTorchFunctionSubclass():

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +42,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in parameter.pyi
 
 from torchdefer import _compat
+from torchdefer._compat.patch import SharedPatches, attribute, patched
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake._source import is_library_code
 from torchdefer.fake.mode import import_dynamo_outside_modes
@@ -177,10 +177,10 @@ def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: 
     return out
 
 
-# Depth of nested subclassing() blocks per process: the patch is installed by
-# the outermost block and removed when it exits. A lock, because threads share it.
-_depth = 0
-_lock = threading.Lock()
+# Installed while any thread is inside a subclassing() block (threads share it).
+_MAKE_SUBCLASS = attribute(torch.Tensor, "_make_subclass")
+_PATCH = SharedPatches(lambda stack: stack.enter(
+    patched(_MAKE_SUBCLASS, staticmethod(_make_subclass))))
 
 
 @contextlib.contextmanager
@@ -188,26 +188,15 @@ def subclassing() -> Iterator[None]:
     """While active, ``torch.Tensor._make_subclass(C, deferred)`` gives a deferred ``C``.
 
     The binding is replaced on ``torch.Tensor`` (the C version stays on
-    ``torch._C.TensorBase``) and put back when the outermost block exits;
+    ``torch._C.TensorBase``) and put back when the last block (of any thread) exits;
     other data is passed to the original unchanged.
     """
-    global _depth
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass
     # when first imported (which PyTorch does lazily, often while a
     # constructor runs): it must see the original, not the function below.
     import_dynamo_outside_modes()
-
-    with _lock:
-        if _depth == 0:
-            torch.Tensor._make_subclass = staticmethod(_make_subclass)  # type: ignore[assignment]
-        _depth += 1
-    try:
+    with _PATCH.held():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                del torch.Tensor._make_subclass
 
 
 # ---- lazy modules: UninitializedParameter / UninitializedBuffer --------------------

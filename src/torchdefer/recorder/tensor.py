@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import InternalError
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
@@ -26,7 +27,6 @@ from torchdefer.fake.tensor import (
 )
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
-from torchdefer.recorder._hooks import read_value
 from torchdefer.recorder.graph import Graph, Value
 from torchdefer.recorder.mode import RecordingMode
 
@@ -50,7 +50,8 @@ class DeferredTensor(FakeTensor):
     ``_value`` is the graph value the tensor holds now; an op that changes the
     tensor's metadata in place (``t_()``) or rebinds it (``.data = x``) moves it
     to a new value. Ops on it are recorded also after ``deferred_init`` has
-    returned (``model.half()``, ``apply(init_fn)``, weight tying).
+    returned (``model.half()``, ``apply(init_fn)``, weight tying). Outside the
+    recorder, ask :func:`torchdefer.recorder.target_of` what it stands for.
     """
 
     _graph: Graph
@@ -247,7 +248,7 @@ def write_real(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on real tensors: every deferred argument replaced by its value."""
 
     def real(x: Any) -> Any:
-        return read_value(x) if isinstance(x, DeferredTensor) else x
+        return VALUE_READER.get()(x) if isinstance(x, DeferredTensor) else x
 
     args = tuple(
         type(a)(real(b) for b in a) if isinstance(a, (list, tuple)) else real(a) for a in args

@@ -8,7 +8,7 @@ sample is set as the position says. A cached sample that some earlier call
 left is re-created by drawing one float64 normal at the word its pair
 started, which is exactly what that call did. An anchor that is the end of a
 call the model cannot count is reached by running that call (the runner
-``torchdefer.materialize`` installs with :func:`set_call_runner`: it owns
+``torchdefer.materialize`` installs as ``_hooks.CALL_RUNNER``: it owns
 replay, and this package imports it not).
 
 Known states are kept per epoch (a bounded number), so a tensor materialized
@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torchdefer.errors import InternalError, StateError
+from torchdefer._hooks import CALL_RUNNER
+from torchdefer.errors import InternalError
 from torchdefer.rng import _cached_normal, mt19937, philox
 from torchdefer.rng.draws import Effect
 from torchdefer.rng.stream import (
@@ -55,29 +55,15 @@ from torchdefer.rng.stream import (
     kind_of,
 )
 
-__all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
+__all__ = ["CrossDeviceRestoreWarning", "RngStates"]
 
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
 # A known state: (words, cache key, position, state), sorted by the first two.
 _Entry = tuple[int, int, Position, torch.Tensor]
 
-# (node, state, model) -> state after the node; installed by torchdefer.materialize.
-_runner: list[Callable[[Any, torch.Tensor, Model], torch.Tensor]] = []
-
-
-def set_call_runner(runner: Callable[[Any, torch.Tensor, Model], torch.Tensor]) -> None:
-    """Install how a call the model cannot count is run: ``runner(call, state, model)``
-    gives the state after it (``torchdefer.materialize`` installs its replay)."""
-    _runner[:] = [runner]
-
-
 def _run_call(node: Any, state: torch.Tensor, model: Model) -> torch.Tensor:
-    if not _runner:
-        raise StateError(
-            "Placing a random op after one whose draws cannot be counted needs "
-            "torchdefer.materialize; import torchdefer (not only torchdefer.recorder)."
-        )
-    return _runner[0](node, state, model)
+    # torchdefer.materialize installs its replay (_hooks.CALL_RUNNER).
+    return CALL_RUNNER.get()(node, state, model)
 
 
 class RngStates:

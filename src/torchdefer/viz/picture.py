@@ -21,9 +21,9 @@ from typing import Any
 from torch import nn
 
 from torchdefer.errors import UsageError
-from torchdefer.materialize.cache import ReplayCache
-from torchdefer.materialize.plan import make_plan
+from torchdefer.materialize.plan import recorded_slice
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 from torchdefer.viz._format import (
     DASH,
@@ -138,13 +138,11 @@ class _Builder:
         self.links: dict[tuple[str, str, str, str], Link] = {}
 
     def build(self, modules: dict[str, str]) -> Picture:
-        cache = ReplayCache()  # empty: every op needed is listed, none taken as real
         for target in self.targets:
             if target.deferred:
-                value = target.tensor._value  # type: ignore[attr-defined]
-                self._add_slice([(value, value.storage.version)], cache, target.module)
+                self._add_slice([target_of(target.tensor).key], target.module)
         for observation in self._observations():
-            self._add_slice(list(zip(observation.inputs, observation.reads)), cache, None)
+            self._add_slice(list(zip(observation.inputs, observation.reads)), None)
             self._take(observation, None)
         for node in sorted(self.nodes.values(), key=lambda n: (self._graph_index(n), n.seq)):
             self._add_node(node)
@@ -156,7 +154,7 @@ class _Builder:
         graphs: dict[int, Graph] = {}
         for target in self.targets:
             if target.deferred:
-                graph = target.tensor._graph  # type: ignore[attr-defined]
+                graph = target_of(target.tensor).graph
                 graphs[id(graph)] = graph
         found = []
         for graph in graphs.values():
@@ -165,8 +163,8 @@ class _Builder:
                     found.append(node)
         return found
 
-    def _add_slice(self, targets: list[tuple[Value, int]], cache, module: str | None) -> None:
-        for node in make_plan(targets, cache, "recorded", None).nodes:
+    def _add_slice(self, targets: list[tuple[Value, int]], module: str | None) -> None:
+        for node in recorded_slice(targets):
             self._take(node, module)
 
     def _take(self, node: Node, module: str | None) -> None:
@@ -222,7 +220,7 @@ class _Builder:
             lines = (shown, f"{what} {describe_real(t)}", "real (materialized)")
             self.items[tid] = Item(tid, REAL, target.module, lines, attrs, (*form, t.device))
             return
-        value = t._value
+        value = target_of(t).value
         storage = value.storage
         attrs.update(device=str(value.meta.device), storage=storage.id, version=storage.version)
         lines = (shown, f"{what} {fmt_meta(value.meta)}", f"s#{storage.id} v{storage.version}")

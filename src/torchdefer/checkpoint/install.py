@@ -361,12 +361,11 @@ def _interrupts_held() -> Iterator[None]:
 def _deliver(handler: Any) -> None:
     """Give the held SIGINT to ``handler`` here, in this frame.
 
-    A callable (Python's default raises ``KeyboardInterrupt``) is called now.
-    Raising the signal again instead leaves the handler's run to the
-    interpreter's next check, wherever that falls; a test saw the Ctrl-C lost
-    once, under heavy load on torch 2.15 (not reproduced). ``SIG_IGN``
-    ignores it; ``SIG_DFL`` gets the signal itself (the process ends, as it
-    would have).
+    A callable (Python's default raises ``KeyboardInterrupt``) is called now,
+    so the exception starts from the commit's frame whatever the interpreter
+    runs next; ``SIG_IGN`` (a process started in the background by a
+    non-interactive shell inherits it) ignores it, as it would have;
+    ``SIG_DFL`` gets the signal itself (the process ends, as it would have).
     """
     if callable(handler):
         handler(signal.SIGINT, sys._getframe(1))

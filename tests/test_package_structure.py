@@ -199,7 +199,7 @@ def test_every_allowed_circle_still_exists_at_its_allowed_size():
         largest = max((len(scc) for scc in circles.get(package, [])), default=0)
         if largest < allowed:
             stale.append(f"{package}: allowed {allowed}, largest now {largest}")
-    assert not stale, ("CIRCLES_ALLOWED in tests/test_structure.py is larger than needed: "
+    assert not stale, ("CIRCLES_ALLOWED in tests/test_package_structure.py is larger than needed: "
                        "lower or remove these entries: " + "; ".join(stale))
 
 

@@ -75,7 +75,11 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.kind = NodeKind.INPLACE
     else:
         node.kind = NodeKind.RANDOM
-        graph.rng.place(node, None, self.fake_device)
+        # All that decides its draws (_signature's fields: the spec follows
+        # from the number of arguments, the output's metadata is self's).
+        key = (id(func), value.meta.size, value.meta.stride, value.meta.dtype,
+               *[(type(x), x) for x in args[1:]])
+        graph.rng.place_plain(node, self.fake_device, key)
     return self
 
 

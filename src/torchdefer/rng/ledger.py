@@ -34,7 +34,15 @@ from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
 from torchdefer.rng.gf2 import tensor_bytes
 from torchdefer.rng.states import RngStates
-from torchdefer.rng.stream import CallReader, Epoch, Position, Stream, model_of
+from torchdefer.rng.stream import (
+    CallReader,
+    Epoch,
+    Position,
+    Stream,
+    advance,
+    model_of,
+    plain_cpu_effect,
+)
 
 __all__ = ["RngLedger", "default_generator"]
 
@@ -144,6 +152,42 @@ class RngLedger:
                 self._leave_marker(stream, epoch, real, current, same)
             else:
                 self._sync(stream, epoch, real)
+
+    def place_plain(self, call: Any, device: torch.device, key: tuple[Any, ...]) -> bool:
+        """:meth:`place` of the commonest call, with ``lazy``; False (nothing done) if not it.
+
+        The commonest call (nearly every random op of a model's ``__init__``)
+        draws from ``device``'s default CPU generator, which still holds the
+        marker this ledger left after the call before, in an epoch whose
+        layout is current, and its draws are counted by the model. Then its
+        place is the layout's end and a new marker follows, as :meth:`place`
+        would give, without the general steps (stream keys, epoch checks, the
+        call's signature). ``key`` describes the call wholly
+        (:func:`rng.stream.plain_cpu_effect`). Outside inference mode only.
+        """
+        stream = self._default_streams.get(device)
+        if stream is None or stream.left_key is None or stream.model != "cpu":
+            return False
+        epoch = stream.epochs[-1]
+        layout = epoch.layouts.get("cpu")
+        if layout is None or len(layout.starts) != len(epoch.calls):
+            return False  # calls placed after a replay computed this layout: the general path
+        with _compat.DisableTorchDispatch():  # the draw model may run probe kernels
+            start = layout.end
+            after = advance(start, plain_cpu_effect(call, key, self.states.reader),
+                            layout.anchor_cache)
+            if after is None:  # an anchor, or a cached normal to read: the general path
+                return False
+            real = torch.default_generator
+            current = get_state(real)
+            if _key(current) != stream.left_key:  # user code set the state: a new epoch
+                return False
+            call.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
+            epoch.calls.append(call)
+            layout.starts.append(start)
+            layout.end = after
+            self._leave_marker(stream, epoch, real, current, True)
+        return True
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
         if generator is None:

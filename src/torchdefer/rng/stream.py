@@ -47,6 +47,7 @@ __all__ = [
     "call_effect",
     "kind_of",
     "model_of",
+    "plain_cpu_effect",
 ]
 
 # The cached-normal state of a Position: None (none cached), ANCHOR (whatever
@@ -246,4 +247,28 @@ def _cpu_effect(call: Any, func: Any, reader: CallReader) -> draws.Effect | None
         if len(_effects) >= _EFFECTS_KEPT:
             _effects.clear()
         _effects[key] = effect
+    return effect
+
+
+# Effects of the plainest calls by a key their recorder gives (see
+# plain_cpu_effect): flat, and without the OpOverload's Python __hash__, it
+# costs a fraction of building and hashing a call's signature.
+_plain_effects: dict[tuple[Any, ...], tuple[Any, draws.Effect | None]] = {}
+
+
+def plain_cpu_effect(call: Any, key: tuple[Any, ...], reader: CallReader) -> draws.Effect | None:
+    """:func:`call_effect` on the CPU for a call its recorder describes wholly by ``key``.
+
+    ``key`` must tell apart everything ``reader.signature(call)`` does (calls
+    with equal keys draw alike) and start with ``id(call.op)``; the op itself
+    is kept with the answer and compared, so a reused id never matches.
+    """
+    full = (_jumps_setting(), *key)
+    known = _plain_effects.get(full)
+    if known is not None and known[0] is call.op:
+        return known[1]
+    effect = _cpu_effect(call, call.op, reader)
+    if len(_plain_effects) >= _EFFECTS_KEPT:
+        _plain_effects.clear()
+    _plain_effects[full] = (call.op, effect)
     return effect

@@ -18,6 +18,10 @@ keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
 answers them. The meta kernel still makes a factory's or a detach's output,
 and ``rng.ledger`` still places each random call.
+
+The fast paths are called by ``record_call`` alone: the user's line is looked
+for from ``record_call``'s caller up, past the recording mode's dispatch
+wrappers unwalked (``mode.DISPATCH_WRAPPERS``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
 from torchdefer.fake.tensor import run_on_meta
+from torchdefer.recorder import mode
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage import write
 from torchdefer.recorder.ambient import current_ambient
@@ -64,7 +69,7 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     leaves = [value, *args[1:]]
     node = Node(graph.next_seq(), NodeKind.CALL, func, leaves, _SPECS[len(args)], (value,),
                 (storage.version,))
-    node.source = user_frame(2)
+    node.source = user_frame(3, mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     node.graph = graph
     node.ambient = current_ambient()
     node.writes = (write(node, storage),)
@@ -121,7 +126,7 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     elem = _on_meta(func, self)
     node = Node(graph.next_seq(), NodeKind.VIEW, func, [value], _SPECS[1], (value,),
                 (value.storage.version,))
-    node.source = user_frame(2)
+    node.source = user_frame(3, mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     node.graph = graph
     node.ambient = current_ambient()
     out = DeferredTensor(elem, device)
@@ -177,7 +182,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             leaves.append(out.dtype)
             keys, shape = (*keys, "dtype"), (*shape, None)
     node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, (1, keys, shape), (), ())
-    node.source = user_frame(2)
+    node.source = user_frame(3, mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     node.graph = graph
     node.ambient = current_ambient()
     fake = DeferredTensor(out, device)

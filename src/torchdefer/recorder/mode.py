@@ -13,7 +13,7 @@ from torchdefer.fake.tensor import FakeTensor, reported_device
 from torchdefer.recorder._real_targets import refuse_collective
 from torchdefer.recorder.graph import Graph
 
-__all__ = ["RecordingMode", "recorder_entry", "recording", "suspended"]
+__all__ = ["DISPATCH_WRAPPERS", "RecordingMode", "recorder_entry", "recording", "suspended"]
 
 _FAKE = _compat.FAKE_MODE_KEY
 
@@ -33,6 +33,8 @@ class RecordingMode(FakeSlotMode):
     def __enter__(self) -> RecordingMode:
         out = super().__enter__()  # imports torch._dynamo first (FakeSlotMode)
         _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
+        global DISPATCH_WRAPPERS
+        DISPATCH_WRAPPERS = _compat.dispatch_wrapper_frames(RecordingMode)
         return out  # type: ignore[return-value]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -50,6 +52,9 @@ class RecordingMode(FakeSlotMode):
 
 
 _DEVICE = torch.ops.prim.device.default
+DISPATCH_WRAPPERS: Any = None
+"""``user_frame``'s ``past`` for a call from :class:`RecordingMode`'s ``__torch_dispatch__``
+(``_compat.dispatch_wrapper_frames``), known once a recording was entered."""
 # recorder.record imports this module: bound at the first recorded op. Not an
 # import statement in __torch_dispatch__, which costs ~1 µs on every op.
 _record_call: Any = None

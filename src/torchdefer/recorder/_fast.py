@@ -174,24 +174,39 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return SLOW  # in eager's words where they differ (record.eager_error)
     leaves = [*sizes, *kwargs.values()]
     keys = tuple(kwargs)
-    shape = ((list, len(sizes)),) + (None,) * len(keys)
     if kwargs.get("dtype") is None:  # "the default dtype now": recorded as the dtype it gave
         if "dtype" in keys:
             leaves[len(sizes) + keys.index("dtype")] = out.dtype
         else:
             leaves.append(out.dtype)
-            keys, shape = (*keys, "dtype"), (*shape, None)
-    node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, (1, keys, shape), (), ())
+            keys = (*keys, "dtype")
+    node = Node(graph.next_seq(), NodeKind.FACTORY, func, leaves, _factory_spec(len(sizes), keys),
+                (), ())
     node.source = user_frame(3, mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     node.graph = graph
     node.ambient = current_ambient()
     fake = DeferredTensor(out, device)
-    storage = graph.new_storage(node, out.untyped_storage().nbytes())
+    # A fresh contiguous output's storage is its elements; asking the storage
+    # (untyped_storage()) would make a Python object that lives as long as it.
+    storage = graph.new_storage(node, out.nbytes)
     graph.holders[_compat.storage_id(fake)] = fake
     fake._graph = graph
     fake._value = Value(node, 0, storage, TensorMeta.of(out, device))
     node.outputs.append(fake._value)
     return fake
+
+
+# (number of sizes, keywords) -> flatten_call's spec of (sizes, **keywords). Shared
+# by the nodes of one form: a spec holds the type `list`, so each copy would be
+# three more objects the cyclic GC tracks, per factory call.
+_factory_specs: dict[tuple[int, tuple[str, ...]], tuple[Any, ...]] = {}
+
+
+def _factory_spec(n: int, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    spec = _factory_specs.get((n, keys))
+    if spec is None:  # few forms: a model's tensors have few ranks
+        spec = _factory_specs[(n, keys)] = (1, keys, ((list, n),) + (None,) * len(keys))
+    return spec
 
 
 FAST_OPS: dict[int, Any] = {

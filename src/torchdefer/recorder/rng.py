@@ -119,8 +119,13 @@ class RngRecorder(RngLedger):
 
         ``device`` is not meta.
         """
-        if torch.is_inference_mode_enabled() or not (
-            self._lazy() and super().place_plain(node, device, key)
+        if not (
+            self._deferring  # self._lazy(), inline: this runs for every random op
+            and threading.get_ident() == self._thread
+            and threading.active_count() == 1
+            and reads_seen()
+            and not torch.is_inference_mode_enabled()
+            and RngLedger.place_plain(self, node, device, key)
         ):
             self.place(node, None, device)
 

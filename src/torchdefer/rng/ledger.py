@@ -160,10 +160,11 @@ class RngLedger:
         draws from ``device``'s default CPU generator, which still holds the
         marker this ledger left after the call before, in an epoch whose
         layout is current, and its draws are counted by the model. Then its
-        place is the layout's end and a new marker follows, as :meth:`place`
-        would give, without the general steps (stream keys, epoch checks, the
-        call's signature). ``key`` describes the call wholly
+        place is the layout's end and the marker's count moves on, as
+        :meth:`place` would do, without the general steps (stream keys, epoch
+        checks, the call's signature). ``key`` describes the call wholly
         (:func:`rng.stream.plain_cpu_effect`). Outside inference mode only.
+        ``get_state``/``set_state`` reach no dispatch mode (no guard needed).
         """
         stream = self._default_streams.get(device)
         if stream is None or stream.left_key is None or stream.model != "cpu":
@@ -172,21 +173,30 @@ class RngLedger:
         layout = epoch.layouts.get("cpu")
         if layout is None or len(layout.starts) != len(epoch.calls):
             return False  # calls placed after a replay computed this layout: the general path
-        with _compat.DisableTorchDispatch():  # the draw model may run probe kernels
-            start = layout.end
-            after = advance(start, plain_cpu_effect(call, key, self.states.reader),
-                            layout.anchor_cache)
-            if after is None:  # an anchor, or a cached normal to read: the general path
-                return False
-            real = torch.default_generator
-            current = get_state(real)
-            if _key(current) != stream.left_key:  # user code set the state: a new epoch
-                return False
-            call.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
-            epoch.calls.append(call)
-            layout.starts.append(start)
-            layout.end = after
-            self._leave_marker(stream, epoch, real, current, True)
+        start = layout.end
+        after = advance(start, plain_cpu_effect(call, key, self.states.reader), layout.anchor_cache)
+        if after is None:  # an anchor, or a cached normal to read: the general path
+            return False
+        real = torch.default_generator
+        left_key = stream.left_key
+        if _key(get_state(real)) != left_key:  # user code set the state: a new epoch
+            return False
+        call.rng = (stream, len(stream.epochs) - 1, len(epoch.calls))
+        epoch.calls.append(call)
+        layout.starts.append(start)
+        layout.end = after
+        # _leave_marker's case of a generator holding the marker left last.
+        marker = stream.left
+        count = self._count_words.get(id(stream))
+        if count is None or count[0] is not marker:
+            self._leave_marker(stream, epoch, real, marker, True)
+            return True
+        self._marker_count += 1
+        count[1].value = self._marker_count
+        key = _COUNT.pack(self._marker_count) + left_key[_COUNT.size:]
+        self._markers[key] = (stream, epoch, after)
+        real.set_state(marker)
+        stream.left_key = key
         return True
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:

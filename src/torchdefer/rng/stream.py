@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.rng import cuda_increments, draws, philox
 from torchdefer.rng.draws import Effect, TensorInfo
 
@@ -267,7 +268,8 @@ def plain_cpu_effect(call: Any, key: tuple[Any, ...], reader: CallReader) -> dra
     known = _plain_effects.get(full)
     if known is not None and known[0] is call.op:
         return known[1]
-    effect = _cpu_effect(call, call.op, reader)
+    with _compat.DisableTorchDispatch():  # the draw model may run probe kernels
+        effect = _cpu_effect(call, call.op, reader)
     if len(_plain_effects) >= _EFFECTS_KEPT:
         _plain_effects.clear()
     _plain_effects[full] = (call.op, effect)

@@ -80,12 +80,21 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.kind = NodeKind.INPLACE
     else:
         node.kind = NodeKind.RANDOM
-        # All that decides its draws (_signature's fields: the spec follows
-        # from the number of arguments, the output's metadata is self's).
-        key = (id(func), value.meta.size, value.meta.stride, value.meta.dtype,
-               *[(type(x), x) for x in args[1:]])
-        graph.rng.place_plain(node, self.fake_device, key)
+        graph.rng.place_plain(node, self.fake_device, _draw_key(func, args, value.meta))
     return self
+
+
+def _draw_key(func: Any, args: tuple, meta: TensorMeta) -> tuple[Any, ...]:
+    """All that decides a plain fill's draws (``recorder.rng._signature``'s fields:
+    the spec follows from the number of arguments, the output's metadata is
+    self's), flat: the arity is the key's length, each number comes with its type."""
+    if len(args) == 3:
+        a, b = args[1], args[2]
+        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a, type(b), b)
+    if len(args) == 2:
+        a = args[1]
+        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a)
+    return (id(func), meta.size, meta.stride, meta.dtype)
 
 
 def _plain(func: Any, args: tuple, graph: Graph) -> bool:
@@ -100,9 +109,10 @@ def _plain(func: Any, args: tuple, graph: Graph) -> bool:
     limit = _LIMITS.get(meta.dtype)
     if limit is None or meta.device.type == "meta" or meta.conj or meta.neg:
         return False
-    for size, stride in zip(meta.size, meta.stride):
-        if stride == 0 and size > 1:  # internal overlap: eager refuses the write
-            return False
+    if 0 in meta.stride:  # rare: the pairwise walk only then (zip allocates, per fill)
+        for size, stride in zip(meta.size, meta.stride):
+            if stride == 0 and size > 1:  # internal overlap: eager refuses the write
+                return False
     for x in args[1:]:
         if (type(x) is not float and type(x) is not int) or not abs(x) <= limit:
             return False

@@ -254,7 +254,7 @@ def _cpu_effect(call: Any, func: Any, reader: CallReader) -> draws.Effect | None
 # Effects of the plainest calls by a key their recorder gives (see
 # plain_cpu_effect): flat, and without the OpOverload's Python __hash__, it
 # costs a fraction of building and hashing a call's signature.
-_plain_effects: dict[tuple[Any, ...], tuple[Any, draws.Effect | None]] = {}
+_plain_effects: dict[tuple[Any, ...], tuple[Any, Any, draws.Effect | None]] = {}
 
 
 def plain_cpu_effect(call: Any, key: tuple[Any, ...], reader: CallReader) -> draws.Effect | None:
@@ -262,15 +262,16 @@ def plain_cpu_effect(call: Any, key: tuple[Any, ...], reader: CallReader) -> dra
 
     ``key`` must tell apart everything ``reader.signature(call)`` does (calls
     with equal keys draw alike) and start with ``id(call.op)``; the op itself
-    is kept with the answer and compared, so a reused id never matches.
+    is kept with the answer and compared, so a reused id never matches, and
+    so is TORCHDEFER_RNG_JUMPS as set when the answer was computed.
     """
-    full = (_jumps_setting(), *key)
-    known = _plain_effects.get(full)
-    if known is not None and known[0] is call.op:
-        return known[1]
+    jumps = _ENV_DATA.get(_JUMPS_KEY)  # _jumps_setting(), inline: once per random op
+    known = _plain_effects.get(key)
+    if known is not None and known[0] is call.op and known[1] == jumps:
+        return known[2]
     with _compat.DisableTorchDispatch():  # the draw model may run probe kernels
         effect = _cpu_effect(call, call.op, reader)
     if len(_plain_effects) >= _EFFECTS_KEPT:
         _plain_effects.clear()
-    _plain_effects[full] = (call.op, effect)
+    _plain_effects[key] = (call.op, jumps, effect)
     return effect

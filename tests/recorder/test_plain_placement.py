@@ -110,3 +110,32 @@ def _inference_and_threads():
 
 def test_inference_mode_and_a_thread_between_plain_calls(taken):
     check_program(lambda defer: defer(_inference_and_threads))
+
+
+def _after_threaded_materialization():
+    return [torch.empty(64, 32).normal_(), torch.empty(64, 32).uniform_()]
+
+
+def test_markers_stand_again_after_a_threaded_materialization_keeps_its_threads(taken):
+    import torchdefer
+    from torchdefer.rng import kept_threads
+
+    big = torchdefer.deferred_init(lambda: torch.empty(1 << 22).normal_())
+    torchdefer.materialize_tensor(big, threads=2)  # split: its draw threads are kept
+    if threading.active_count() - 1 != kept_threads():
+        pytest.skip("another thread than torchdefer's kept draw threads runs here")
+    assert kept_threads() >= 1
+    check_program(lambda defer: defer(_after_threaded_materialization))
+    assert taken[True] >= 1  # not every op moved the generator at once (a jump each)
+
+
+def test_a_user_thread_alive_still_moves_the_generator_at_once(taken):
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        check_program(lambda defer: defer(_plain_run))
+    finally:
+        stop.set()
+        worker.join()
+    assert taken[True] == 0

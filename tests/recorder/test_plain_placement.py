@@ -1,4 +1,4 @@
-"""``rng.ledger.place_plain``: the common random op placed in one step, and every way out of it.
+"""``rng.ledger.RngLedger.try_place_plain``: the common random op placed in one step, and every way out of it.
 
 Each program mixes plain ``normal_``/``uniform_`` calls (the one-step case)
 with what must send a call back to the general placement: a reseed, a
@@ -21,16 +21,16 @@ from torchdefer.rng import ledger
 
 @pytest.fixture
 def taken(monkeypatch):
-    """How many calls ``place_plain`` placed (True) and sent back (False)."""
+    """How many calls ``try_place_plain`` placed (True) and sent back (False)."""
     counts = {True: 0, False: 0}
-    original = ledger.RngLedger.place_plain
+    original = ledger.RngLedger.try_place_plain
 
     def spy(self, call, device, key):
         done = original(self, call, device, key)
         counts[done] += 1
         return done
 
-    monkeypatch.setattr(ledger.RngLedger, "place_plain", spy)
+    monkeypatch.setattr(ledger.RngLedger, "try_place_plain", spy)
     return counts
 
 

@@ -127,7 +127,8 @@ class RngRecorder(RngLedger):
 
     def place_plain(self, node: Any, device: torch.device, key: tuple[Any, ...]) -> None:
         """:meth:`place` of a call on ``device``'s default generator that ``key`` describes
-        wholly (``rng.stream.plain_cpu_effect``); its common case costs a third.
+        wholly (``rng.stream.plain_cpu_effect``); its common case in one step
+        (``RngLedger.try_place_plain``), the rest by :meth:`place`.
 
         ``device`` is not meta.
         """
@@ -137,7 +138,7 @@ class RngRecorder(RngLedger):
             and _alone()
             and reads_seen()
             and not torch.is_inference_mode_enabled()
-            and RngLedger.place_plain(self, node, device, key)
+            and self.try_place_plain(node, device, key)
         ):
             self.place(node, None, device)
 

@@ -153,7 +153,7 @@ class RngLedger:
             else:
                 self._sync(stream, epoch, real)
 
-    def place_plain(self, call: Any, device: torch.device, key: tuple[Any, ...]) -> bool:
+    def try_place_plain(self, call: Any, device: torch.device, key: tuple[Any, ...]) -> bool:
         """:meth:`place` of the commonest call, with ``lazy``; False (nothing done) if not it.
 
         The commonest call (nearly every random op of a model's ``__init__``)
@@ -168,6 +168,9 @@ class RngLedger:
         """
         stream = self._default_streams.get(device)
         if stream is None or stream.left_key is None or stream.model != "cpu":
+            return False
+        marker = stream.left  # the marker tensor (left_key says it is one)
+        if marker is None:
             return False
         epoch = stream.epochs[-1]
         layout = epoch.layouts.get("cpu")
@@ -186,17 +189,16 @@ class RngLedger:
         layout.starts.append(start)
         layout.end = after
         # _leave_marker's case of a generator holding the marker left last.
-        marker = stream.left
         count = self._count_words.get(id(stream))
         if count is None or count[0] is not marker:
             self._leave_marker(stream, epoch, real, marker, True)
             return True
         self._marker_count += 1
         count[1].value = self._marker_count
-        key = _COUNT.pack(self._marker_count) + left_key[_COUNT.size:]
-        self._markers[key] = (stream, epoch, after)
+        marker_key = _COUNT.pack(self._marker_count) + left_key[_COUNT.size:]
+        self._markers[marker_key] = (stream, epoch, after)
         real.set_state(marker)
-        stream.left_key = key
+        stream.left_key = marker_key
         return True
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:

@@ -19,6 +19,7 @@ import torchdefer
 from torchdefer import _compat
 from torchdefer.fake._source import is_library_code
 from torchdefer.recorder import mode
+from torchdefer.recorder._entries import ENTRIES
 
 
 class _UserMode(TorchDispatchMode):
@@ -73,16 +74,16 @@ def test_fast_path_sources_are_those_of_the_frame_by_frame_walk(monkeypatch, bui
     jumped = _sources(torchdefer.deferred_init(build))
     assert mode.DISPATCH_WRAPPERS is not None  # the jump was on
     assert jumped == _walked(monkeypatch, build)
-    assert all(source is not None and source[0] == __file__ for _, _, source in jumped)
+    assert all(source is not None and source.file == __file__ for _, _, source in jumped)
 
 
 def test_a_users_dispatch_mode_is_the_innermost_user_frame():
     out = torchdefer.deferred_init(_under_user_mode)
     node = out._value.node
-    assert node.source[2] == "__torch_dispatch__"
+    assert node.source.function == "__torch_dispatch__"
     raw = _UserMode.__dict__["__torch_dispatch__"]
     raw = getattr(raw, "__wrapped__", raw)  # torch wraps a mode's __torch_dispatch__
-    assert node.source[1] == raw.__code__.co_firstlineno + 1
+    assert node.source.line == raw.__code__.co_firstlineno + 1
 
 
 def test_ops_after_deferred_init_name_the_users_line():
@@ -90,13 +91,15 @@ def test_ops_after_deferred_init_name_the_users_line():
     with torch.no_grad():
         line = sys._getframe().f_lineno + 1
         p.normal_()  # recorded by the deferred tensor's own __torch_dispatch__
-    assert p._value.node.source == (__file__, line, sys._getframe().f_code.co_name)
+    source = p._value.node.source
+    assert (source.file, source.line, source.function) == (
+        __file__, line, sys._getframe().f_code.co_name)
 
 
 def test_the_frames_jumped_over_are_library_code(monkeypatch):
     torchdefer.deferred_init(_plain)  # enters the mode: its wrappers are in place
     code, n = _compat.dispatch_wrapper_frames(mode.RecordingMode)
-    record_call = mode.recorder_entry()
+    record_call = ENTRIES.record_call
     jumped: list = []
 
     def spy(graph, func, args, kwargs):
@@ -107,7 +110,7 @@ def test_the_frames_jumped_over_are_library_code(monkeypatch):
             jumped.append(frame.f_code)
         return record_call(graph, func, args, kwargs)
 
-    monkeypatch.setattr(mode, "_record_call", spy)
+    monkeypatch.setattr(ENTRIES, "record_call", spy)
     torchdefer.deferred_init(_nn_init)
     assert n >= 1 and jumped
     assert all(is_library_code(c) for c in jumped)

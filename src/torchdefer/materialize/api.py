@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import threading
 from collections.abc import Callable, Generator
@@ -15,7 +14,7 @@ from torch import nn
 from torchdefer import _compat
 from torchdefer.errors import UsageTypeError
 from torchdefer.fake.device import device_available
-from torchdefer.materialize import parallel
+from torchdefer.materialize import concurrent, parallel
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
@@ -131,16 +130,24 @@ def materialize_module(
             per tensor instead.
         threads: threads that draw each large CPU random fill (``normal_``,
             ``uniform_`` ... of a million elements or more), each a chunk of
-            it from its own jumped generator state, into the tensor; the bits
-            and the generator states are eager's (see
-            :mod:`torchdefer.materialize.parallel`). None:
-            ``torch.get_num_threads()``; 1: every call drawn whole.
+            it from its own jumped generator state, into the tensor, and that
+            replay small independent tensors side by side; the bits and the
+            generator states are eager's (see
+            :mod:`torchdefer.materialize.parallel` and
+            :mod:`torchdefer.materialize.concurrent`). None:
+            ``torch.get_num_threads()``; 1: one tensor after the other, every
+            call drawn whole.
 
     Returns:
         ``module`` itself (typed as the module you passed).
 
-    Each tensor is replayed, converted and swapped in before the next one is
-    replayed, so the module never holds more than one tensor's replay at once.
+    Tensors are swapped in one at a time, in order, each converted first.
+    With one thread each is replayed only after the one before was swapped
+    in. With more, small independent tensors are replayed concurrently while
+    the bytes of those not yet swapped in fit the largest tensor's (the
+    serial path's peak), large ones alone; if one fails, the tensors before
+    it are swapped in, it and those after it stay deferred, and its error is
+    raised, as with one thread.
 
     Raises:
         SwapError: PyTorch refused to make a tensor real in place (C++ code
@@ -173,13 +180,16 @@ def materialize_module(
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
-    # One tensor per replay, swapped in at once: a later replay finds the
-    # storages it shares in the cache (kept alive by the module), and no
-    # replay holds more than one tensor's intermediates.
-    replay = functools.partial(_materialize, threads=threads)
-    with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           replay)) as replayed:
+    # One tensor per replay, swapped in at once, in order: a later replay finds
+    # the storages it shares in the cache (kept alive by the module). Small
+    # independent tensors replay side by side within a memory budget
+    # (materialize.concurrent); a failure leaves the module as the serial
+    # order would.
+    with parallel.threads_used(threads), contextlib.closing(
+            _each_replayed(module, found, device, dtype, progress, _replay,
+                           side_by_side=True)) as replayed:
         for name, fake, real in replayed:
+            mark_materialized(fake._value, real)
             swap_in(fake, real, name)
     with suspended():
         for parameter, grad in grads:
@@ -213,7 +223,7 @@ def replay_tensors(
     ``materialize_module`` finds them through the module.
     """
     with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           _replay)) as replayed:
+                                           _replay, side_by_side=False)) as replayed:
         return list(replayed)
 
 
@@ -224,10 +234,24 @@ def _each_replayed(
     dtype: torch.dtype | None,
     progress: ProgressSpec,
     replay: Callable[[DeferredTensor, torch.device | None, str], torch.Tensor],
+    *,
+    side_by_side: bool,
 ) -> Generator[tuple[str, DeferredTensor, torch.Tensor], None, None]:
     """``(path, deferred tensor, real tensor)`` for each of ``found`` in turn, cast to
-    ``dtype``, inside one call of each graph's cache and one progress bar."""
-    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
+    ``dtype``, inside one call of each graph's cache and one progress bar.
+    ``side_by_side``: small independent tensors replay concurrently
+    (:mod:`~torchdefer.materialize.concurrent`; the results come in order)."""
+    items = list(found.items())
+    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in items}
+    threads = parallel.current_threads() if side_by_side else 1
+    jobs = [_job(i, fake, device, threads) for i, (_, fake) in enumerate(items)]
+
+    def run(job: concurrent.Job) -> torch.Tensor:
+        name, fake = items[job.index]
+        real = replay(fake, device, name)
+        with suspended():  # as in materialize_tensor
+            return cast(real, dtype)
+
     with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
             contextlib.ExitStack() as one_call:
         # One call of each graph's cache: a tensor computed at construction from
@@ -235,13 +259,23 @@ def _each_replayed(
         # is computed twice); the user changes neither before we are done.
         for graph in {id(f._graph): f._graph for f in found.values()}.values():
             one_call.enter_context(cache_for(graph).call())
-        for name, fake in found.items():
+        for name, fake in items:  # on this thread: warnings are process-wide state
             warn_broken_ties(fake, name, module)
-            real = replay(fake, device, name)
-            with suspended():  # as in materialize_tensor
-                real = cast(real, dtype)
-            yield name, fake, real
-            bar.advance(name, sizes[name])
+        with contextlib.closing(concurrent.replayed_in_order(jobs, run, threads)) as replayed:
+            for job, real in replayed:
+                name, fake = items[job.index]
+                yield name, fake, real
+                bar.advance(name, sizes[name])
+
+
+def _job(index: int, fake: DeferredTensor, device: torch.device | None,
+         threads: int) -> concurrent.Job:
+    value = fake._value
+    meta = value.meta
+    where = device or meta.device
+    return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
+                          storage=(id(fake._graph), id(value.storage)),
+                          alone=concurrent.is_alone(math.prod(meta.size), where, threads))
 
 
 def mark_materialized(value: Value, real: torch.Tensor) -> None:

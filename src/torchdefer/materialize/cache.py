@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,9 +60,15 @@ class ReplayCache:
     was in dimensions of size 1 (the same elements), else replayed from
     scratch when only its contents are wanted, and refused when it is wanted
     as a view of the user's tensor (a copy would not see the user's writes).
+
+    Thread-safe: ``materialize_module(threads=N)`` replays independent tensors
+    on several threads at once, each looking up and storing here; one lock
+    guards every read and write of the tables (held for dictionary work only,
+    never while a tensor is computed).
     """
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         # (storage, device key) -> what is cached of it
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (storage, device key) -> (storage record, whether every replayed layout
@@ -78,13 +85,15 @@ class ReplayCache:
         """One materialization call: the user's code does not run until it returns,
         so what it stores answers reads of contents until then. Nested calls
         (a replay a replay needs) are part of the outer one."""
-        if not self._depth:
-            self._call += 1
-        self._depth += 1
+        with self._lock:
+            if not self._depth:
+                self._call += 1
+            self._depth += 1
         try:
             yield
         finally:
-            self._depth -= 1
+            with self._lock:
+                self._depth -= 1
 
     def lookup(
         self, value: Value, version: int, device_key: str, *, alias: bool = False,
@@ -94,6 +103,12 @@ class ReplayCache:
         ``alias``: the tensor is wanted as what a target is (eager's view of
         the user's tensor, changes included), not as contents a recorded op read.
         """
+        with self._lock:
+            return self._lookup(value, version, device_key, alias)
+
+    def _lookup(
+        self, value: Value, version: int, device_key: str, alias: bool,
+    ) -> torch.Tensor | None:
         if alias and id(value.storage) in self._replaced:
             raise ReplayError(
                 f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
@@ -156,9 +171,10 @@ class ReplayCache:
         ref = StorageWeakRef(real.untyped_storage())
         known = dict(layouts or {})
         known[id(value)] = (value, TensorMeta.of(real, real.device))
-        self._storages[(id(value.storage), device_key)] = _Entry(
-            value.storage, ref, version, known, self._call
-        )
+        with self._lock:
+            self._storages[(id(value.storage), device_key)] = _Entry(
+                value.storage, ref, version, known, self._call
+            )
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:
         """Note when a replayed tensor's layout differs from the recorded one."""
@@ -169,8 +185,9 @@ class ReplayCache:
             return
         key = (id(value.storage), device_key)
         kept = same_elements(TensorMeta.of(real, real.device), meta)
-        before = self._diverged.get(key)
-        self._diverged[key] = (value.storage, kept and (before is None or before[1]))
+        with self._lock:
+            before = self._diverged.get(key)
+            self._diverged[key] = (value.storage, kept and (before is None or before[1]))
 
 
 def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
@@ -189,10 +206,17 @@ def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def cache_for(graph: Graph) -> ReplayCache:
+    """``graph``'s cache, made on first use (once, whichever thread asks first)."""
     cache: ReplayCache | None = graph.replay_cache
     if cache is None:
-        cache = graph.replay_cache = ReplayCache()
+        with _MAKING:
+            cache = graph.replay_cache
+            if cache is None:
+                cache = graph.replay_cache = ReplayCache()
     return cache
+
+
+_MAKING = threading.Lock()  # one cache per graph, also when two threads ask at once
 
 
 def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
@@ -211,26 +235,28 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
         return _nothing
     cache, sid = cache_for(graph), id(value.storage)
     keys = _loaded_keys(value, real)
-    before = {k: cache._storages.get((sid, k)) for k in keys}
-    replaced = cache._replaced.get(sid)
-    if keys:
-        first, *others = keys
-        cache.store(value, value.storage.version, first, real)
-        kept = cache._storages.get((sid, first))  # None: an external storage, never kept
-        if kept is not None:
-            for key in others:
-                cache._storages[(sid, key)] = kept  # frozen, its layouts never changed: shared
-    else:
-        cache._replaced[sid] = value.storage
+    with cache._lock:
+        before = {k: cache._storages.get((sid, k)) for k in keys}
+        replaced = cache._replaced.get(sid)
+        if keys:
+            first, *others = keys
+            cache.store(value, value.storage.version, first, real)
+            kept = cache._storages.get((sid, first))  # None: an external storage, never kept
+            if kept is not None:
+                for key in others:
+                    cache._storages[(sid, key)] = kept  # frozen, layouts never change: shared
+        else:
+            cache._replaced[sid] = value.storage
 
     def undo() -> None:
-        for key, entry in before.items():
-            if entry is None:
-                cache._storages.pop((sid, key), None)
-            else:
-                cache._storages[(sid, key)] = entry
-        if replaced is None:
-            cache._replaced.pop(sid, None)
+        with cache._lock:
+            for key, entry in before.items():
+                if entry is None:
+                    cache._storages.pop((sid, key), None)
+                else:
+                    cache._storages[(sid, key)] = entry
+            if replaced is None:
+                cache._replaced.pop(sid, None)
 
     return undo
 

@@ -95,7 +95,7 @@ def on_worker() -> bool:
     return _worker.get()
 
 
-class NeedsAlone(Exception):  # noqa: N818: a signal between threads, never raised to users
+class NeedsAlone(Exception):
     """A worker's replay met a node that needs other process-wide settings."""
 
 

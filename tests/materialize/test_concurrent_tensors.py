@@ -1,0 +1,309 @@
+"""threads= replays independent tensors side by side: eager's bits, the serial path's outcome.
+
+``materialize.concurrent`` runs small tensors on worker threads and large
+(split) ones alone; the chunk floor is lowered here so that "large" is cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchdefer
+from parity import assert_same_module
+from torchdefer.materialize import concurrent, parallel
+
+
+@torchdefer.composite
+def _clipped_normal_(t: torch.Tensor, limit: float = 1.0) -> torch.Tensor:
+    """Draws as many numbers as the values it reads ask for (the README's example)."""
+    t.normal_()
+    while bool((t.abs() > limit).any()):
+        t.copy_(torch.where(t.abs() > limit, torch.randn_like(t), t))
+    return t
+
+
+class _Mixed(nn.Module):
+    """Many small tensors, a few large, ties, buffers, shared storage, a dead random op,
+    a data-dependent composite, an external tensor, and a tensor computed from another."""
+
+    def __init__(self, external: torch.Tensor) -> None:
+        super().__init__()
+        self.small = nn.ModuleList(nn.Linear(17, 9) for _ in range(12))
+        self.big = nn.Linear(300, 200)  # 60k elements: split with the floor lowered
+        self.embed = nn.Embedding(211, 300)
+        self.head = nn.Linear(300, 211, bias=False)
+        self.head.weight = self.embed.weight  # tied: one object
+        self.dead = nn.Parameter(torch.randn(50, 40))
+        with torch.no_grad():
+            self.dead.copy_(torch.ones(50, 40))  # overwrites every element: randn dead
+        self.clipped = nn.Parameter(_clipped_normal_(torch.empty(33, 7)))
+        self.after_clip = nn.Parameter(torch.randn(19))  # positioned after an anchor
+        self.register_buffer("mean", torch.zeros(64).uniform_())
+        self.register_buffer("scaled", self.mean * 3)  # computed from another
+        self.flat = nn.Parameter(torch.randn(64))
+        self.row = self.flat.detach()[8:24]  # a plain attribute sharing flat's storage
+        self.register_buffer("ext", external + 1)
+        self.norm = nn.LayerNorm(9)
+
+
+def _build_both(seed: int = 0):
+    external = torch.arange(5.0)
+    torch.manual_seed(seed)
+    eager = _Mixed(external)
+    after = torch.get_rng_state()
+    torch.manual_seed(seed)
+    deferred = torchdefer.deferred_init(_Mixed, external)
+    return eager, deferred, after, external
+
+
+@pytest.fixture
+def worker_threads(monkeypatch):
+    """The names of the threads jobs ran on."""
+    seen: set[str] = set()
+    real = concurrent._Flight._on_worker
+
+    def spying(self, job):
+        seen.add(threading.current_thread().name)
+        return real(self, job)
+
+    monkeypatch.setattr(concurrent._Flight, "_on_worker", spying)
+    return seen
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_module_with_tensors_side_by_side_is_eager(threads, worker_threads):
+    eager, deferred, after, _ = _build_both()
+    with parallel.min_chunk(4096):
+        torchdefer.materialize_module(deferred, threads=threads)
+    assert_same_module(deferred, eager)
+    assert deferred.head.weight is deferred.embed.weight
+    assert deferred.row.untyped_storage().data_ptr() == deferred.flat.untyped_storage().data_ptr()
+    assert torch.equal(deferred.row, eager.row)
+    assert torch.equal(torch.get_rng_state(), after)
+    assert bool(worker_threads) == (threads > 1)
+    assert all(name.startswith("torchdefer-replay") for name in worker_threads)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_tensors_side_by_side_in_float16_and_bfloat16(threads):
+    """dtype= converts on the workers; the bits are eager's .to(dtype)."""
+    eager, deferred, _, _ = _build_both(seed=3)
+    torchdefer.materialize_module(deferred, dtype=torch.bfloat16, threads=threads)
+    eager.to(torch.bfloat16)
+    assert_same_module(deferred, eager)
+
+
+def _float64_arange() -> torch.Tensor:
+    return torch.arange(6) * 0.5  # takes the default dtype
+
+
+class _TwoDtypes(nn.Module):
+    """Parts built under another default dtype: their replay switches a process-wide
+    setting, so it must run alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.ModuleList(nn.Linear(5, 5) for _ in range(6))
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            self.register_buffer("steps", _float64_arange())
+            self.b = nn.Linear(4, 4)
+        finally:
+            torch.set_default_dtype(before)
+        self.c = nn.ModuleList(nn.Linear(5, 5) for _ in range(6))
+        self.register_buffer("steps32", _float64_arange())
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_a_tensor_needing_other_process_settings_runs_alone(threads, monkeypatch):
+    alone = []
+    real_check = concurrent.check_ambient
+
+    def check(ambient):
+        try:
+            real_check(ambient)
+        except concurrent.NeedsAlone:
+            alone.append(ambient)
+            raise
+
+    monkeypatch.setattr(concurrent, "check_ambient", check)
+    torch.manual_seed(1)
+    eager = _TwoDtypes()
+    torch.manual_seed(1)
+    deferred = torchdefer.deferred_init(_TwoDtypes)
+    torchdefer.materialize_module(deferred, threads=threads)
+    assert_same_module(deferred, eager)
+    assert deferred.steps.dtype == torch.float64 and deferred.steps32.dtype == torch.float32
+    assert torch.get_default_dtype() == torch.float32
+    assert alone  # at least one replay found it needed the process to itself
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_a_failure_leaves_the_module_as_the_serial_path(threads):
+    """The external tensor changed after recording: its buffer's replay refuses. The
+    tensors before it are real, it and those after stay deferred, whatever threads."""
+    eager, deferred, _, external = _build_both()
+    external.add_(1)
+    with pytest.raises(torchdefer.errors.ExternalTensorModifiedError, match="after it was recorded"):
+        torchdefer.materialize_module(deferred, threads=threads)
+    order = [name for name, _ in torchdefer.materialize.api.deferred_reached(deferred)[0].items()]
+    deferred_now = {name for name, t in _reached(deferred).items() if torchdefer.is_fake(t)}
+    failed = order.index("ext")
+    assert deferred_now == set(order[failed:])
+    for name in order[:failed]:
+        assert torch.equal(_reached_eager(eager)[name], _reached(deferred)[name]), name
+
+
+def _reached(module):
+    out = dict(module.named_parameters())
+    out.update(module.named_buffers())
+    out["row"] = module.row
+    return out
+
+
+def _reached_eager(module):
+    return _reached(module)
+
+
+def test_scheduler_keeps_order_budget_and_storage_rule():
+    """At most the budget in flight (the first always starts), jobs over one storage
+    one after the other, alone jobs with nothing else running, results in order."""
+    lock = threading.Lock()
+    running: dict[int, int] = {}
+    seen: list[tuple[int, ...]] = []
+    release = threading.Event()
+
+    def job(i, nbytes, storage=None, alone=False):
+        return concurrent.Job(index=i, nbytes=nbytes, storage=(0, storage or 1000 + i),
+                              alone=alone)
+
+    jobs = [job(0, 10), job(1, 10), job(2, 10, storage=7), job(3, 10, storage=7),
+            job(4, 40), job(5, 10, alone=True), job(6, 25), job(7, 5), job(8, 5)]
+
+    def run(j):
+        with lock:
+            running[j.index] = j.nbytes
+            seen.append(tuple(sorted(running)))
+        release.wait(0.01)  # let others start meanwhile, if they may
+        with lock:
+            del running[j.index]
+        return torch.tensor(j.index)
+
+    with concurrent.budget(30):
+        out = [(j.index, int(t)) for j, t in concurrent.replayed_in_order(jobs, run, 4)]
+    assert out == [(i, i) for i in range(9)]
+    for state in seen:
+        total = sum(j.nbytes for j in jobs if j.index in state)
+        assert total <= 30 or len(state) == 1, state
+        assert not ({2, 3} <= set(state)), state
+        assert 5 not in state or state == (5,), state
+
+
+def test_scheduler_raises_the_first_failure_in_order_and_starts_nothing_after():
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def run(j):
+        with lock:
+            started.append(j.index)
+        if j.index in (3, 5):
+            raise ValueError(f"job {j.index}")
+        return torch.tensor(j.index)
+
+    jobs = [concurrent.Job(index=i, nbytes=1, storage=(0, i), alone=False) for i in range(40)]
+    got = []
+    with pytest.raises(ValueError, match="job 3"):
+        for _, t in concurrent.replayed_in_order(jobs, run, 3):
+            got.append(int(t))
+    assert got == [0, 1, 2]
+    assert max(started) < 40  # the budget (1 byte: one at a time beyond the first) held
+
+
+@pytest.fixture
+def switching_often():
+    """Threads switch every microsecond: races in Python code show up."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_user_threads_materializing_one_graph_at_once_get_eager_bits(switching_often):
+    """The cache and the RNG states are shared by threads: hammer them."""
+    torch.manual_seed(0)
+    eager = [torch.randn(300 + i) for i in range(64)]
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(lambda: [torch.randn(300 + i) for i in range(64)])
+    views = [t[1:5] for t in deferred[::4]]  # views: rebuilt over their base's storage
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker(k: int) -> None:
+        try:
+            barrier.wait()
+            for i in list(range(64))[k::4][::-1 if k % 2 else 1]:
+                results[i] = torchdefer.materialize_tensor(deferred[i], threads=1)
+        except BaseException as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(64):
+        assert torch.equal(results[i], eager[i]), i
+    for k, view in enumerate(views):
+        real = torchdefer.materialize_tensor(view)
+        assert torch.equal(real, eager[4 * k][1:5])
+        assert real.untyped_storage().data_ptr() == results[4 * k].untyped_storage().data_ptr()
+
+
+def test_rng_states_answer_the_same_from_many_threads(switching_often):
+    """state_at from 4 threads at once, positions in shuffled orders: the serial answers.
+
+    Recorded on (fake) CUDA and asked for the CPU model: the CPU layout of the
+    stream is computed by whichever thread asks first, while the others ask too.
+    """
+    def build():
+        return [torch.empty(n, device="cuda").normal_() for n in (1000, 3, 777, 5000, 64, 1)] + [
+            torch.rand(n, device="cuda") for n in (999, 2, 4096)]
+
+    rng = np.random.default_rng(0)
+
+    def states_of(order, threads):
+        torch.manual_seed(2)
+        tensors = torchdefer.deferred_init(build)
+        nodes = [t._value.node for t in tensors]
+        states = nodes[0].graph.rng.states
+        out: dict[int, torch.Tensor] = {}
+
+        def ask(part):
+            for i in part:
+                out[i] = states.start_of(nodes[i], "cpu")
+
+        parts = [order[k::threads] for k in range(threads)]
+        ts = [threading.Thread(target=ask, args=(p,)) for p in parts]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+    serial = states_of(list(range(9)), 1)
+    for _ in range(5):
+        order = [int(i) for i in rng.permutation(9)]
+        got = states_of(order, 4)
+        for i in range(9):
+            assert torch.equal(got[i], serial[i]), i

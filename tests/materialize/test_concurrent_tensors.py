@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import sys
 import threading
 
@@ -307,3 +308,33 @@ def test_rng_states_answer_the_same_from_many_threads(switching_often):
         got = states_of(order, 4)
         for i in range(9):
             assert torch.equal(got[i], serial[i]), i
+
+
+def _materialize_in_child(queue) -> None:
+    eager, deferred, _, _ = _build_both(seed=5)
+    with parallel.min_chunk(4096):
+        torchdefer.materialize_module(deferred, threads=3)
+    queue.put(all(torch.equal(a, b) for a, b in
+                  zip(deferred.state_dict().values(), eager.state_dict().values())))
+
+
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs os.fork")
+def test_a_forked_child_materializes_again_after_a_threaded_materialization():
+    """No replay thread outlives its call, and the kept draw threads are forgotten in
+    a fork: the child starts its own. (torch's OpenMP pool is another matter: a child
+    whose parent ran a large op on its main thread hangs in its own first one, with
+    or without torchdefer; torch.set_num_threads(1) in the child avoids it.)"""
+    _, deferred, _, _ = _build_both(seed=5)
+    with parallel.min_chunk(4096):
+        torchdefer.materialize_module(deferred, threads=3)
+    assert not [t for t in threading.enumerate() if t.name.startswith("torchdefer-replay")]
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_materialize_in_child, args=(queue,))
+    child.start()
+    child.join(120)  # hang detection, not a timing
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive, "the forked child hung"
+    assert child.exitcode == 0 and queue.get(timeout=10)

@@ -311,6 +311,9 @@ def test_rng_states_answer_the_same_from_many_threads(switching_often):
 
 
 def _materialize_in_child(queue) -> None:
+    # torch's OpenMP pool does not survive a fork once the parent's main thread
+    # used it (any large op, earlier tests included): this is the way around it.
+    torch.set_num_threads(1)
     eager, deferred, _, _ = _build_both(seed=5)
     with parallel.min_chunk(4096):
         torchdefer.materialize_module(deferred, threads=3)
@@ -324,6 +327,7 @@ def test_a_forked_child_materializes_again_after_a_threaded_materialization():
     a fork: the child starts its own. (torch's OpenMP pool is another matter: a child
     whose parent ran a large op on its main thread hangs in its own first one, with
     or without torchdefer; torch.set_num_threads(1) in the child avoids it.)"""
+    torch.randn(1 << 20).sum()  # the parent's main thread has used the OpenMP pool
     _, deferred, _, _ = _build_both(seed=5)
     with parallel.min_chunk(4096):
         torchdefer.materialize_module(deferred, threads=3)

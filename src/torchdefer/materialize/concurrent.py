@@ -95,8 +95,13 @@ def on_worker() -> bool:
     return _worker.get()
 
 
-class NeedsAlone(Exception):
-    """A worker's replay met a node that needs other process-wide settings."""
+class NeedsAlone(BaseException):
+    """A worker's replay met a node that needs other process-wide settings.
+
+    A signal between threads, never raised to users; a BaseException so that
+    no ``except Exception`` on the way (replay's error context, a probe's
+    fallback) wraps or swallows it: the scheduler takes it.
+    """
 
 
 def check_ambient(ambient: Ambient | None) -> None:

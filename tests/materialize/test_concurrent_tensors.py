@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -207,24 +208,40 @@ def test_scheduler_keeps_order_budget_and_storage_rule():
         assert 5 not in state or state == (5,), state
 
 
-def test_scheduler_raises_the_first_failure_in_order_and_starts_nothing_after():
+def test_scheduler_raises_the_first_failure_in_order_and_stops_the_others():
+    """Job 5 fails first in time, job 3 later: job 3's error is raised (the serial
+    path's), after 0-2 were handed back; nothing starts after it, and no job still
+    runs when the error reaches the caller."""
     started: list[int] = []
+    running = [0]
     lock = threading.Lock()
+    three_may_fail = threading.Event()
 
     def run(j):
         with lock:
             started.append(j.index)
-        if j.index in (3, 5):
-            raise ValueError(f"job {j.index}")
-        return torch.tensor(j.index)
+            running[0] += 1
+        try:
+            if j.index == 5:
+                three_may_fail.set()
+                raise ValueError("job 5")
+            if j.index == 3:
+                three_may_fail.wait(5)
+                raise ValueError("job 3")
+            time.sleep(0.002)  # others may start meanwhile
+            return torch.tensor(j.index)
+        finally:
+            with lock:
+                running[0] -= 1
 
-    jobs = [concurrent.Job(index=i, nbytes=1, storage=(0, i), alone=False) for i in range(40)]
+    jobs = [concurrent.Job(index=i, nbytes=1, storage=(0, i), alone=False) for i in range(400)]
     got = []
-    with pytest.raises(ValueError, match="job 3"):
+    with concurrent.budget(1000), pytest.raises(ValueError, match="job 3"):
         for _, t in concurrent.replayed_in_order(jobs, run, 3):
             got.append(int(t))
+    assert running[0] == 0
     assert got == [0, 1, 2]
-    assert max(started) < 40  # the budget (1 byte: one at a time beyond the first) held
+    assert 5 in started and len(started) < 400  # the rest were cancelled
 
 
 @pytest.fixture

@@ -273,9 +273,11 @@ def _job(index: int, fake: DeferredTensor, device: torch.device | None,
     value = fake._value
     meta = value.meta
     where = device or meta.device
+    numel = math.prod(meta.size)
     return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
                           storage=(id(fake._graph), id(value.storage)),
-                          alone=concurrent.is_alone(math.prod(meta.size), where, threads))
+                          alone=concurrent.is_alone(numel, where, threads),
+                          small=concurrent.is_small(numel))
 
 
 def mark_materialized(value: Value, real: torch.Tensor) -> None:

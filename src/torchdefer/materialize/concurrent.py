@@ -56,8 +56,8 @@ from torchdefer.errors import InternalError
 from torchdefer.materialize import parallel
 from torchdefer.recorder.ambient import Ambient, current_ambient
 
-__all__ = ["Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "on_worker",
-           "replayed_in_order"]
+__all__ = ["SMALL", "Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "is_small",
+           "on_worker", "replayed_in_order"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +68,9 @@ class Job:
     nbytes: int  # its bytes as replayed (recorded dtype)
     storage: tuple[int, int]  # (id(graph), id(storage record)): who must wait for whom
     alone: bool  # split into chunks, not on the CPU: runs alone on the caller
+    # Too small to gain from a thread (its replay is Python, which holds the
+    # GIL): runs on the caller, in its turn, beside the workers' jobs.
+    small: bool = False
 
 
 # The budget of bytes in flight, when set (tests and benchmarks); None: the largest job's.
@@ -130,16 +133,28 @@ def is_alone(numel: int, device: torch.device, threads: int) -> bool:
     return device.type != "cpu" or (threads > 1 and numel >= 2 * parallel.chunk_floor())
 
 
+# Below this many elements a tensor's replay is mostly Python (~0.3 ms a tensor,
+# against ~2.5 ns an element of normal_): on a worker it would only wait for
+# the GIL, so it runs on the caller, between taking the workers' results.
+SMALL = 1 << 16
+
+
+def is_small(numel: int) -> bool:
+    """Whether a tensor of ``numel`` elements replays on the caller, not on a worker."""
+    return numel < SMALL
+
+
 def replayed_in_order(
     jobs: Sequence[Job], run: Callable[[Job], torch.Tensor], threads: int,
 ) -> Generator[tuple[Job, torch.Tensor], None, None]:
     """``(job, run(job))`` for each of ``jobs`` in order; up to ``threads`` run at once.
 
     See the module docstring for which run together. ``run`` is called on the
-    caller's thread for jobs that run alone, on a worker thread for the others
-    (in a copy of the caller's context, with ``threads=1`` for its draws).
+    caller's thread for jobs that run alone or are small, on a worker thread for
+    the others (in a copy of the caller's context); beside others, with
+    ``threads=1`` for its draws.
     """
-    if threads < 2 or sum(not j.alone for j in jobs) < 2:
+    if threads < 2 or not any(not j.alone and not j.small for j in jobs):
         for job in jobs:
             yield job, run(job)
         return
@@ -164,6 +179,7 @@ class _Flight:
         self.jobs, self.run, self.pool, self.limit = jobs, run, pool, limit
         self.next = 0  # the first job not started
         self.futures: dict[int, Future[torch.Tensor]] = {}
+        self.on_caller: set[int] = set()  # small jobs started: run when taken
         self.bytes = 0
         self.storages: dict[tuple[int, int], int] = {}  # storage -> jobs in flight over it
 
@@ -173,30 +189,40 @@ class _Flight:
             job = self.jobs[self.next]
             if job.alone or job.storage in self.storages:
                 return
-            if self.futures and self.bytes + job.nbytes > self.limit:
+            if (self.futures or self.on_caller) and self.bytes + job.nbytes > self.limit:
                 return
-            context = contextvars.copy_context()  # one each: a context runs on one thread
-            self.futures[job.index] = self.pool.submit(context.run, self._on_worker, job)
+            if job.small:
+                self.on_caller.add(job.index)
+            else:
+                context = contextvars.copy_context()  # one each: a context runs on one thread
+                self.futures[job.index] = self.pool.submit(context.run, self._beside, job)
             self.bytes += job.nbytes
             self.storages[job.storage] = self.storages.get(job.storage, 0) + 1
             self.next += 1
 
-    def _on_worker(self, job: Job) -> torch.Tensor:
-        _worker.set(True)
-        with parallel.threads_used(1):  # the threads run tensors, not chunks
-            return self.run(job)
+    def _beside(self, job: Job) -> torch.Tensor:
+        """``run(job)`` beside other jobs (a worker, or the caller for a small one)."""
+        token = _worker.set(True)
+        try:
+            with parallel.threads_used(1):  # the threads run tensors, not chunks
+                return self.run(job)
+        finally:
+            _worker.reset(token)
 
     def take(self, job: Job) -> torch.Tensor:
-        """``job``'s tensor: waited for, or run here when it runs alone."""
+        """``job``'s tensor: waited for, run here when small, or alone."""
         future = self.futures.pop(job.index, None)
-        if future is None:
-            if self.futures or self.next != job.index:
+        if future is None and job.index not in self.on_caller:
+            if self.futures or self.on_caller or self.next != job.index:
                 raise InternalError("concurrent replay: a job to run alone with others in "
                                     "flight; this is a bug in torchdefer, please report it")
             self.next += 1
             return self.run(job)
         try:
             try:
+                if future is None:
+                    self.on_caller.discard(job.index)
+                    return self._beside(job)
                 return future.result()
             except NeedsAlone:
                 wait(list(self.futures.values()))  # the process-wide settings are ours now
@@ -211,6 +237,7 @@ class _Flight:
         """After a failure (or the caller stopping): start nothing more, let the running
         jobs end, drop what they give."""
         self.next = len(self.jobs)
+        self.on_caller.clear()
         for future in self.futures.values():
             future.cancel()
         wait(list(self.futures.values()))

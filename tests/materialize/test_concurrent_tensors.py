@@ -64,24 +64,17 @@ def _build_both(seed: int = 0):
     return eager, deferred, after, external
 
 
-@pytest.fixture(autouse=True)
-def small_is_tiny(monkeypatch):
-    """Tensors of 64 elements or more go to the workers (the models here are small);
-    the smaller ones (biases, norms) run on the caller beside them."""
-    monkeypatch.setattr(concurrent, "SMALL", 64)
-
-
 @pytest.fixture
 def worker_threads(monkeypatch):
-    """The names of the threads jobs ran on beside others."""
+    """The names of the threads runs of jobs ran on."""
     seen: set[str] = set()
-    real = concurrent._Flight._beside
+    real = concurrent._Flight._run_in_order
 
-    def spying(self, job):
+    def spying(self, part, futures):
         seen.add(threading.current_thread().name)
-        return real(self, job)
+        return real(self, part, futures)
 
-    monkeypatch.setattr(concurrent._Flight, "_beside", spying)
+    monkeypatch.setattr(concurrent._Flight, "_run_in_order", spying)
     return seen
 
 
@@ -95,9 +88,8 @@ def test_module_with_tensors_side_by_side_is_eager(threads, worker_threads):
     assert deferred.row.untyped_storage().data_ptr() == deferred.flat.untyped_storage().data_ptr()
     assert torch.equal(deferred.row, eager.row)
     assert torch.equal(torch.get_rng_state(), after)
-    workers = {name for name in worker_threads if name.startswith("torchdefer-replay")}
-    assert bool(workers) == (threads > 1)
-    assert worker_threads - workers <= {threading.current_thread().name}  # small ones
+    assert bool(worker_threads) == (threads > 1)
+    assert all(name.startswith("torchdefer-replay") for name in worker_threads)
 
 
 @pytest.mark.parametrize("threads", [2, 4])
@@ -190,13 +182,13 @@ def test_scheduler_keeps_order_budget_and_storage_rule():
     seen: list[tuple[int, ...]] = []
     release = threading.Event()
 
-    def job(i, nbytes, storage=None, alone=False, small=False):
+    def job(i, nbytes, storage=None, alone=False):
         return concurrent.Job(index=i, nbytes=nbytes, storage=(0, storage or 1000 + i),
-                              alone=alone, small=small)
+                              alone=alone)
 
     jobs = [job(0, 10), job(1, 10), job(2, 10, storage=7), job(3, 10, storage=7),
-            job(4, 40), job(5, 10, alone=True), job(6, 25), job(7, 5), job(8, 5, small=True),
-            job(9, 5), job(10, 5, small=True, storage=9)]
+            job(4, 40), job(5, 10, alone=True), job(6, 25), job(7, 5), job(8, 5, storage=8),
+            job(9, 5, storage=8), job(10, 5)]
 
     ran_on: dict[int, str] = {}
 
@@ -216,15 +208,26 @@ def test_scheduler_keeps_order_budget_and_storage_rule():
     for state in seen:
         total = sum(j.nbytes for j in jobs if j.index in state)
         assert total <= 30 or len(state) == 1, state
-        assert not ({2, 3} <= set(state)) and not ({9, 10} <= set(state)), state
+        assert not ({2, 3} <= set(state)) and not ({8, 9} <= set(state)), state
         assert 5 not in state or state == (5,), state
-    assert ran_on[8] == ran_on[10] == threading.current_thread().name  # small: the caller
-    assert ran_on[0].startswith("torchdefer-replay")
+    assert ran_on[5] == threading.current_thread().name  # alone: on the caller
+    assert ran_on[0].startswith("torchdefer-replay") and ran_on[0] != ran_on[1]
+
+
+def test_a_window_is_cut_into_runs_of_consecutive_jobs_of_about_equal_bytes():
+    jobs = [concurrent.Job(index=i, nbytes=n, storage=(0, i), alone=False)
+            for i, n in enumerate([5, 1, 1, 1, 1, 1, 4, 2, 2, 2])]
+    for threads in (2, 3, 4):
+        runs = concurrent._runs(jobs, threads)
+        assert [j for run in runs for j in run] == jobs
+        assert 2 <= len(runs) <= threads
+    assert [[j.index for j in run] for run in concurrent._runs(jobs, 2)] == [
+        [0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
 
 
 def test_scheduler_raises_the_first_failure_in_order_and_stops_the_others():
-    """Job 5 fails first in time, job 3 later: job 3's error is raised (the serial
-    path's), after 0-2 were handed back; nothing starts after it, and no job still
+    """Job 200 (a later run) fails first in time, job 3 later: job 3's error is raised
+    (the serial path's), after 0-2 were handed back; the runs stop, and no job still
     runs when the error reaches the caller."""
     started: list[int] = []
     running = [0]
@@ -236,9 +239,9 @@ def test_scheduler_raises_the_first_failure_in_order_and_stops_the_others():
             started.append(j.index)
             running[0] += 1
         try:
-            if j.index == 5:
+            if j.index == 200:
                 three_may_fail.set()
-                raise ValueError("job 5")
+                raise ValueError("job 200")
             if j.index == 3:
                 three_may_fail.wait(5)
                 raise ValueError("job 3")
@@ -255,7 +258,8 @@ def test_scheduler_raises_the_first_failure_in_order_and_stops_the_others():
             got.append(int(t))
     assert running[0] == 0
     assert got == [0, 1, 2]
-    assert 5 in started and len(started) < 400  # the rest were cancelled
+    assert 200 in started and 4 not in started and 201 not in started
+    assert len(started) < 400  # the last run stopped too
 
 
 @pytest.fixture

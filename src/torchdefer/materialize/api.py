@@ -276,8 +276,7 @@ def _job(index: int, fake: DeferredTensor, device: torch.device | None,
     numel = math.prod(meta.size)
     return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
                           storage=(id(fake._graph), id(value.storage)),
-                          alone=concurrent.is_alone(numel, where, threads),
-                          small=concurrent.is_small(numel))
+                          alone=concurrent.is_alone(numel, where, threads))
 
 
 def mark_materialized(value: Value, real: torch.Tensor) -> None:

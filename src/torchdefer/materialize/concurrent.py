@@ -1,14 +1,20 @@
 """Independent tensors replayed side by side: the other half of ``threads=``.
 
 ``materialize_module(model, threads=N)`` replays each large random fill in up
-to ``N`` chunks (:mod:`torchdefer.materialize.parallel`); the many small
-tensors of a model (norms, biases, small layers) are replayed concurrently
-instead, up to ``N`` at a time, each on a worker thread and drawn whole. What
-serializes them otherwise is their fixed cost (the replay's Python, a jump
-ahead, the kernels' launch), of which torch's kernels and the jumps release
-the GIL. The results are swapped in on the caller's thread, in the order the
-serial path uses, so the bits, the progress events and a failure's outcome
-are the serial path's.
+to ``N`` chunks (:mod:`torchdefer.materialize.parallel`); the tensors too
+small to split (norms, biases, a 125M model's projections) are replayed on
+up to ``N`` worker threads at once, each drawn whole. The results are
+swapped in on the caller's thread, in the order the serial path uses, so the
+bits, the progress events and a failure's outcome are the serial path's.
+
+How (``_Flight``): a *window* of consecutive tensors that fits the memory
+budget is cut into up to ``N`` *runs* of consecutive tensors of about equal
+bytes, each replayed in order by one worker. In order, because a random
+tensor starts where the one before it in its stream ended: the next one in
+a run starts from the state the last one left, while a tensor started before
+the one before it ended must first reach its start (drawing that one's
+words, about 3/4 of its cost, or a jump). A run pays that once, for its
+first tensor. The next window starts once this one is all handed back.
 
 Which tensor runs where (the rule the docs state):
 
@@ -22,20 +28,21 @@ Which tensor runs where (the rule the docs state):
   compute). That last kind is found while it replays on a worker: the replay
   stops there (nothing of it is kept but exact values), the workers finish,
   and it runs again alone.
-* **After** the tensor before it that shares its storage (a view of it,
+* **In a later window** than a tensor that shares its storage (a view of it,
   ``set_`` onto it): it must be rebuilt over that tensor's real storage.
-* **Memory budget:** a tensor starts only if its bytes (as replayed, before
-  ``dtype=``) plus those of the tensors started and not yet handed back fit
-  the budget; the first one in flight always starts. The default budget is
-  the largest tensor's bytes: what the serial path holds of a replay at its
-  peak, so the peak stays the serial path's.
+* **Memory budget:** a window holds consecutive tensors while their bytes (as
+  replayed, before ``dtype=``) fit the budget (a window of one tensor runs on
+  the caller). The default budget is the largest tensor's bytes: what the
+  serial path holds of a replay at its peak, so the peak stays about the
+  serial path's.
 
 Errors: the first failure in the serial order is raised on the caller's
 thread (with the replay's what and where), after every tensor before it was
-handed back (and swapped in by ``materialize_module``); tensors not started
-are cancelled, the running ones end, and none of their results is used, so
-the module is left as the serial path leaves it on that error. A running
-tensor's replay is not interrupted: it ends, and is thrown away.
+handed back (and swapped in by ``materialize_module``); the runs stop (a run
+skips what follows its own failure), the running replays end, and none of
+their results is used, so the module is left as the serial path leaves it
+on that error. A running tensor's replay is not interrupted: it ends, and is
+thrown away.
 
 Not concurrent: ``materialize_tensor`` (one tensor), checkpoint loads (all or
 nothing), sharded ranks (whose rows split on threads already).
@@ -56,8 +63,8 @@ from torchdefer.errors import InternalError
 from torchdefer.materialize import parallel
 from torchdefer.recorder.ambient import Ambient, current_ambient
 
-__all__ = ["SMALL", "Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "is_small",
-           "on_worker", "replayed_in_order"]
+__all__ = ["Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "on_worker",
+           "replayed_in_order"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,9 +75,6 @@ class Job:
     nbytes: int  # its bytes as replayed (recorded dtype)
     storage: tuple[int, int]  # (id(graph), id(storage record)): who must wait for whom
     alone: bool  # split into chunks, not on the CPU: runs alone on the caller
-    # Too small to gain from a thread (its replay is Python, which holds the
-    # GIL): runs on the caller, in its turn, beside the workers' jobs.
-    small: bool = False
 
 
 # The budget of bytes in flight, when set (tests and benchmarks); None: the largest job's.
@@ -133,28 +137,16 @@ def is_alone(numel: int, device: torch.device, threads: int) -> bool:
     return device.type != "cpu" or (threads > 1 and numel >= 2 * parallel.chunk_floor())
 
 
-# Below this many elements a tensor's replay is mostly Python (~0.3 ms a tensor,
-# against ~2.5 ns an element of normal_): on a worker it would only wait for
-# the GIL, so it runs on the caller, between taking the workers' results.
-SMALL = 1 << 16
-
-
-def is_small(numel: int) -> bool:
-    """Whether a tensor of ``numel`` elements replays on the caller, not on a worker."""
-    return numel < SMALL
-
-
 def replayed_in_order(
     jobs: Sequence[Job], run: Callable[[Job], torch.Tensor], threads: int,
 ) -> Generator[tuple[Job, torch.Tensor], None, None]:
     """``(job, run(job))`` for each of ``jobs`` in order; up to ``threads`` run at once.
 
     See the module docstring for which run together. ``run`` is called on the
-    caller's thread for jobs that run alone or are small, on a worker thread for
-    the others (in a copy of the caller's context); beside others, with
-    ``threads=1`` for its draws.
+    caller's thread for jobs that run alone, on a worker thread for the others
+    (in a copy of the caller's context, with ``threads=1`` for its draws).
     """
-    if threads < 2 or not any(not j.alone and not j.small for j in jobs):
+    if threads < 2 or sum(not j.alone for j in jobs) < 2:
         for job in jobs:
             yield job, run(job)
         return
@@ -162,7 +154,7 @@ def replayed_in_order(
     if limit is None:
         limit = max(j.nbytes for j in jobs)
     with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
-        flight = _Flight(jobs, run, pool, limit)
+        flight = _Flight(jobs, run, pool, limit, threads)
         try:
             for job in jobs:
                 flight.fill()
@@ -172,73 +164,101 @@ def replayed_in_order(
 
 
 class _Flight:
-    """The jobs started and not yet handed back, in order (one scheduler's state)."""
+    """The jobs started and not yet handed back, in order (one scheduler's state).
+
+    Jobs start a window at a time: the consecutive jobs from the first not
+    started that fit the budget, cut into up to ``threads`` runs of
+    consecutive jobs, each run replayed in order by one worker. In order,
+    because a random tensor starts where the one before it in its stream
+    ended: a worker replaying the next one then starts from the state the
+    last one left, while a tensor started before the one before it ended
+    must first reach its start (drawing the words of that one, ~3/4 of its
+    cost). So each run pays that once, for its first tensor (a jump), not
+    each tensor.
+    """
 
     def __init__(self, jobs: Sequence[Job], run: Callable[[Job], torch.Tensor],
-                 pool: ThreadPoolExecutor, limit: int) -> None:
+                 pool: ThreadPoolExecutor, limit: int, threads: int) -> None:
         self.jobs, self.run, self.pool, self.limit = jobs, run, pool, limit
+        self.threads = threads
         self.next = 0  # the first job not started
         self.futures: dict[int, Future[torch.Tensor]] = {}
-        self.on_caller: set[int] = set()  # small jobs started: run when taken
-        self.bytes = 0
-        self.storages: dict[tuple[int, int], int] = {}  # storage -> jobs in flight over it
+        self.stopping = False
 
     def fill(self) -> None:
-        """Start jobs in order while they may start (module docstring)."""
-        while self.next < len(self.jobs):
-            job = self.jobs[self.next]
-            if job.alone or job.storage in self.storages:
-                return
-            if (self.futures or self.on_caller) and self.bytes + job.nbytes > self.limit:
-                return
-            if job.small:
-                self.on_caller.add(job.index)
-            else:
-                context = contextvars.copy_context()  # one each: a context runs on one thread
-                self.futures[job.index] = self.pool.submit(context.run, self._beside, job)
-            self.bytes += job.nbytes
-            self.storages[job.storage] = self.storages.get(job.storage, 0) + 1
-            self.next += 1
+        """Start the next window when the last one is all handed back."""
+        if self.futures or self.stopping:
+            return
+        window: list[Job] = []
+        nbytes, storages = 0, set()
+        for job in self.jobs[self.next:]:
+            if job.alone or job.storage in storages:
+                break  # alone: on the caller; a shared storage: in a later window
+            if window and nbytes + job.nbytes > self.limit:
+                break
+            window.append(job)
+            nbytes += job.nbytes
+            storages.add(job.storage)
+        if len(window) < 2:
+            return  # one job: the caller runs it (take)
+        self.next += len(window)
+        for part in _runs(window, self.threads):
+            futures = [Future[torch.Tensor]() for _ in part]
+            self.futures.update(zip((j.index for j in part), futures))
+            context = contextvars.copy_context()  # one each: a context runs on one thread
+            self.pool.submit(context.run, self._run_in_order, part, futures)
 
-    def _beside(self, job: Job) -> torch.Tensor:
-        """``run(job)`` beside other jobs (a worker, or the caller for a small one)."""
-        token = _worker.set(True)
-        try:
-            with parallel.threads_used(1):  # the threads run tensors, not chunks
-                return self.run(job)
-        finally:
-            _worker.reset(token)
+    def _run_in_order(self, part: list[Job], futures: list[Future[torch.Tensor]]) -> None:
+        """On a worker: each job of ``part`` in turn, beside the other workers."""
+        _worker.set(True)
+        failed = False  # the jobs after a failure are never used: skip them
+        with parallel.threads_used(1):  # the threads run tensors, not chunks
+            for job, future in zip(part, futures):
+                if self.stopping or failed:
+                    future.cancel()
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(self.run(job))
+                except NeedsAlone as signal:  # the caller runs it again alone; go on
+                    future.set_exception(signal)
+                except BaseException as error:  # handed to the caller by take
+                    future.set_exception(error)
+                    failed = True
 
     def take(self, job: Job) -> torch.Tensor:
-        """``job``'s tensor: waited for, run here when small, or alone."""
+        """``job``'s tensor: waited for, or run here when it is not in a window."""
         future = self.futures.pop(job.index, None)
-        if future is None and job.index not in self.on_caller:
-            if self.futures or self.on_caller or self.next != job.index:
+        if future is None:
+            if self.futures or self.next != job.index:
                 raise InternalError("concurrent replay: a job to run alone with others in "
                                     "flight; this is a bug in torchdefer, please report it")
             self.next += 1
             return self.run(job)
         try:
-            try:
-                if future is None:
-                    self.on_caller.discard(job.index)
-                    return self._beside(job)
-                return future.result()
-            except NeedsAlone:
-                wait(list(self.futures.values()))  # the process-wide settings are ours now
-                return self.run(job)
-        finally:
-            self.bytes -= job.nbytes
-            left = self.storages.pop(job.storage) - 1
-            if left:
-                self.storages[job.storage] = left
+            return future.result()
+        except NeedsAlone:
+            wait(list(self.futures.values()))  # the process-wide settings are ours now
+            return self.run(job)
 
     def stop(self) -> None:
         """After a failure (or the caller stopping): start nothing more, let the running
         jobs end, drop what they give."""
-        self.next = len(self.jobs)
-        self.on_caller.clear()
+        self.stopping = True
         for future in self.futures.values():
             future.cancel()
         wait(list(self.futures.values()))
         self.futures.clear()
+
+
+def _runs(window: list[Job], threads: int) -> list[list[Job]]:
+    """``window`` cut into up to ``threads`` runs of consecutive jobs, of about equal bytes."""
+    total = sum(j.nbytes for j in window) or 1
+    parts: list[list[Job]] = [[]]
+    done = 0
+    for job in window:
+        if parts[-1] and len(parts) < threads and done >= total * len(parts) / threads:
+            parts.append([])
+        parts[-1].append(job)
+        done += job.nbytes
+    return parts

@@ -32,9 +32,12 @@ Which tensor runs where (the rule the docs state):
   ``set_`` onto it): it must be rebuilt over that tensor's real storage.
 * **Memory budget:** a window holds consecutive tensors while their bytes (as
   replayed, before ``dtype=``) fit the budget (a window of one tensor runs on
-  the caller). The default budget is the largest tensor's bytes: what the
-  serial path holds of a replay at its peak, so the peak stays about the
-  serial path's.
+  the caller). By default a quarter of all the tensors' bytes, or the largest
+  tensor's if more. Why that bounds the peak: the results a window holds
+  before their turn are tensors the module holds at the end anyway, and the
+  peak (the serial path's too) is at the end; what side by side adds is the
+  working memory of the replays running at once (up to ``N``, each of a
+  tensor below the split size), where the serial path has one's.
 
 Errors: the first failure in the serial order is raised on the caller's
 thread (with the replay's what and where), after every tensor before it was
@@ -152,7 +155,7 @@ def replayed_in_order(
         return
     limit = _budget.get()
     if limit is None:
-        limit = max(j.nbytes for j in jobs)
+        limit = max(max(j.nbytes for j in jobs), sum(j.nbytes for j in jobs) // 4)
     with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
         flight = _Flight(jobs, run, pool, limit, threads)
         try:

@@ -80,7 +80,8 @@ class Job:
     alone: bool  # split into chunks, not on the CPU: runs alone on the caller
 
 
-# The budget of bytes in flight, when set (tests and benchmarks); None: the largest job's.
+# The bytes a window may hold, when set (tests and benchmarks); None: the default
+# (a quarter of all the jobs' bytes, or the largest job's if more).
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "torchdefer_concurrent_budget", default=None
 )
@@ -92,7 +93,8 @@ _worker: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def budget(nbytes: int) -> Iterator[None]:
-    """Let at most ``nbytes`` of tensors be in flight at once (the first always starts)."""
+    """Let a window hold at most ``nbytes`` of tensors (``0``: one tensor at a time, on
+    the caller, as with one thread; a tensor over the budget runs by itself)."""
     token = _budget.set(nbytes)
     try:
         yield

@@ -377,3 +377,45 @@ def test_a_forked_child_materializes_again_after_a_threaded_materialization():
         child.kill()
     assert not alive, "the forked child hung"
     assert child.exitcode == 0 and queue.get(timeout=10)
+
+
+class _Medium(nn.Module):
+    """Tensors below the split size, on two streams, large enough that a run reaches
+    its first start by a GF(2) jump (more than 4M words past the last known state)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.w = nn.ParameterList(
+            nn.Parameter(torch.empty(1000, 1500).normal_(0, 0.02)) for _ in range(8))
+        self.u = nn.ParameterList(
+            nn.Parameter(torch.empty(1500, 999).uniform_(generator=generator)) for _ in range(4))
+        self.r = nn.Parameter(torch.randn(1200, 1201, dtype=torch.float64))
+        self.b = nn.Parameter(torch.zeros(1500))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_runs_reaching_their_start_by_a_jump_are_eager(threads, worker_threads, monkeypatch):
+    from torchdefer.rng import mt19937
+
+    jumps = []
+    real_advance = mt19937.advance
+
+    def counting(state, words, **kwargs):
+        jumps.append(words >= mt19937._DRAW_LIMIT)
+        return real_advance(state, words, **kwargs)
+
+    def build():
+        g = torch.Generator().manual_seed(9)
+        torch.manual_seed(8)
+        return _Medium(g)
+
+    eager = build()
+    after = torch.get_rng_state()
+    deferred = torchdefer.deferred_init(build)
+    monkeypatch.setattr(mt19937, "advance", counting)
+    with concurrent.budget(40 << 20):  # windows of ~6 tensors: runs of 2-3
+        torchdefer.materialize_module(deferred, threads=threads)
+    assert any(jumps)
+    assert_same_module(deferred, eager)
+    assert torch.equal(torch.get_rng_state(), after)
+    assert len(worker_threads) >= 2

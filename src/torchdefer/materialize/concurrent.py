@@ -158,14 +158,23 @@ def replayed_in_order(
     limit = _budget.get()
     if limit is None:
         limit = max(max(j.nbytes for j in jobs), sum(j.nbytes for j in jobs) // 4)
-    with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
-        flight = _Flight(jobs, run, pool, limit, threads)
-        try:
-            for job in jobs:
-                flight.fill()
-                yield job, flight.take(job)
-        finally:
-            flight.stop()
+    intra_op = torch.get_num_threads()
+    # Workers run torch's kernels with intra-op threads 1: each thread of N
+    # would otherwise start its own team of N (N * N threads on N cores). The
+    # setting is process-wide: set here, on the caller, and given back to the
+    # tensors that run alone (no worker runs then).
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
+            flight = _Flight(jobs, run, pool, limit, threads, intra_op)
+            try:
+                for job in jobs:
+                    flight.fill()
+                    yield job, flight.take(job)
+            finally:
+                flight.stop()
+    finally:
+        torch.set_num_threads(intra_op)
 
 
 class _Flight:
@@ -183,9 +192,9 @@ class _Flight:
     """
 
     def __init__(self, jobs: Sequence[Job], run: Callable[[Job], torch.Tensor],
-                 pool: ThreadPoolExecutor, limit: int, threads: int) -> None:
+                 pool: ThreadPoolExecutor, limit: int, threads: int, intra_op: int) -> None:
         self.jobs, self.run, self.pool, self.limit = jobs, run, pool, limit
-        self.threads = threads
+        self.threads, self.intra_op = threads, intra_op
         self.next = 0  # the first job not started
         self.futures: dict[int, Future[torch.Tensor]] = {}
         self.stopping = False
@@ -239,12 +248,20 @@ class _Flight:
                 raise InternalError("concurrent replay: a job to run alone with others in "
                                     "flight; this is a bug in torchdefer, please report it")
             self.next += 1
-            return self.run(job)
+            return self._alone(job)
         try:
             return future.result()
         except NeedsAlone:
             wait(list(self.futures.values()))  # the process-wide settings are ours now
+            return self._alone(job)
+
+    def _alone(self, job: Job) -> torch.Tensor:
+        """``run(job)`` here, with no worker running: with the caller's intra-op threads."""
+        torch.set_num_threads(self.intra_op)
+        try:
             return self.run(job)
+        finally:
+            torch.set_num_threads(1)
 
     def stop(self) -> None:
         """After a failure (or the caller stopping): start nothing more, let the running

@@ -61,11 +61,11 @@ class _Draws:
     and row replay call) and the elements they produce."""
 
     def __init__(self) -> None:
-        import torchdefer.materialize._row_calls as row_calls
+        import torchdefer.materialize.local_call as local_call
         import torchdefer.materialize.rng as replay_rng
 
         self.ops = self.numbers = 0
-        self._modules = (replay_rng, row_calls)
+        self._modules = (replay_rng, local_call)
         self._draw = replay_rng.draw
 
     def __enter__(self) -> _Draws:

@@ -75,12 +75,12 @@ def test_a_random_op_without_a_default_generator_is_a_device_unavailable_error(m
 # --- recorder ---------------------------------------------------------------
 
 
-def test_reading_a_value_without_materialize_installed_is_a_state_error(monkeypatch):
-    from torchdefer.recorder import _hooks
+def test_reading_a_value_without_materialize_installed_is_a_state_error():
+    from torchdefer._hooks import VALUE_READER
 
-    monkeypatch.setattr(_hooks, "_reader", [])
-    with _raises(errors.StateError, RuntimeError, "needs torchdefer.materialize"):
-        _hooks.read_value(torch.zeros(1))
+    with VALUE_READER.replaced(None), \
+            _raises(errors.StateError, RuntimeError, "needs torchdefer.materialize"):
+        VALUE_READER.get()(torch.zeros(1))
 
 
 def test_graph_of_without_a_deferred_tensor_is_an_internal_error():
@@ -111,11 +111,12 @@ def test_a_missing_schema_argument_is_a_lookup_key_error_naming_the_arguments():
         schema_value(torch.ops.aten.normal_.default, (), {}, "nope")
 
 
-def test_placing_without_a_call_runner_is_a_state_error(monkeypatch):
+def test_placing_without_a_call_runner_is_a_state_error():
+    from torchdefer._hooks import CALL_RUNNER
     from torchdefer.rng import states
 
-    monkeypatch.setattr(states, "_runner", [])
-    with _raises(errors.StateError, RuntimeError, "needs torchdefer.materialize"):
+    with CALL_RUNNER.replaced(None), \
+            _raises(errors.StateError, RuntimeError, "needs torchdefer.materialize"):
         states._run_call(None, torch.default_generator.get_state(), "cpu")
 
 

@@ -57,8 +57,9 @@ SIGNALS = {
     "torchdefer.descriptors.program._Unknown": "caught in descriptors.program",
     "torchdefer.materialize.concurrent.NeedsAlone":
         "caught by the concurrent scheduler (_Flight.take), which replays that tensor alone",
-    "torchdefer.materialize._row_calls.NotSliceable":
-        "caught by row replay (materialize.rows, parallel), which falls back to whole tensors",
+    "torchdefer.materialize.local_call.NotSliceable":
+        "caught by row replay (distributed.rows, materialize.parallel), which falls back to "
+        "whole tensors",
 }
 
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torchdefer.checkpoint import load_state_dict, save_state_dict, set_distributed_loader
-from torchdefer.checkpoint.write import set_sharded_writer
+from torchdefer._hooks import DISTRIBUTED_LOADER, SHARDED_MATERIALIZER, SHARDED_WRITER
+from torchdefer.checkpoint import load_state_dict, save_state_dict
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake import fake_mode, is_fake
 from torchdefer.materialize import materialize_module, materialize_tensor
-from torchdefer.materialize.api import set_sharded_materializer
 from torchdefer.recorder import composite, deferred, deferred_init, is_deferred
 
 __all__ = [
@@ -101,9 +100,9 @@ def _save_sharded(model: Any, path: Any, **options: Any) -> Any:
     return writer(model, path, **options)
 
 
-set_sharded_materializer(_materialize_sharded)
-set_distributed_loader(_load_distributed)
-set_sharded_writer(_save_sharded)
+SHARDED_MATERIALIZER.install(_materialize_sharded)
+DISTRIBUTED_LOADER.install(_load_distributed)
+SHARDED_WRITER.install(_save_sharded)
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
+from torchdefer._compat.patch import KEEP, patched, setting
+
 __all__ = ["main"]
 
 DESCRIPTION = """\
@@ -358,14 +360,13 @@ def _json(text: str, option: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def _defaults(dtype: str | None, device: str | None) -> Iterator[None]:
     """The default dtype and device while building, restored afterwards."""
-    previous = torch.get_default_dtype()
+    value = KEEP
     if dtype is not None:
         value = getattr(torch, dtype, None)
         if not isinstance(value, torch.dtype) or not value.is_floating_point:
             raise CliError(f"--dtype {dtype!r} is not a floating torch dtype "
                            "(e.g. float32, bfloat16, float16)")
-        torch.set_default_dtype(value)
-    try:
+    with patched(setting(torch.get_default_dtype, torch.set_default_dtype), value):
         if device is None:
             yield
         else:
@@ -375,8 +376,6 @@ def _defaults(dtype: str | None, device: str | None) -> Iterator[None]:
                 raise CliError(f"--device {device!r} is not a torch device: {e}") from e
             with context:
                 yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _tensor_named(model: nn.Module, name: str) -> torch.Tensor:

@@ -234,9 +234,42 @@ def test_an_interrupt_during_the_copies_is_raised_after_the_whole_load(monkeypat
 
     model, state = _partly_real(), _state()
     monkeypatch.setattr(install_module, "_copy", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        torchdefer.load_state_dict(model, state)
+    # Python's own handler, also where SIGINT is ignored (a run started in the
+    # background by a non-interactive shell inherits SIG_IGN).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            torchdefer.load_state_dict(model, state)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
+    assert_same_module(model, _expected(state))
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["own_handler", "SIG_IGN"])
+def test_an_interrupt_during_the_copies_goes_to_the_handler_the_user_set(monkeypatch, ignored):
+    """The held SIGINT reaches the user's own handler once, after the whole load, in the
+    loading thread; under SIG_IGN it is ignored, as it would have been."""
+    original, seen, calls = install_module._copy, [], []
+
+    def interrupted(target, source):
+        seen.append(target)
+        if len(seen) == 1:
+            signal.raise_signal(signal.SIGINT)
+        return original(target, source)
+
+    def handler(signum, frame):
+        calls.append((signum, len(seen)))
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else handler)
+    try:
+        model, state = _partly_real(), _state()
+        monkeypatch.setattr(install_module, "_copy", interrupted)
+        torchdefer.load_state_dict(model, state)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    assert calls == ([] if ignored else [(signal.SIGINT, COPIES)])
     assert_same_module(model, _expected(state))
 
 

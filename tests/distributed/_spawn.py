@@ -75,7 +75,8 @@ def run_scenarios(
 def _spawn(world_size: int, names: list[str], out_dir: Path, module: str) -> str | None:
     """Run the ranks; None when every rank ended, else what killed the spawn (a flake).
 
-    A rank's Python exception outside a scenario is raised; a rank killed by a signal,
+    A rank's Python exception outside a scenario is raised (with every rank's last
+    words); a rank killed by a signal,
     or a port taken before the store bound it, is returned with each rank's last
     scenario and the Python stacks its fault handler dumped.
     """
@@ -91,12 +92,13 @@ def _spawn(world_size: int, names: list[str], out_dir: Path, module: str) -> str
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as failed:
         codes = [process.exitcode for process in context.processes]
         ours = (-signal.SIGTERM, -signal.SIGKILL)  # what join sends to the ranks left
-        if "EADDRINUSE" not in str(failed) and not any(c is not None and c < 0 and c not in ours
-                                                       for c in codes):
-            raise
-        return f"{failed}\n" + "\n".join(
+        report = f"{failed}\n" + "\n".join(
             f"rank {rank}: exit code {code}, {_last_words(out_dir, rank)}"
             for rank, code in enumerate(codes))
+        if "EADDRINUSE" not in str(failed) and not any(c is not None and c < 0 and c not in ours
+                                                       for c in codes):
+            raise RuntimeError(report) from failed
+        return report
     return None
 
 
@@ -137,7 +139,7 @@ def _worker(
             try:
                 getattr(scenarios, name)(rank, world_size)
                 outcome[name] = ""
-            except Exception:
+            except BaseException:  # DCP's CheckpointException is not an Exception
                 outcome[name] = traceback.format_exc()
             dist.barrier()  # a failing rank must not leave the others in a collective
     finally:

@@ -26,7 +26,7 @@ from torch.distributed.tensor import Shard
 
 import torchdefer
 import torchdefer.distributed as tdd
-import torchdefer.materialize._row_calls as row_calls
+import torchdefer.materialize.local_call as local_call
 import torchdefer.materialize.rng as replay_rng
 from torchdefer.distributed.shard import observe
 
@@ -106,11 +106,11 @@ def _counting_draws() -> Iterator[dict[str, int]]:
                                                      else [out]) if isinstance(t, torch.Tensor))
         return out, after
 
-    replay_rng.draw = row_calls.draw = counting
+    replay_rng.draw = local_call.draw = counting
     try:
         yield counts
     finally:
-        replay_rng.draw = row_calls.draw = draw
+        replay_rng.draw = local_call.draw = draw
 
 
 def _both(path: Path, drop: tuple[str, ...] = (), mesh=None):

@@ -189,17 +189,17 @@ def test_factory_output_is_eager_layout():
 )
 def test_factories_draw_chunks_straight_into_their_output(build, monkeypatch, split_count):
     """No chunk-sized temporary (peak stays the output's): the out= overload draws."""
-    from torchdefer.materialize import _row_calls
+    from torchdefer.materialize.local_call import LocalCall
 
     copied = []
-    real = _row_calls._LocalCall.run
+    real = LocalCall.run
 
     def spying(self, out, state):
         if out.numel() > 1000:  # not rng.ranges' probe of a new class of call
             copied.append(out.numel())
         return real(self, out, state)
 
-    monkeypatch.setattr(_row_calls._LocalCall, "run", spying)
+    monkeypatch.setattr(LocalCall, "run", spying)
     torch.manual_seed(0)
     eager = build()
     torch.manual_seed(0)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import torchdefer
+from torchdefer.distributed.rows import RowReplay
 from torchdefer.materialize import Replay, parallel
 from torchdefer.materialize import rng as replay_rng
-from torchdefer.materialize.rows import RowReplay
 
 # Each builds a tensor through an overload that draws from the default generator.
 CALLS = {

@@ -96,11 +96,11 @@ def _node_fields(node):
     def leaf(x):
         return ("value", x.node.seq, x.index) if isinstance(x, Value) else (type(x), repr(x))
 
-    rng = None if node.rng is None else (node.rng[0].device, node.rng[1], node.rng[2])
+    rng = None if node.rng is None else (node.rng.stream.device, node.rng.epoch, node.rng.index)
     return (node.seq, node.kind, str(node.op), [leaf(x) for x in node.leaves], node.spec,
             [leaf(v) for v in node.inputs], node.reads,
             [(s.id, version) for s, version in node.writes],
-            [(v.index, v.storage.id, v.meta) for v in node.outputs],
+            [(v.index, v.storage.id, v.storage.nbytes, v.meta) for v in node.outputs],
             rng, node.source, node.ambient, type(node.payload))
 
 

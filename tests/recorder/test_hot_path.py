@@ -19,6 +19,7 @@ from torch import nn
 import torchdefer
 from parity import assert_same_tensor, build_both
 from parity import check_program as check
+from torchdefer.recorder.graph import SourceLocation
 
 
 def test_a_generator_argument_is_drawn_from_after_the_ops_facts_are_cached():
@@ -99,7 +100,7 @@ def test_errors_name_the_users_line_after_the_frame_cache_is_warm():
     with pytest.raises(torchdefer.TorchdeferError, match=f"{__file__}:{line} in build"):
         torchdefer.deferred_init(build)
     node = torchdefer.deferred_init(lambda: torch.empty(2) + 1)._value.node
-    assert node.source is not None and node.source[0] == __file__
+    assert node.source is not None and node.source.file == __file__
 
 
 def test_a_compiled_function_inside_deferred_init_computes_eagers_values_without_warnings():
@@ -204,7 +205,7 @@ def _sources(out):
 
 def test_recorded_source_lines_are_the_frames_lines_after_the_line_cache_is_warm():
     out, lines = torchdefer.deferred_init(_one_line_fills)
-    assert _sources(out) == [(__file__, n, "_one_line_fills") for n in lines]
+    assert _sources(out) == [SourceLocation(__file__, n, "_one_line_fills") for n in lines]
     assert len(set(lines)) == 3
 
 
@@ -220,7 +221,7 @@ def test_recorded_source_lines_of_calls_over_several_lines_are_the_frames_lines(
         sys.settrace(previous)
     assert warm == traced
     assert warm[:2] == warm[2:4] == warm[4:]
-    assert all(file == __file__ and name == "_multi_line_fills" for file, _, name in warm)
+    assert all(s.file == __file__ and s.function == "_multi_line_fills" for s in warm)
 
 
 def test_draws_on_cpu_and_cpu_0_share_the_default_generators_stream_as_in_eager():

@@ -15,8 +15,8 @@ from torch import nn
 
 import torchdefer
 from parity import check_program
+from torchdefer._hooks import CALL_RUNNER
 from torchdefer.recorder.composite import Composite
-from torchdefer.rng import states
 
 
 # timm.layers.weight_init (timm is not installed here), as written there.
@@ -58,7 +58,7 @@ INITS = {
 
 
 @pytest.mark.parametrize("name", sorted(INITS))
-def test_neighbour_inits_match_eager_and_run_nothing_at_deferral(name, monkeypatch):
+def test_neighbour_inits_match_eager_and_run_nothing_at_deferral(name):
     def build():
         w = torch.empty(24, 10)
         INITS[name](w)
@@ -67,11 +67,10 @@ def test_neighbour_inits_match_eager_and_run_nothing_at_deferral(name, monkeypat
     def refuse(node, state, model):
         raise AssertionError(f"{node.name} ran to learn its draws")
 
-    monkeypatch.setattr(states, "_runner", [refuse])
     torch.manual_seed(0)
-    w, after = torchdefer.deferred_init(build)
+    with CALL_RUNNER.replaced(refuse):
+        w, after = torchdefer.deferred_init(build)
     assert not w._graph.observations  # no data was read to record it
     random_calls = [n for s in w._graph.rng.streams.values() for e in s.epochs for n in e.calls]
     assert random_calls and not any(isinstance(n.op, Composite) for n in random_calls)
-    monkeypatch.undo()
     check_program(lambda defer: defer(build), order=[1, 0])

@@ -66,7 +66,8 @@ ACCEPTED = {
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_what_the_kernel_lacks_is_refused_at_the_call(name):
     build = REFUSED[name]
-    with pytest.raises((NotImplementedError, RuntimeError)) as eager:
+    # torch 2.15 raises TypeError for maximum of complex (2.13: RuntimeError)
+    with pytest.raises((NotImplementedError, RuntimeError, TypeError)) as eager:
         build()
     for _ in range(2):  # asked, then answered from what was asked
         with pytest.raises(type(eager.value), match="eager PyTorch refuses") as deferred:

@@ -13,6 +13,7 @@ import inspect
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from types import CodeType
 from typing import Any
 
 import torch
@@ -26,8 +27,6 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.reference import PythonReferenceAnalysis
 from torch.utils._sympy.symbol import prefix_str
 
-from torchdefer.fake._source import is_library_code
-
 __all__ = ["FakeTensor", "HigherOrderOperator", "OpOverload", "deserialize",
            "dispatcher_operator_names", "evaluate", "example_mode",
            "export_tracing", "fake_mode", "int_oo", "is_constraint_violation", "jit_fold",
@@ -39,11 +38,17 @@ class _ShapeEnv(ShapeEnv):
 
     ``ShapeEnv`` stamps each guard with the first frame outside a short list of
     its own files, which is often a torch decomposition (``infer_size``).
+    ``is_library_code`` (the caller's: compat imports nothing of the core) says
+    which frames to pass over.
     """
+
+    def __init__(self, is_library_code: Callable[[CodeType], bool], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._is_library_code = is_library_code
 
     def _get_user_frame(self) -> Any:
         frame = inspect.currentframe()
-        while frame is not None and is_library_code(frame.f_code):
+        while frame is not None and self._is_library_code(frame.f_code):
             frame = frame.f_back
         return frame
 
@@ -79,7 +84,7 @@ def _takes_foreign_fakes() -> bool:
 
 
 @contextmanager
-def export_tracing() -> Iterator[FakeTensorMode]:
+def export_tracing(is_library_code: Callable[[CodeType], bool]) -> Iterator[FakeTensorMode]:
     """Run ``torch.export.export`` inside with a fake mode (and its ShapeEnv) we keep.
 
     Non-strict export makes its own fake mode unless a ``TracingContext`` holds
@@ -87,7 +92,8 @@ def export_tracing() -> Iterator[FakeTensorMode]:
     and symbol sources also when export fails. Fake weights must be made in
     this mode (torch 2.10 asserts that every fake input shares it).
     """
-    mode = FakeTensorMode(shape_env=_ShapeEnv(tracked_fakes=[], trace_asserts=True),
+    shape_env = _ShapeEnv(is_library_code, tracked_fakes=[], trace_asserts=True)
+    mode = FakeTensorMode(shape_env=shape_env,
                           allow_non_fake_inputs=True, export=True)
     with tracing(TracingContext(mode)):
         yield mode

@@ -25,7 +25,7 @@ from torchdefer.checkpoint.errors import (
     CheckpointUsageError,
     UnsafeCheckpointError,
 )
-from torchdefer.checkpoint.load import load_state_dict, set_distributed_loader
+from torchdefer.checkpoint.load import load_state_dict
 from torchdefer.checkpoint.plan import LoadResult
 from torchdefer.checkpoint.write import save_state_dict
 from torchdefer.checkpoint.write_errors import CheckpointExistsError, CheckpointWriteError
@@ -45,5 +45,4 @@ __all__ = [
     "UnsafeCheckpointError",
     "load_state_dict",
     "save_state_dict",
-    "set_distributed_loader",
 ]

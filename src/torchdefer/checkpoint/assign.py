@@ -18,6 +18,7 @@ from torchdefer.checkpoint.errors import CheckpointMismatchError
 from torchdefer.checkpoint.targets import TensorGroup
 from torchdefer.materialize.convert import cast
 from torchdefer.materialize.swap import recorded_inference
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["held_storages", "pick_tied", "prepare", "same_values", "tie_mismatch"]
@@ -81,7 +82,7 @@ def prepare(group: TensorGroup, loaded: torch.Tensor, device: torch.device | Non
     place = device or target.fake_device
     # The recorded layout, read without a call on the deferred tensor (each
     # would be recorded: ~0.1 ms, per tensor of a 1000-tensor checkpoint).
-    meta = target._value.meta
+    meta = target_of(target).meta
     # The module's kind of tensor (an inference tensor only if recorded under
     # inference mode), whatever mode the file is read in: eager copies into
     # the parameter, which keeps its kind.

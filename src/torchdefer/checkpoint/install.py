@@ -36,18 +36,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from torchdefer import _compat
 from torchdefer.checkpoint.errors import CheckpointError, CheckpointUsageError
-from torchdefer.materialize.api import mark_materialized
+from torchdefer.materialize.api import mark_replayed
 from torchdefer.materialize.cache import keep_loaded
 from torchdefer.materialize.swap import check_swap, exchange, shell_for, undo
-from torchdefer.recorder.graph import Value
+from torchdefer.recorder.target import Target, target_of
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["Installation"]
@@ -59,7 +61,7 @@ class _Swap:
     shell: torch.Tensor  # the real tensor object it exchanges everything with
     path: str
     real: torch.Tensor  # what the target becomes (for the cache and the flag)
-    value: Value  # the target's recorded value
+    recorded: Target  # what the target stood for when staged
     loaded: bool  # from the checkpoint (kept for views of it) or replayed
 
 
@@ -145,7 +147,7 @@ class Installation:
                     _undo_all(undos)
                     raise
             for swap in self._swaps:
-                mark_materialized(swap.value, swap.real)
+                mark_replayed(swap.recorded, swap.real)
             self._copy_plain()
         self._swaps, self._steps, self._grads, self._guarded, self._plain = [], [], [], [], []
 
@@ -157,7 +159,7 @@ class Installation:
         for swap in self._swaps:
             if swap.loaded:
                 # target is the loaded tensor now: views of it are rebuilt over it
-                undos.append(keep_loaded(swap.value, swap.target))
+                undos.append(keep_loaded(swap.recorded.value, swap.target))
         for make, undo_it in self._steps:
             make()
             undos.append(undo_it)
@@ -226,7 +228,7 @@ class Installation:
                     loaded: bool) -> None:
         shell = shell_for(target, real, path)
         check_swap(target, shell, path)
-        self._swaps.append(_Swap(target, shell, path, real, target._value, loaded))
+        self._swaps.append(_Swap(target, shell, path, real, target_of(target), loaded))
 
 
 def _undo_swap(swap: _Swap) -> Callable[[], None]:
@@ -353,4 +355,19 @@ def _interrupts_held() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         if received:
-            signal.raise_signal(signal.SIGINT)  # to the handler just restored
+            _deliver(previous)
+
+
+def _deliver(handler: Any) -> None:
+    """Give the held SIGINT to ``handler`` here, in this frame.
+
+    A callable (Python's default raises ``KeyboardInterrupt``) is called now,
+    so the exception starts from the commit's frame whatever the interpreter
+    runs next; ``SIG_IGN`` (a process started in the background by a
+    non-interactive shell inherits it) ignores it, as it would have;
+    ``SIG_DFL`` gets the signal itself (the process ends, as it would have).
+    """
+    if callable(handler):
+        handler(signal.SIGINT, sys._getframe(1))
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signal.SIGINT)

@@ -38,11 +38,12 @@ Modules sharded with FSDP2 or DTensor are handed to
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from torchdefer._hooks import DISTRIBUTED_LOADER
 
 # The readers (safetensors_files, torch_save) are imported with the package, not by
 # open_checkpoint inside the first load: ~4 ms of a 1B model's load.
@@ -63,19 +64,10 @@ from torchdefer.checkpoint.targets import tensor_groups
 from torchdefer.materialize.api import deferred_reached, materialized_nbytes, replay_tensors
 from torchdefer.materialize.convert import check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
-__all__ = ["is_dcp_checkpoint", "load_state_dict", "loaded_nbytes", "open_source",
-           "set_distributed_loader"]
-
-# How to load into sharded modules (torchdefer.distributed); the checkpoint
-# package never imports torchdefer.distributed, the top-level package injects it.
-_distributed_loader: list[Callable[..., LoadResult]] = []
-
-
-def set_distributed_loader(fn: Callable[..., LoadResult]) -> None:
-    """Install the loader for FSDP2/DTensor-sharded modules."""
-    _distributed_loader[:] = [fn]
+__all__ = ["is_dcp_checkpoint", "load_state_dict", "loaded_nbytes", "open_source"]
 
 
 def load_state_dict(
@@ -141,14 +133,11 @@ def load_state_dict(
     device = _check_arguments(device, dtype)
     groups = tensor_groups(module)
     if _is_sharded(groups):
-        if not _distributed_loader:
-            raise CheckpointUsageError(
-                "Loading into a sharded module needs torchdefer.distributed; import "
-                "torchdefer (not only its subpackages)."
-            )
-        return _distributed_loader[0](module, source, strict=strict, device=device,
-                                      dtype=dtype, materialize_missing=materialize_missing,
-                                      progress=progress)
+        # torchdefer.distributed's loader: the checkpoint package never imports it.
+        loaded: LoadResult = DISTRIBUTED_LOADER.get()(
+            module, source, strict=strict, device=device, dtype=dtype,
+            materialize_missing=materialize_missing, progress=progress)
+        return loaded
     checkpoint = open_source(source)
     result = plan_keys(groups, checkpoint, strict, kept_keys(module, checkpoint.versions))
     work = work_list(groups, checkpoint)
@@ -191,16 +180,17 @@ def _stage_missing(module: nn.Module, changes: Installation, work, device, dtype
     whose real replacement the caller staged already (a sharded load's local
     shards and FSDP2's padded flat shards): nothing on them is replayed."""
     loaded = {id(g.tensor) for g, _ in work}
-    storages = {id(g.tensor._value.storage) for g, _ in work
+    storages = {id(target_of(g.tensor).storage) for g, _ in work
                 if isinstance(g.tensor, DeferredTensor)}
     found, grads = deferred_reached(module)
     now: dict[str, DeferredTensor] = {}
     views: dict[str, DeferredTensor] = {}
     for name, fake in found.items():
-        if id(fake._value.storage) in staged:
+        storage = id(target_of(fake).storage)
+        if storage in staged:
             continue
         if id(fake) not in loaded:
-            (views if id(fake._value.storage) in storages else now)[name] = fake
+            (views if storage in storages else now)[name] = fake
     for name, fake, real in replay_tensors(module, now, device, dtype, progress):
         changes.stage_replayed(fake, real, name)
     changes.stage_grads(grads)

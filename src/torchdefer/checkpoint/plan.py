@@ -20,6 +20,7 @@ from torchdefer.checkpoint.errors import (
 from torchdefer.checkpoint.source import CheckpointSource
 from torchdefer.checkpoint.targets import TensorGroup
 from torchdefer.fake.device import device_available
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["LoadResult", "check_devices", "check_entries", "few", "plan_keys", "work_list"]
@@ -133,7 +134,7 @@ def few(names: tuple[str, ...]) -> str:
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     if isinstance(t, DeferredTensor):
-        return tuple(t._value.meta.size)  # recorded: no call on the deferred tensor
+        return tuple(target_of(t).meta.size)  # recorded: no call on the deferred tensor
     return tuple(t.shape)
 
 

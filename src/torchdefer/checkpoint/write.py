@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from torchdefer._hooks import SHARDED_WRITER
 from torchdefer.checkpoint import _dcp_writer, _hf_files, _safetensors_writer
 from torchdefer.checkpoint._pipeline import Pipeline
 from torchdefer.checkpoint.errors import CheckpointUsageError
@@ -45,15 +46,10 @@ from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.value import one_call, replay_value
 from torchdefer.recorder.tensor import DeferredTensor
 
-__all__ = ["check_destination", "publish", "run_pipeline", "save_state_dict",
-           "set_sharded_writer"]
+__all__ = ["check_destination", "publish", "run_pipeline", "save_state_dict"]
 
 Replayer = Callable[[DeferredTensor, str], torch.Tensor]
 FORMATS = ("safetensors", "dcp")
-# How to write models with DTensor tensors (torchdefer.distributed); the
-# checkpoint package never imports torchdefer.distributed, the top-level
-# package injects it.
-_sharded_writer: list[Callable[..., Path]] = []
 # Bytes the writer may hold beyond the largest tensor, so that small tensors
 # are replayed while a big one is written: peak = largest tensor + this.
 _SLACK_BYTES = 256 << 20
@@ -204,11 +200,6 @@ def _make(entry: Entry, cast: bool, replay: Replayer | None = None) -> torch.Ten
     return real
 
 
-def set_sharded_writer(fn: Callable[..., Path]) -> None:
-    """Install the writer for models with DTensor (FSDP2, tensor parallel) tensors."""
-    _sharded_writer[:] = [fn]
-
-
 def _holds_dtensors(model: nn.Module) -> bool:
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
     return dtensor is not None and any(
@@ -224,9 +215,8 @@ def _save_sharded(model: nn.Module, path: Path, fmt: str, dtype: torch.dtype | N
             "Pass format='dcp': every rank writes its own shards, and dcp.load reads them "
             "back under any parallelism. Or call save_state_dict before sharding."
         )
-    if not _sharded_writer:  # pragma: no cover - torchdefer/__init__ installs it
-        raise CheckpointUsageError("torchdefer.distributed is needed to save a sharded model.")
-    return _sharded_writer[0](model, path, dtype=dtype, progress=progress)
+    # torchdefer.distributed's writer: the checkpoint package never imports it.
+    return SHARDED_WRITER.get()(model, path, dtype=dtype, progress=progress)
 
 
 def _check_arguments(fmt: str, dtype: torch.dtype | None) -> None:

@@ -42,6 +42,7 @@ from torchdefer.descriptors.outputs import OutputRecipe, describe_output
 from torchdefer.descriptors.tree import Node, TypeOf, Value, from_json, to_json
 from torchdefer.descriptors.weights import Weights
 from torchdefer.errors import StateError, UsageError, UsageTypeError
+from torchdefer.fake._source import is_library_code
 
 __all__ = ["Coverage", "ExportRunner", "build"]
 
@@ -220,7 +221,7 @@ def build(target: Callable[..., Any], params: tuple[Param, ...], concrete: Mappi
     wrapper = _Bound(target, params, concrete, plan.names, recipes)
     with compat.example_mode():
         examples = plan.examples()  # export fakes them again, with symbolic sizes
-    with compat.export_tracing() as mode:
+    with compat.export_tracing(is_library_code) as mode:
         # The weights in export's own mode: torch <= 2.10 wants one mode for all.
         state = _fake_weights(wrapper, mode)
         shape_env = mode.shape_env

@@ -11,6 +11,7 @@ replay that fails leaves the module as it was.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,8 +22,8 @@ from torch.distributed.tensor import DTensor
 from torchdefer.checkpoint.errors import CheckpointError, CheckpointRankError
 from torchdefer.checkpoint.install import Installation
 from torchdefer.distributed.module import _dtensors, _fsdp2_params, _parameter_names
-from torchdefer.distributed.shard import compact, replay_local
-from torchdefer.recorder import DeferredTensor
+from torchdefer.distributed.shard import compact, replay_local, same_recording
+from torchdefer.recorder import DeferredTensor, mark_materialized, target_of
 
 __all__ = ["Vote", "stage_missing_shards", "stage_shard"]
 
@@ -72,25 +73,24 @@ def stage_shard(changes: Installation, dtensor: DTensor, real: torch.Tensor,
     flat shard, which ``real`` views), with what undoes it."""
     local = dtensor._local_tensor
     flat = None if real_flat is None else fsdp_param._sharded_param_data
-    storages = [f._value.storage for f in (local, flat) if isinstance(f, DeferredTensor)]
-    flags = [s.materialized for s in storages]
+    recorded = [target_of(f) for f in (local, flat) if isinstance(f, DeferredTensor)]
     requires_grad = local.requires_grad
+    unmark: list[Callable[[], None]] = []
 
     def make() -> None:
         real.requires_grad_(requires_grad)  # after the in-place load
         if real_flat is not None:
             fsdp_param._sharded_param_data = real_flat
         dtensor._local_tensor = real
-        for storage in storages:
-            # Later recorded writes to the deferred shard would never reach this one.
-            storage.materialized = True
+        # Later recorded writes to the deferred shard would never reach this one.
+        unmark.append(mark_materialized(*recorded))
 
     def undo() -> None:
         dtensor._local_tensor = local
         if real_flat is not None:
             fsdp_param._sharded_param_data = flat
-        for storage, flag in zip(storages, flags):
-            storage.materialized = flag
+        while unmark:
+            unmark.pop()()
 
     changes.stage_step(make, undo)
 
@@ -108,7 +108,7 @@ def stage_missing_shards(module: nn.Module, loaded: set[int], changes: Installat
         done.add(id(dtensor))
         name = names.get(id(dtensor), repr(fsdp_param))
         flat = fsdp_param._sharded_param_data
-        if isinstance(flat, DeferredTensor) and flat._graph is local._graph:
+        if same_recording(flat, local):
             real_flat, real_local = _replayed([flat, local], name)
             stage_shard(changes, dtensor, real_local, fsdp_param, real_flat)
         else:
@@ -125,9 +125,4 @@ def stage_missing_shards(module: nn.Module, loaded: set[int], changes: Installat
 
 def _replayed(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     """:func:`replay_local`, whose marking of the storages waits for the commit."""
-    flags = [(f._value.storage, f._value.storage.materialized) for f in fakes]
-    try:
-        return replay_local(fakes, name)
-    finally:
-        for storage, flag in flags:
-            storage.materialized = flag
+    return replay_local(fakes, name, mark=False)

@@ -57,9 +57,10 @@ from torchdefer.checkpoint.source import CheckpointSource, Source
 from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
 from torchdefer.distributed._staged import Vote, stage_missing_shards, stage_shard
 from torchdefer.distributed.module import _fsdp2_params
+from torchdefer.distributed.shard import same_recording
 from torchdefer.fake import _pinned
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.recorder import DeferredTensor
+from torchdefer.recorder import DeferredTensor, target_of
 
 __all__ = ["load_state_dict"]
 
@@ -137,7 +138,7 @@ def _stage(module: nn.Module, source: Any, strict: bool, materialize_missing: bo
         stage_missing_shards(module, {id(g.tensor) for g, _ in work}, changes)
         # Every deferred shard's storage (FSDP2's padded flat shard shares it)
         # has its real one staged now: the walk below must not replay it again.
-        shards = frozenset(id(t._local_tensor._value.storage) for t in module.parameters()
+        shards = frozenset(id(target_of(t._local_tensor).storage) for t in module.parameters()
                            if isinstance(t, DTensor)
                            and isinstance(t._local_tensor, DeferredTensor))
         views = _stage_missing(module, changes, work, None, None, progress, shards)
@@ -235,17 +236,17 @@ def _stage_shard(dtensor: DTensor, fsdp: dict[int, Any], changes: Installation) 
     local = cast(DeferredTensor, dtensor._local_tensor)  # _is_sharded: a deferred shard
     fsdp_param = fsdp.get(id(dtensor))
     flat = None if fsdp_param is None else fsdp_param._sharded_param_data
-    if isinstance(flat, DeferredTensor) and flat._graph is local._graph:
+    if same_recording(flat, local):
         # FSDP2: the padded flat shard, with the local tensor a view into it
         # (padding zeroed, as fully_shard's new_zeros left it).
         real_flat = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.fake_device)
-        if flat._value.storage.pinned:  # CPUOffloadPolicy(pin_memory=True) pinned it
+        if target_of(flat).storage.pinned:  # CPUOffloadPolicy(pin_memory=True) pinned it
             real_flat = _pinned.pin(real_flat)
         real = real_flat.as_strided(local.shape, local.stride(), local.storage_offset())
         stage_shard(changes, dtensor, real, fsdp_param, real_flat)
     else:
         real = torch.empty(local.shape, dtype=local.dtype, device=local.fake_device)
-        if local._value.storage.pinned:
+        if target_of(local).storage.pinned:
             real = _pinned.pin(real)
         stage_shard(changes, dtensor, real)
     return real

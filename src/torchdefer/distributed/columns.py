@@ -1,6 +1,6 @@
 """Column blocks from row chunks: ``Shard(1)`` shards without building the parameter whole.
 
-Row replay (:mod:`torchdefer.materialize.rows`) computes a *contiguous* range
+Row replay (:mod:`torchdefer.distributed.rows`) computes a *contiguous* range
 of a parameter's elements from those elements alone: the ``Shard(0)`` shards of
 FSDP2 and of ``ColwiseParallel``. ``RowwiseParallel`` (``Shard(1)``: a block of
 columns) and the FSDP2 shard of such a block (TP+FSDP2) are not contiguous:
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from torchdefer.materialize.rows import NotSliceable, RowReplay, Span, contiguous_range
+from torchdefer.distributed.rows import NotSliceable, RowReplay, Span, contiguous_range
 from torchdefer.recorder.graph import Storage, TensorMeta, Value
 
 __all__ = ["CHUNK_BYTES", "ColumnRows", "block_of_rows"]

@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from torchdefer import _compat
+from torchdefer._compat.patch import attribute, patched
 from torchdefer.errors import UnsupportedError
 from torchdefer.materialize import materialize_module as materialize_plain
 from torchdefer.recorder import DeferredTensor
@@ -95,8 +96,6 @@ def fsdp1_deferred_init() -> Iterator[None]:
             "PyTorch build does not have. Use FSDP2 (fully_shard) with "
             "torchdefer.distributed.materialize_module instead."
         )
-    missing = object()
-    previous_shim = getattr(_init_utils, "deferred_init", missing)
 
     def need_to_materialize(module, ignored_params, ignored_modules) -> tuple[bool, bool]:
         is_meta, is_torchdistx = original(module, ignored_params, ignored_modules)
@@ -104,18 +103,10 @@ def fsdp1_deferred_init() -> Iterator[None]:
             return is_meta, is_torchdistx
         return False, _has_deferred(module, ignored_params, ignored_modules, _init_utils)
 
-    _init_utils._need_to_materialize_module = need_to_materialize
-    _init_utils.deferred_init = _TorchdistxStandIn(
-        None if previous_shim is missing else previous_shim
-    )
-    try:
+    previous_shim = getattr(_init_utils, "deferred_init", None)
+    with patched(attribute(_init_utils, "_need_to_materialize_module"), need_to_materialize), \
+            patched(attribute(_init_utils, "deferred_init"), _TorchdistxStandIn(previous_shim)):
         yield
-    finally:
-        _init_utils._need_to_materialize_module = original
-        if previous_shim is missing:
-            del _init_utils.deferred_init
-        else:
-            _init_utils.deferred_init = previous_shim
 
 
 class _TorchdistxStandIn:

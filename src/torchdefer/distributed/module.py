@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from torchdefer.distributed.shard import compact, replay_local
+from torchdefer.distributed.shard import compact, replay_local, same_recording
 from torchdefer.materialize import materialize_module as materialize_plain
 from torchdefer.materialize import parallel
 from torchdefer.recorder import DeferredTensor
@@ -105,7 +105,7 @@ def _materialize_fsdp_param(fsdp_param, names: dict[int, str]) -> None:
         return
     name = names.get(id(dtensor), repr(fsdp_param))
     flat = fsdp_param._sharded_param_data
-    if isinstance(flat, DeferredTensor) and flat._graph is local._graph:
+    if same_recording(flat, local):
         real_flat, real_local = replay_local([flat, local], name)
         fsdp_param._sharded_param_data = real_flat
     else:

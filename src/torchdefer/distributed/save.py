@@ -44,7 +44,7 @@ from torchdefer.materialize import Replay, ReplayError
 from torchdefer.materialize.errors import with_context
 from torchdefer.materialize.progress import ProgressSpec
 from torchdefer.materialize.value import replays_on_meta
-from torchdefer.recorder import DeferredTensor
+from torchdefer.recorder import DeferredTensor, target_of
 
 __all__ = ["save_sharded"]
 
@@ -158,8 +158,9 @@ def _placeholder(entry: Entry, specs: dict[int, DTensor]) -> torch.Tensor:
 
 def _replay_shard(local: DeferredTensor, name: str) -> torch.Tensor:
     """One local tensor's values, from its rows where possible; the model stays deferred."""
-    target = (local._value, local._value.storage.version)
-    replay = Replay(local._graph, None)
+    recorded = target_of(local)
+    target = recorded.key
+    replay = Replay(recorded.graph, None)
     # As shard.replay_local: TORCHDEFER_SHARD_ROWS=0 replays through the full parameter.
     rows = ColumnRows(replay, [target]) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" \
         else None

@@ -5,7 +5,7 @@ the full parameter (its factory, its init ops), slice it (``chunk``,
 ``narrow``), and copy the slice into the shard's own storage. When the slice
 is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
 and every op of the parameter allows it, the replay computes only those
-elements (``torchdefer.materialize.rows``): random ops draw just the shard's
+elements (``torchdefer.distributed.rows``): random ops draw just the shard's
 numbers from generator states reached by jump-ahead, elementwise ops run on
 the shard. A block of columns (``Shard(1)``: ``RowwiseParallel``, and FSDP2's
 shard of it under TP+FSDP2) is computed the same way from chunks of whole rows
@@ -33,15 +33,17 @@ import contextvars
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 
 from torchdefer.distributed.columns import ColumnRows
 from torchdefer.materialize import Replay, ReplayError
 from torchdefer.materialize.errors import with_context
-from torchdefer.recorder import DeferredTensor
+from torchdefer.recorder import DeferredTensor, Value, mark_materialized, target_of
 
-__all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local"]
+__all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local",
+           "same_recording"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,8 @@ def observe() -> Iterator[list[ShardReplay]]:
         _observers.reset(token)
 
 
-def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
+def replay_local(fakes: list[DeferredTensor], name: str, *, mark: bool = True
+                 ) -> list[torch.Tensor]:
     """Real tensors for ``fakes`` (all slices of one parameter ``name``), in one replay.
 
     Tensors that shared a storage when recorded share it once real (FSDP2's
@@ -96,32 +99,38 @@ def replay_local(fakes: list[DeferredTensor], name: str) -> list[torch.Tensor]:
     Returns:
         One real tensor per fake, on the device the fake reports.
     """
-    graph = fakes[0]._graph
-    targets = [(f._value, f._value.storage.version) for f in fakes]
-    replay = Replay(graph, None)
+    recorded = [target_of(f) for f in fakes]
+    targets = [t.key for t in recorded]
+    replay = Replay(recorded[0].graph, None)
     rows = ColumnRows(replay, targets) if os.environ.get("TORCHDEFER_SHARD_ROWS") != "0" else None
     try:
         reals = replay.run(targets, [name] * len(fakes), substitute=rows)
     except ReplayError as e:
         message = f"While materializing the local shard of '{name}'{_on_rank()}: {e}"
         raise with_context(e, message) from e
-    for fake in fakes:
-        # Later recorded writes to this storage would never reach the real one.
-        fake._value.storage.materialized = True
+    if mark:  # later recorded writes to these storages would never reach the real ones
+        mark_materialized(*recorded)
     seen = _observers.get()
     if seen is not None:
-        seen.append(_report(name, fakes, reals, rows))
+        seen.append(_report(name, [t.value for t in recorded], reals, rows))
     return [real.detach().requires_grad_(f.requires_grad) for f, real in zip(fakes, reals)]
 
 
-def _report(name: str, fakes, reals, rows: ColumnRows | None) -> ShardReplay:
+def _report(name: str, values: list[Value], reals: list[torch.Tensor],
+            rows: ColumnRows | None) -> ShardReplay:
     numel = max(r.numel() for r in reals)
     if rows is None:
         return ShardReplay(name, False, 0, numel, "TORCHDEFER_SHARD_ROWS=0")
-    answered = all(rows.answered(f._value) for f in fakes)
-    reasons = [rows.why_not(f._value) for f in fakes]
+    answered = all(rows.answered(v) for v in values)
+    reasons = [rows.why_not(v) for v in values]
     reason = None if answered else next((r for r in reasons if r), "not asked")
     return ShardReplay(name, answered, rows.drawn, numel, reason, answered and rows.chunked)
+
+
+def same_recording(a: object, b: DeferredTensor) -> TypeGuard[DeferredTensor]:
+    """Whether ``a`` is a deferred tensor recorded into ``b``'s graph (FSDP2's padded
+    flat shard and the local tensor that views it, replayed in one run)."""
+    return isinstance(a, DeferredTensor) and target_of(a).graph is target_of(b).graph
 
 
 def owns_only_itself(real: torch.Tensor) -> bool:

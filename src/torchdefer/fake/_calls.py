@@ -208,7 +208,7 @@ def set_refusing_lost_view_history(original: Callable[..., Any]) -> Callable[...
 
 def _view_history_error(func: Callable[..., Any], error: Exception) -> FakeTensorError:
     where = user_frame(2)
-    at = f" at {where[0]}:{where[1]}" if where else ""
+    at = f" at {where.file}:{where.line}" if where else ""
     first = (str(error).strip().splitlines() or [""])[0]
     return FakeTensorError(
         f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history "

@@ -128,7 +128,7 @@ def _where() -> str:
     from torchdefer.fake._source import user_frame
 
     frame = user_frame(4)
-    return "" if frame is None else f"; called at {frame[0]}:{frame[1]} in {frame[2]}"
+    return "" if frame is None else f"; called at {frame}"
 
 
 def _no_check(name: str) -> bool:

@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from torchdefer import _compat
+from torchdefer.fake._outside import no_fake_modes
 from torchdefer.fake.device import device_available, normalize
 from torchdefer.fake.layout import meta_twin
 
@@ -113,8 +114,6 @@ def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict,
     argument's twin is a view of its base's twin (inference mode gives a view
     the ``requires_grad`` of the base it views).
     """
-    from torchdefer.fake.mode import no_fake_modes
-
     def twins(tree: Any) -> Any:
         return _twins(tree, _view_twin if keep_views else _twin)
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from torchdefer.errors import PinnedMemoryError
+from torchdefer.fake._outside import no_fake_modes
 from torchdefer.fake._source import user_frame
 
 __all__ = ["PinnedMemoryError", "is_pinned", "lifted_is_pinned", "pin", "pin_memory_output",
@@ -47,8 +48,6 @@ def pinning_refusal(factory: bool) -> RuntimeError | None:
     ``factory``: ``pin_memory=True`` on a factory, whose message differs from
     ``t.pin_memory()``'s. Asked of eager with an empty tensor, outside any mode.
     """
-    from torchdefer.fake.mode import no_fake_modes
-
     with no_fake_modes():
         try:
             if factory:  # on the CPU whatever the user's default device
@@ -147,4 +146,4 @@ def pin(real: torch.Tensor) -> torch.Tensor:
 
 def _where(depth: int = 2) -> str:
     frame = user_frame(depth)
-    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
+    return "<unknown location>" if frame is None else str(frame)

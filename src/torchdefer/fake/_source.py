@@ -5,11 +5,30 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["is_library_code", "is_library_file", "user_frame"]
+__all__ = ["SourceLocation", "is_library_code", "is_library_file", "user_frame"]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """A line of the user's code: where an op was called.
+
+    >>> SourceLocation("model.py", 12, "__init__")
+    SourceLocation(file='model.py', line=12, function='__init__')
+    >>> str(SourceLocation("model.py", 12, "__init__"))
+    'model.py:12 in __init__'
+    """
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -41,15 +60,25 @@ def is_library_code(code: CodeType) -> bool:
 # user_frame runs for every recorded op and walks ~10 frames; the code object
 # is kept so that its id stays its own. A user frame's line is kept per
 # instruction offset: ``f_lineno`` walks the code's line table from its start
-# (~2 µs in a 300-line function), and the nodes of one line share one tuple.
-_known_codes: dict[int, tuple[CodeType, bool, dict[int, tuple[str, int, str]]]] = {}
+# (~2 µs in a 300-line function), and the nodes of one line share one location.
+_known_codes: dict[int, tuple[CodeType, bool, dict[int, SourceLocation]]] = {}
 _CODES_KEPT = 1 << 16  # code made at run time (exec, dataclasses) could grow it
 _LINES_KEPT = 1 << 12  # instruction offsets kept per code object
 
 
-def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
-    """``(file, line, function)`` of the innermost frame outside torch and torchdefer."""
+def user_frame(skip: int = 1, past: tuple[CodeType, int] | None = None
+               ) -> SourceLocation | None:
+    """The location of the innermost frame outside torch and torchdefer.
+
+    ``past = (code, n)``: if the frame at ``skip`` runs ``code``, the ``n``
+    frames above it are library code every call of it passes through (the
+    wrappers a dispatch mode's ``__torch_dispatch__`` is called by), and
+    ``sys._getframe`` jumps over them: each frame walked with ``f_back`` is
+    made a Python object (~0.2 µs), which is most of this function's cost.
+    """
     frame: FrameType | None = sys._getframe(skip)
+    if past is not None and frame is not None and frame.f_code is past[0]:
+        frame = sys._getframe(skip + 1 + past[1])
     known = _known_codes
     while frame is not None:
         code = frame.f_code
@@ -64,15 +93,15 @@ def user_frame(skip: int = 1) -> tuple[str, int, str] | None:
     return None
 
 
-def _where(frame: FrameType, code: CodeType, lines: dict[int, tuple[str, int, str]]
-           ) -> tuple[str, int, str]:
-    """``(file, line, function)`` of ``frame``, by its instruction offset once seen."""
+def _where(frame: FrameType, code: CodeType, lines: dict[int, SourceLocation]
+           ) -> SourceLocation:
+    """The location of ``frame``, by its instruction offset once seen."""
     if sys.gettrace() is not None:  # a tracer may set f_lineno itself: ask the frame
-        return (code.co_filename, frame.f_lineno, code.co_name)
+        return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
     lasti = frame.f_lasti
     where = lines.get(lasti)
     if where is None:
         if len(lines) >= _LINES_KEPT:
             lines.clear()
-        where = lines[lasti] = (code.co_filename, frame.f_lineno, code.co_name)
+        where = lines[lasti] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
     return where

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
+from torchdefer.fake._outside import no_fake_modes
 from torchdefer.fake._pinned import lifted_is_pinned, refuse_in_fake_mode
 from torchdefer.fake.device import device_available, normalize, output_device
 from torchdefer.fake.layout import meta_twin
@@ -170,23 +171,3 @@ def import_dynamo_outside_modes() -> None:
     if "torch._dynamo" not in sys.modules:
         with no_fake_modes():
             _compat.import_dynamo()
-
-
-@contextlib.contextmanager
-def no_fake_modes() -> Iterator[None]:
-    """Run plain torch code while a fake or recording mode is active.
-
-    ``torch.utils._python_dispatch._disable_current_modes`` leaves PyTorch's FAKE
-    mode slot alone, so the mode there is taken out and put back here.
-    """
-
-    if not _compat.dispatch_modes_active():  # nothing to take out: skip torch's ~15 us
-        yield
-        return
-    mode = _compat.unset_dispatch_mode(_compat.FAKE_MODE_KEY)
-    try:
-        with _compat.disable_current_modes():
-            yield
-    finally:
-        if mode is not None:
-            _compat.set_dispatch_mode(mode)

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer.errors import FakeTensorError
 from torchdefer.fake._pinned import storage_is_pinned
-from torchdefer.fake.tensor import FakeTensorError
 
 __all__ = ["STORAGE_GETTERS", "FakeTypedStorage", "FakeUntypedStorage", "adopt", "storage_owner"]
 

@@ -29,7 +29,7 @@ import torch
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.graph import NodeKind, TensorMeta, Value
 
-__all__ = ["same_elements", "through_views"]
+__all__ = ["ValueKey", "same_elements", "through_views", "value_key"]
 
 _SET_SOURCE = torch.ops.aten.set_.source_Tensor
 # In-place ops whose output layout their arguments spell out (resize_: when the
@@ -40,24 +40,33 @@ _RESIZE = frozenset({torch.ops.aten.resize_.default})
 _MAX_CHAIN = 1024  # a model's views of one storage are a few; this is a loop guard
 
 
+ValueKey = tuple[int, int]
+"""A value's name within its graph: its node's ``seq`` and its output index."""
+
+
+def value_key(value: Value) -> ValueKey:
+    """``value``'s :data:`ValueKey`: unique in its graph, and holds no part of it."""
+    return value.node.seq, value.index
+
+
 def through_views(
     value: Value,
-    known: dict[int, tuple[Value, TensorMeta]],
+    known: dict[ValueKey, TensorMeta],
     rebuild: Callable[[TensorMeta], torch.Tensor],
 ) -> torch.Tensor | None:
     """``value`` as eager made it over the storage ``rebuild(meta)`` rebuilds from,
     or None when no chain of view steps leads to a value in ``known``
-    (id(value) -> (value, its real layout))."""
+    (value_key(value) -> its real layout)."""
     chain: list[Value] = []
     current = value
-    while id(current) not in known and not _explicit(current):
+    while value_key(current) not in known and not _explicit(current):
         source = _source(current)
         if source is None or len(chain) >= _MAX_CHAIN:
             return None
         chain.append(current)
         current = source
-    found = known.get(id(current))
-    real = rebuild(current.meta if found is None else found[1])
+    found = known.get(value_key(current))
+    real = rebuild(current.meta if found is None else found)
     for step in reversed(chain):
         real = _step(step, real)
     return real

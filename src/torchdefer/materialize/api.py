@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from torchdefer import _compat
+from torchdefer._hooks import SHARDED_MATERIALIZER, VALUE_READER
 from torchdefer.errors import UsageTypeError
 from torchdefer.fake.device import device_available
 from torchdefer.materialize import concurrent, parallel
@@ -20,15 +21,15 @@ from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
-from torchdefer.recorder._hooks import set_value_reader
 from torchdefer.recorder.graph import Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
+from torchdefer.recorder.target import Target, mark_materialized, target_of
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 from torchdefer.recorder.ties import warn_broken_ties
 
-__all__ = ["deferred_reached", "mark_materialized", "materialize_module", "materialize_tensor",
-           "replay_tensors", "set_sharded_materializer"]
+__all__ = ["deferred_reached", "mark_replayed", "materialize_module", "materialize_tensor",
+           "replay_tensors"]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -189,7 +190,7 @@ def materialize_module(
             _each_replayed(module, found, device, dtype, progress, _replay,
                            side_by_side=True)) as replayed:
         for name, fake, real in replayed:
-            mark_materialized(fake._value, real)
+            mark_replayed(target_of(fake), real)
             swap_in(fake, real, name)
     with suspended():
         for parameter, grad in grads:
@@ -217,7 +218,7 @@ def replay_tensors(
 
     For callers that change a module all at once or not at all (a checkpoint
     load): ``[(path, deferred tensor, real tensor)]``. Nothing is marked
-    materialized (:func:`mark_materialized` does, once swapped); a failure
+    materialized (:func:`mark_replayed` does, once swapped); a failure
     leaves every tensor deferred. The results stay alive together, so a
     later replay finds the storages it shares in the cache, as
     ``materialize_module`` finds them through the module.
@@ -257,7 +258,8 @@ def _each_replayed(
         # One call of each graph's cache: a tensor computed at construction from
         # one materialized earlier in this call reads it from the cache (nothing
         # is computed twice); the user changes neither before we are done.
-        for graph in {id(f._graph): f._graph for f in found.values()}.values():
+        graphs = (target_of(f).graph for f in found.values())
+        for graph in {id(g): g for g in graphs}.values():
             one_call.enter_context(cache_for(graph).call())
         for name, fake in items:  # on this thread: warnings are process-wide state
             warn_broken_ties(fake, name, module)
@@ -270,20 +272,19 @@ def _each_replayed(
 
 def _job(index: int, fake: DeferredTensor, device: torch.device | None,
          threads: int) -> concurrent.Job:
-    value = fake._value
-    meta = value.meta
-    where = device or meta.device
+    target = target_of(fake)
+    meta = target.meta
     numel = math.prod(meta.size)
     return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
-                          storage=(id(fake._graph), id(value.storage)),
-                          alone=concurrent.is_alone(numel, where, threads))
+                          storage=(id(target.graph), target.storage.id),
+                          alone=concurrent.is_alone(numel, device or meta.device, threads))
 
 
-def mark_materialized(value: Value, real: torch.Tensor) -> None:
-    """Record that ``value``'s storage is real now (``real``): later recorded
+def mark_replayed(target: Target, real: torch.Tensor) -> None:
+    """Record that ``target``'s storage is real now (``real``): later recorded
     writes are refused. A meta tensor has no data: nothing to refuse."""
     if not real.is_meta:
-        value.storage.materialized = True
+        mark_materialized(target)
 
 
 def materialized_nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
@@ -291,7 +292,7 @@ def materialized_nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
 
     From the recorded metadata: an UninitializedParameter refuses numel().
     """
-    meta = t._value.meta
+    meta = target_of(t).meta
     numel = math.prod(meta.size)
     if dtype is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex):
         return numel * dtype.itemsize
@@ -321,16 +322,11 @@ def _deferred_reached(
     return dict(found.values()), grads
 
 
-# How to materialize modules whose parameters are sharded wrappers (DTensor,
-# FSDP2) around deferred tensors. The core cannot do it (it never imports
-# torch.distributed); the top-level package injects torchdefer.distributed.
-_sharded_materializer: list[Callable[[nn.Module], nn.Module]] = []
+# Modules whose parameters are sharded wrappers (DTensor, FSDP2) around
+# deferred tensors go to SHARDED_MATERIALIZER: the core cannot materialize them
+# (it never imports torch.distributed); the top-level package installs
+# torchdefer.distributed's.
 _in_sharded = threading.local()
-
-
-def set_sharded_materializer(fn: Callable[[nn.Module], nn.Module]) -> None:
-    """Install the handler for modules with sharded deferred parameters."""
-    _sharded_materializer[:] = [fn]
 
 
 def _sharded_paths(module: nn.Module) -> list[str]:
@@ -359,7 +355,7 @@ def _materialize_sharded(
             "tensor subclass it does not know (it handles DTensor and FSDP2 parameters). "
             "Materialize the module before wrapping its tensors that way."
         )
-    if not _sharded_materializer:
+    if not SHARDED_MATERIALIZER.installed:
         raise UsageTypeError(
             f"{shown} wrap deferred tensors (the module was sharded, e.g. by fully_shard "
             "or distribute_tensor), and no sharded materializer is installed. Use "
@@ -373,7 +369,7 @@ def _materialize_sharded(
         )
     _in_sharded.active = True
     try:
-        _sharded_materializer[0](module)  # in place: it returns ``module`` itself
+        SHARDED_MATERIALIZER.get()(module)  # in place: it returns ``module`` itself
         return module
     finally:
         _in_sharded.active = False
@@ -384,18 +380,18 @@ def _materialize(fake: DeferredTensor, device: torch.device | None,
     """Replay ``fake``'s value (large fills on ``threads``); mark its storage materialized."""
     with parallel.threads_used(threads):
         real = _replay(fake, device, name)
-    mark_materialized(fake._value, real)
+    mark_replayed(target_of(fake), real)
     return real
 
 
 def _replay(fake: DeferredTensor, device: torch.device | None, name: str | None) -> torch.Tensor:
     """Replay ``fake``'s value; mark nothing."""
-    value = fake._value
+    target = target_of(fake)
     with torch.inference_mode(recorded_inference(fake)):
-        if (device or value.meta.device).type == "meta":
-            return _on_meta(value, device)
-        return Replay(fake._graph, device).run([(value, value.storage.version)],
-                                               None if name is None else [name])[0]
+        if (device or target.meta.device).type == "meta":
+            return _on_meta(target.value, device)
+        return Replay(target.graph, device).run([target.key],
+                                                None if name is None else [name])[0]
 
 
 def _on_meta(value: Value, device: torch.device | None) -> torch.Tensor:
@@ -421,9 +417,9 @@ def _on_meta(value: Value, device: torch.device | None) -> torch.Tensor:
 
 def _read_value(fake: DeferredTensor) -> torch.Tensor:
     """A data-dependent read during recording: compute the value, mark nothing."""
-    value = fake._value
-    device = None if device_available(value.meta.device) else torch.device("cpu")
-    return Replay(fake._graph, device).run([(value, value.storage.version)])[0]
+    target = target_of(fake)
+    device = None if device_available(target.meta.device) else torch.device("cpu")
+    return Replay(target.graph, device).run([target.key])[0]
 
 
-set_value_reader(_read_value)
+VALUE_READER.install(_read_value)

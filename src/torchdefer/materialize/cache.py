@@ -1,9 +1,18 @@
-"""What materialization keeps between calls, per graph: real storages."""
+"""What materialization keeps between calls, per graph: real storages.
+
+The caches live here, not on the graph (which knows nothing of replay): one
+:class:`ReplayCache` per recorded graph, held while the graph lives
+(:func:`cache_for`). A cache names storages and values by their numbers in
+the graph (``Storage.id``, a value's node and output index), never by the
+objects, so it does not keep the graph alive: a graph whose tensors were all
+materialized is freed, its cache with it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,22 +21,21 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
-from torchdefer.materialize._derive import same_elements, through_views
+from torchdefer.materialize._derive import ValueKey, same_elements, through_views, value_key
 from torchdefer.materialize.errors import ReplayError
-from torchdefer.recorder.graph import Graph, NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder.graph import Graph, NodeKind, TensorMeta, Value
 
 __all__ = ["ReplayCache", "cache_for", "keep_loaded", "rebuild"]
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    storage: Storage  # the record, held so its id is not reused
     ref: StorageWeakRef
     version: int
-    # id(value) -> (value, the layout it really had) for every value of the
+    # value_key(value) -> the layout it really had, for every value of the
     # storage the replay that made it computed: views of the storage rebuilt
     # later get eager's strides even where the meta kernels' differ.
-    layouts: dict[int, tuple[Value, TensorMeta]]
+    layouts: dict[ValueKey, TensorMeta]
     call: int  # the materialization call that stored it (ReplayCache.call)
 
 
@@ -69,14 +77,14 @@ class ReplayCache:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        # (storage, device key) -> what is cached of it
+        # (Storage.id, device key) -> what is cached of it
         self._storages: dict[tuple[int, str], _Entry] = {}
-        # (storage, device key) -> (storage record, whether every replayed layout
-        # that differed from the recorded one still addressed the same elements)
-        self._diverged: dict[tuple[int, str], tuple[Storage, bool]] = {}
-        # id(storage) -> record: its tensor was replaced by a loaded one that
+        # (Storage.id, device key) -> whether every replayed layout that differed
+        # from the recorded one still addressed the same elements
+        self._diverged: dict[tuple[int, str], bool] = {}
+        # Storage.id of each storage whose tensor was replaced by a loaded one that
         # is not all of it as recorded (keep_loaded), so its views cannot be placed
-        self._replaced: dict[int, Storage] = {}
+        self._replaced: set[int] = set()
         self._call = 0  # materialization calls begun
         self._depth = 0  # calls running now, nested ones included
 
@@ -109,7 +117,7 @@ class ReplayCache:
     def _lookup(
         self, value: Value, version: int, device_key: str, alias: bool,
     ) -> torch.Tensor | None:
-        if alias and id(value.storage) in self._replaced:
+        if alias and value.storage.id in self._replaced:
             raise ReplayError(
                 f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
                 "shares its storage with a tensor a checkpoint load replaced by one of "
@@ -118,7 +126,7 @@ class ReplayCache:
                 "the loaded values as eager's view would show them. Take the view from the "
                 "loaded module again, or materialize it before loading."
             )
-        key = (id(value.storage), device_key)
+        key = (value.storage.id, device_key)
         entry = self._storages.get(key)
         # Only the storage's current contents: an older version still alive (a
         # data read's tensor someone holds) must not become the input that a
@@ -129,16 +137,16 @@ class ReplayCache:
         if not alias and value.storage.materialized and entry.call != self._call:
             return None  # the user's since its call returned: maybe changed
         storage = torch.UntypedStorage._new_with_weak_ptr(entry.ref.cdata)
-        known = entry.layouts.get(id(value))
+        known = entry.layouts.get(value_key(value))
         if known is not None:
-            return rebuild(known[1], storage)
+            return rebuild(known, storage)
         diverged = self._diverged.get(key)
         if diverged is None:
             return rebuild(value.meta, storage)
         real = through_views(value, entry.layouts, lambda meta: rebuild(meta, storage))
         if real is not None:
             return real
-        if diverged[1]:  # only size-1 strides differed: the recorded layout is right
+        if diverged:  # only size-1 strides differed: the recorded layout is right
             return rebuild(value.meta, storage)
         if alias:
             raise ReplayError(
@@ -169,12 +177,11 @@ class ReplayCache:
         if value.storage.creator.kind == NodeKind.EXTERNAL:
             return
         ref = StorageWeakRef(real.untyped_storage())
-        known = dict(layouts or {})
-        known[id(value)] = (value, TensorMeta.of(real, real.device))
+        known = {value_key(v): meta for v, meta in (layouts or {}).values()}
+        known[value_key(value)] = TensorMeta.of(real, real.device)
         with self._lock:
-            self._storages[(id(value.storage), device_key)] = _Entry(
-                value.storage, ref, version, known, self._call
-            )
+            self._storages[(value.storage.id, device_key)] = _Entry(ref, version, known,
+                                                                    self._call)
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:
         """Note when a replayed tensor's layout differs from the recorded one."""
@@ -183,11 +190,10 @@ class ReplayCache:
         meta = value.meta
         if real.stride() == meta.stride and real.storage_offset() == meta.offset:
             return
-        key = (id(value.storage), device_key)
+        key = (value.storage.id, device_key)
         kept = same_elements(TensorMeta.of(real, real.device), meta)
         with self._lock:
-            before = self._diverged.get(key)
-            self._diverged[key] = (value.storage, kept and (before is None or before[1]))
+            self._diverged[key] = kept and self._diverged.get(key, True)
 
 
 def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
@@ -206,17 +212,24 @@ def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def cache_for(graph: Graph) -> ReplayCache:
-    """``graph``'s cache, made on first use (once, whichever thread asks first)."""
-    cache: ReplayCache | None = graph.replay_cache
+    """The replay cache of ``graph``, made at its first materialization.
+
+    Threads materialize at once (``materialize.parallel``): the first two
+    asking for a graph's cache must get the same one.
+    """
+    cache = _caches.get(graph)
     if cache is None:
-        with _MAKING:
-            cache = graph.replay_cache
+        with _caches_lock:
+            cache = _caches.get(graph)
             if cache is None:
-                cache = graph.replay_cache = ReplayCache()
+                cache = _caches[graph] = ReplayCache()
     return cache
 
 
-_MAKING = threading.Lock()  # one cache per graph, also when two threads ask at once
+# Weak keys: a graph's cache lives as long as the graph (it holds nothing of
+# the graph's, see the module docstring).
+_caches: weakref.WeakKeyDictionary[Graph, ReplayCache] = weakref.WeakKeyDictionary()
+_caches_lock = threading.Lock()
 
 
 def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
@@ -233,11 +246,11 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
     graph = value.node.graph
     if graph is None:
         return _nothing
-    cache, sid = cache_for(graph), id(value.storage)
+    cache, sid = cache_for(graph), value.storage.id
     keys = _loaded_keys(value, real)
     with cache._lock:
         before = {k: cache._storages.get((sid, k)) for k in keys}
-        replaced = cache._replaced.get(sid)
+        replaced = sid in cache._replaced
         if keys:
             first, *others = keys
             cache.store(value, value.storage.version, first, real)
@@ -246,7 +259,7 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
                 for key in others:
                     cache._storages[(sid, key)] = kept  # frozen, layouts never change: shared
         else:
-            cache._replaced[sid] = value.storage
+            cache._replaced.add(sid)
 
     def undo() -> None:
         with cache._lock:
@@ -255,8 +268,8 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
                     cache._storages.pop((sid, key), None)
                 else:
                     cache._storages[(sid, key)] = entry
-            if replaced is None:
-                cache._replaced.pop(sid, None)
+            if not replaced:
+                cache._replaced.discard(sid)
 
     return undo
 

@@ -135,13 +135,13 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
         node = generator_overload(node)
         if node is None:  # one borrowed default generator cannot serve two threads
             return None
-    from torchdefer.materialize._row_calls import _BLOCKS, _PER_ELEMENT, NotSliceable, _LocalCall
+    from torchdefer.materialize.local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
 
     packet = getattr(node.op, "overloadpacket", None)
-    if packet not in _PER_ELEMENT and packet not in _BLOCKS and packet not in _PAIRS:
+    if packet not in PER_ELEMENT and packet not in BLOCKS and packet not in _PAIRS:
         return None
     try:
-        call = _LocalCall(node, device)
+        call = LocalCall(node, device)
     except NotSliceable:
         return None
     effect = call.effect_of(n)

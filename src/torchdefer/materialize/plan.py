@@ -10,7 +10,7 @@ including in-place writes done through views after the value was taken.
 
 A ``substitute`` hook may answer a value itself (a real tensor, or None to
 expand it as usual): the sharded path computes a slice of a parameter from its
-own elements that way (``materialize.rows``).
+own elements that way (``distributed.rows``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torchdefer.materialize._overwrites import (
     COPY,
     FILLS,
+    Ranges,
     live_writers,
     sets_regardless,
     writes_first_argument,
@@ -31,7 +32,10 @@ from torchdefer.materialize._overwrites import (
 from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder.graph import Node, NodeKind, Storage, Value
 
-__all__ = ["COPY", "FILLS", "Plan", "Substitute", "make_plan", "writes_first_argument"]
+# COPY, FILLS, Ranges, sets_regardless, writes_first_argument: what a substitute
+# (distributed.rows) needs to judge writes as the slice does.
+__all__ = ["COPY", "FILLS", "Plan", "Ranges", "Substitute", "make_plan", "recorded_slice",
+           "sets_regardless", "writes_first_argument"]
 
 # (value, version) -> its real tensor, or None to replay it as recorded
 Substitute = Callable[[Value, int], torch.Tensor | None]
@@ -55,13 +59,14 @@ class Plan:
 
 def make_plan(
     targets: list[tuple[Value, int]],
-    cache: ReplayCache,
+    cache: ReplayCache | None,
     device_key: str,
     device: torch.device | None,
     substitute: Substitute | None = None,
     aliases: bool = True,
 ) -> Plan:
-    """The nodes to replay for ``targets``, and the values the cache answers.
+    """The nodes to replay for ``targets``, and the values the cache answers
+    (``cache`` None: none, every node needed is listed).
 
     ``aliases``: the targets are tensors for the user, each the user's tensor
     (or a view of it) as it is now where it was materialized before; else
@@ -77,10 +82,19 @@ def make_plan(
     return walk.run()
 
 
+def recorded_slice(targets: list[tuple[Value, int]]) -> list[Node]:
+    """The recorded nodes replaying ``targets`` runs, in recording order, as if
+    nothing were real yet: what a picture or an explanation of them shows.
+
+    No cache is read (none is made either): every node needed is listed.
+    """
+    return make_plan(targets, None, "recorded", None).nodes
+
+
 class _Walk:
     """One walk back from the targets (see the module docstring)."""
 
-    def __init__(self, cache: ReplayCache, device_key: str, device: torch.device | None,
+    def __init__(self, cache: ReplayCache | None, device_key: str, device: torch.device | None,
                  substitute: Substitute | None) -> None:
         self.cache, self.device_key, self.device = cache, device_key, device
         self.substitute = substitute
@@ -117,8 +131,8 @@ class _Walk:
         key = (id(value), version)
         if key in self.cached:
             return
-        real = self.cache.lookup(value, version, self.device_key,
-                                 alias=id(value.storage) in self.as_is)
+        real = None if self.cache is None else self.cache.lookup(
+            value, version, self.device_key, alias=id(value.storage) in self.as_is)
         if real is None and self.substitute is not None and contents:
             real = self.substitute(value, version)
         if real is not None:

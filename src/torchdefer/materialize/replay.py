@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from torchdefer._hooks import CALL_RUNNER
 from torchdefer.fake import _pinned
 from torchdefer.fake.device import device_available
 from torchdefer.materialize import concurrent
@@ -32,12 +33,15 @@ from torchdefer.materialize.errors import (
     ReplayError,
     with_context,
 )
+from torchdefer.materialize.parallel import split_draw
 from torchdefer.materialize.plan import Substitute, make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch
 from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
+from torchdefer.recorder.rng import meta_call
+from torchdefer.rng.stream import Model
 
 __all__ = ["Replay"]
 
@@ -57,7 +61,7 @@ class Replay:
         self.device = device
         self.device_key = "recorded" if device is None else str(device)
         self.cache = cache_for(graph)
-        self.rng = RngReplay(self)
+        self.rng = RngReplay(self, split_draw)
 
     def map_device(self, device: torch.device) -> torch.device:
         if self.device is None or device.type == "meta":
@@ -278,3 +282,26 @@ def _pinned_as_recorded(node: Node, outs: list[Any]) -> list[Any]:
     ``torch.tensor(data, pin_memory=True)``): one pinning, as eager's."""
     return [_pinned.pin(out) if isinstance(out, torch.Tensor) and value.storage.pinned else out
             for out, value in zip(outs, node.outputs)]
+
+
+def _run_call(node: Node, state: torch.Tensor, model: Model) -> torch.Tensor:
+    """The generator state after random ``node`` run from ``state`` (``_hooks.CALL_RUNNER``:
+    the anchor after a call the draw model cannot count)."""
+    steps = getattr(node.op, "steps", None)
+    if steps is not None and model == "cpu":
+        # A composite that knows its draws in bounded memory (a rejection loop).
+        args, kwargs, _ = meta_call(node)
+        with suspended(), torch.no_grad():
+            after: torch.Tensor | None = steps(state, *args, **kwargs)
+        if after is not None:
+            return after
+    device = torch.device("cpu") if model == "cpu" else model  # a model is its device
+    replay = Replay(node.graph, device)  # type: ignore[arg-type]
+    try:
+        with suspended(), torch.no_grad():
+            return replay.rng.run_into_scratch(node, state)
+    finally:
+        replay.rng.release()
+
+
+CALL_RUNNER.install(_run_call)

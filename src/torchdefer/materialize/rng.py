@@ -15,6 +15,7 @@ and restored in ``finally``. User generators are replaced by private copies.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -24,11 +25,8 @@ from torchdefer.materialize.errors import DeviceUnavailableError, UntaggedRandom
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.composite import Composite
 from torchdefer.recorder.graph import Node, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.rng import meta_call
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
 from torchdefer.rng.ledger import default_generator
-from torchdefer.rng.states import set_call_runner
 from torchdefer.rng.stream import Model, Stream, model_of
 
 if TYPE_CHECKING:
@@ -36,6 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["NodeWithOverload", "RngReplay", "call_checking_draws", "draw", "generator_overload",
            "on_eager_devices", "takes_generator"]
+
+# (node, stream, device, state, args, kwargs) -> (output, state after), or None to draw whole.
+Splitter = Callable[[Any, Any, torch.device, torch.Tensor, tuple[Any, ...], dict[str, Any]],
+                    tuple[torch.Tensor, torch.Tensor] | None]
 
 # Random ops whose number of draws depends on the values of a tensor they
 # write: in-place rrelu draws one uniform per element <= 0 of ``self``. Their
@@ -46,20 +48,20 @@ _DRAWS_READ_WRITTEN = frozenset({torch.ops.aten.rrelu_with_noise_})
 class RngReplay:
     """Runs the random nodes of one replay."""
 
-    def __init__(self, replay: Replay) -> None:
+    def __init__(self, replay: Replay, split: Splitter) -> None:
         self.replay = replay
         # One scratch buffer per device, grown to the largest scratch draw.
         # Fresh tensors per draw would be freed at once, but glibc keeps
         # freed memory below its mmap threshold (bench/README.md).
         self._scratch: dict[torch.device, torch.UntypedStorage] = {}
-        # Large CPU fills drawn on threads (imported here: parallel builds on
-        # this module's draw(), and on the row calls, which do too).
-        from torchdefer.materialize.parallel import split_draw
-
-        self._split = split_draw
+        # Large CPU fills drawn on threads: parallel.split_draw, handed in by the
+        # replay (parallel builds on this module's draw(); importing it here
+        # would close a circle).
+        self._split = split
 
     def run(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        stream, e, _ = node.rng  # type: ignore[misc]
+        place = node.rng
+        stream = place.stream  # type: ignore[union-attr]
         device = self.replay.map_device(stream.device)
         # "cpu" (mt19937), or the CUDA device whose launches count: replay runs on those.
         model: Model = model_of(device)  # type: ignore[assignment]
@@ -67,13 +69,13 @@ class RngReplay:
         start = states.start_of(node, model)
         split = self._split(node, stream, device, start, args, kwargs)
         out, after = split if split is not None else draw(node, stream, device, start, args, kwargs)
-        epoch = stream.epochs[e]
+        epoch = stream.epochs[place.epoch]  # type: ignore[union-attr]
         states.remember(stream, epoch, model, states.after_call(node, model), after)
         return out
 
     def run_into_scratch(self, node: Node, state: torch.Tensor) -> torch.Tensor:
         """The state after ``node`` drawn from ``state``, its output thrown away."""
-        stream = node.rng[0]  # type: ignore[index]
+        stream = node.rng.stream  # type: ignore[union-attr]
         device = self.replay.map_device(stream.device)
         args, kwargs = self._scratch_args(node, device)
         _, after = draw(node, stream, device, state, args, kwargs)
@@ -345,26 +347,3 @@ def takes_generator(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         if argument.name == "generator":
             return argument.kwarg_only and i >= len(args)
     return False
-
-
-def _run_call(node: Node, state: torch.Tensor, model: Model) -> torch.Tensor:
-    from torchdefer.materialize.replay import Replay
-
-    steps = getattr(node.op, "steps", None)
-    if steps is not None and model == "cpu":
-        # A composite that knows its draws in bounded memory (a rejection loop).
-        args, kwargs, _ = meta_call(node)
-        with suspended(), torch.no_grad():
-            after: torch.Tensor | None = steps(state, *args, **kwargs)
-        if after is not None:
-            return after
-    device = torch.device("cpu") if model == "cpu" else model  # a model is its device
-    replay = Replay(node.graph, device)  # type: ignore[arg-type]
-    try:
-        with suspended(), torch.no_grad():
-            return replay.rng.run_into_scratch(node, state)
-    finally:
-        replay.rng.release()
-
-
-set_call_runner(_run_call)

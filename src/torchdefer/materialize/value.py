@@ -23,6 +23,7 @@ from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.errors import ReplayError
 from torchdefer.materialize.replay import Replay
 from torchdefer.materialize.swap import recorded_inference
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["one_call", "replay_value", "replays_on_meta"]
@@ -30,7 +31,7 @@ __all__ = ["one_call", "replay_value", "replays_on_meta"]
 
 def replays_on_meta(tensor: DeferredTensor) -> bool:
     """Whether ``tensor`` was recorded on the meta device (it has no values to give)."""
-    return tensor._value.meta.device.type == "meta"
+    return target_of(tensor).meta.device.type == "meta"
 
 
 def replay_value(tensor: DeferredTensor, name: str, *, threads: int | None = None) -> torch.Tensor:
@@ -49,9 +50,9 @@ def replay_value(tensor: DeferredTensor, name: str, *, threads: int | None = Non
             "Build the model without torch.device('meta') (deferred_init allocates "
             "nothing anyway), or load real weights into it first."
         )
-    value = tensor._value
+    target = target_of(tensor)
     with parallel.threads_used(threads), torch.inference_mode(recorded_inference(tensor)):
-        return Replay(tensor._graph, None).run([(value, value.storage.version)], [name])[0]
+        return Replay(target.graph, None).run([target.key], [name])[0]
 
 
 @contextlib.contextmanager
@@ -66,7 +67,8 @@ def one_call(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
     graphs = {}
     for t in tensors:
         if isinstance(t, DeferredTensor):
-            graphs[id(t._graph)] = t._graph
+            graph = target_of(t).graph
+            graphs[id(graph)] = graph
     with contextlib.ExitStack() as stack:
         for graph in graphs.values():
             stack.enter_context(cache_for(graph).call())

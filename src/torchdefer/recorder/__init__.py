@@ -1,12 +1,30 @@
 """The recorder: every op on fake tensors, with storages, versions and RNG positions."""
 
+from torchdefer.recorder import _entries
+from torchdefer.recorder._copy import deepcopy_deferred, shallow_copy_deferred
 from torchdefer.recorder.api import deferred_init
-from torchdefer.recorder.composite import composite
+from torchdefer.recorder.composite import composite, library_call_asking_is_meta
 from torchdefer.recorder.context import deferred
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import RecordingMode
-from torchdefer.recorder.tensor import DeferredTensor, is_deferred
+from torchdefer.recorder.reach import is_deferred
+from torchdefer.recorder.record import data_read, record_call, record_data_set
+from torchdefer.recorder.subclasses import detach_for_parameter, make_parameter
+from torchdefer.recorder.target import Target, mark_materialized, target_of
+from torchdefer.recorder.tensor import DeferredTensor
+
+# Deferred tensors' calls reach the recorder through these (recorder/_entries.py).
+_entries.bind(
+    record_call=record_call,
+    data_read=data_read,
+    record_data_set=record_data_set,
+    library_call_asking_is_meta=library_call_asking_is_meta,
+    detach_for_parameter=detach_for_parameter,
+    make_parameter=make_parameter,
+    deepcopy_deferred=deepcopy_deferred,
+    shallow_copy_deferred=shallow_copy_deferred,
+)
 
 __all__ = [
     "DeferredTensor",
@@ -16,10 +34,13 @@ __all__ = [
     "RecordingError",
     "RecordingMode",
     "Storage",
+    "Target",
     "TensorMeta",
     "Value",
     "composite",
     "deferred",
     "deferred_init",
     "is_deferred",
+    "mark_materialized",
+    "target_of",
 ]

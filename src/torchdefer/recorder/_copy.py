@@ -20,13 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.mode import recording
+from torchdefer.recorder.subclasses import deferred_class, subclassing, user_class
+from torchdefer.recorder.tensor import PRIVATE_ATTRIBUTES, DeferredTensor
 
-__all__ = ["PRIVATE_ATTRIBUTES", "deepcopy_deferred", "shallow_copy_deferred", "user_attributes"]
-
-# What torchdefer keeps in a deferred tensor's __dict__; everything else the
-# user (or a library) set, and it travels with copies and to the real tensor.
-PRIVATE_ATTRIBUTES = frozenset({"_graph", "_value", "fake_device", "_materialized", "_homes"})
+__all__ = ["deepcopy_deferred", "shallow_copy_deferred", "user_attributes"]
 
 
 def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:
@@ -34,8 +32,6 @@ def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def deepcopy_deferred(tensor: DeferredTensor, memo: dict) -> torch.Tensor:
-    from torchdefer.recorder.mode import recording
-    from torchdefer.recorder.subclasses import subclassing, user_class
 
     if id(tensor) in memo:
         return memo[id(tensor)]
@@ -84,7 +80,6 @@ def _in_copied_storage(tensor: DeferredTensor, memo: dict) -> torch.Tensor:
 
 def shallow_copy_deferred(tensor: DeferredTensor) -> torch.Tensor:
     """``copy.copy``: a new tensor object over the same storage, same attributes."""
-    from torchdefer.recorder.subclasses import deferred_class, user_class
 
     new = tensor.detach()
     new.requires_grad_(tensor.requires_grad)

@@ -18,7 +18,7 @@ import torch
 
 from torchdefer.fake._questions import is_question
 from torchdefer.recorder._alias import AliasPlan, alias_plan
-from torchdefer.recorder._real_targets import collective_name
+from torchdefer.recorder._collectives import collective_name
 from torchdefer.rng.draws import known_random_op, may_draw_untagged
 
 __all__ = ["OpFacts", "facts_of"]
@@ -55,7 +55,7 @@ class OpFacts:
     # Schema positions of Generator arguments: a generator can reach an op
     # only through one of them (empty for nearly every op).
     generators: tuple[tuple[int, str], ...]
-    # The name of a collective (refused: see recorder/_real_targets.py), else "".
+    # The name of a collective (refused: see recorder/_collectives.py), else "".
     collective: str
     # Not simply recorded (record_call's first branches): a collective, aten.to,
     # lift_fresh, _local_scalar_dense. One flag: other ops pay one test for all.

@@ -50,8 +50,10 @@ from torch.nn.parameter import is_lazy
 
 from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import EagerRefusalError
 from torchdefer.recorder.ambient import current_ambient
+from torchdefer.recorder.mode import suspended
 
 __all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
            "refuse_as_eager", "writes_inference"]
@@ -426,8 +428,6 @@ def _ask_eager(func: Any, args: tuple, kwargs: dict, shared: bool = False,
 
 def _run_twins(func: Any, args: tuple, kwargs: dict, shared: bool, second: bool,
                ) -> tuple[type[BaseException], str] | None:
-    from torchdefer.recorder.mode import suspended
-
     with suspended(), torch.no_grad():
         saved = get_state(torch.default_generator)  # as it is: a marker stays one
         try:
@@ -455,12 +455,9 @@ def _ask_with_data(func: Any, args: tuple, kwargs: dict,
                    ) -> tuple[type[BaseException], str] | None:
     """Run the call on its tensors' real values (read, not recorded) with a private
     generator; the error eager gives, or None."""
-    from torchdefer.recorder._hooks import read_value
-    from torchdefer.recorder.mode import suspended
-
     def real(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and hasattr(x, "_value"):
-            return read_value(x)
+            return VALUE_READER.get()(x)
         if isinstance(x, torch.Generator):
             return torch.Generator(device=_CPU).manual_seed(0)
         return x

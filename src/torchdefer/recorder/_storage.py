@@ -24,6 +24,9 @@ from torchdefer.recorder.tensor import DeferredTensor
 __all__ = ["StorageArgs", "is_storage", "owner_of", "record_growth", "resizable_by", "write"]
 
 
+_EXTERNAL = NodeKind.EXTERNAL  # read once: an Enum member lookup costs ~0.1 µs on 3.11
+
+
 def is_storage(x: Any) -> bool:
     return isinstance(x, (torch.UntypedStorage, torch.TypedStorage))
 
@@ -88,7 +91,7 @@ def record_growth(node: Node, tensors: list[DeferredTensor], before: dict[int, i
 
 def write(node: Node, storage: Storage) -> tuple[Storage, int]:
     """A new version of ``storage``, written by ``node``; refused where it is real."""
-    if storage.creator.kind == NodeKind.EXTERNAL:
+    if storage.creator.kind is _EXTERNAL:
         raise RecordingError(
             f"{node.op} at {node.where()} writes in place to a real tensor (one created "
             "outside deferred_init, or one materialize_tensor/materialize_module returned "

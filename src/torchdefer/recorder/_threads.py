@@ -45,14 +45,16 @@ import torch.random
 
 from torchdefer import _compat
 from torchdefer._compat import generator as _generator
+from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.fake._calls import set_refusing_lost_view_history
 from torchdefer.fake.tensor import FakeTensor
+from torchdefer.recorder.record import record_data_set
 
 __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 
 _lock = threading.Lock()
 _syncs: dict[int, Any] = {}  # thread id -> its outermost recording's sync(generator=None)
-_saved: dict[str, Any] = {}  # the originals while the patches are in
+_reads: list[bool] = []  # [whether every generator read is seen] while the patches are in
 _forks: list[bool] = []  # whether the fork hook is registered
 
 
@@ -71,7 +73,7 @@ def dtype_log() -> list[torch.dtype]:
 
 def reads_seen() -> bool:
     """Whether every read of a generator's state is seen now (a marker may stand in it)."""
-    return bool(_saved.get("reads"))
+    return bool(_reads and _reads[0])
 
 
 @contextlib.contextmanager
@@ -81,15 +83,12 @@ def recording_thread(sync: Any) -> Iterator[None]:
     thread = threading.get_ident()
     with _lock:
         _syncs[thread] = sync
-        if len(_syncs) == 1:
-            _install()
     try:
-        yield
+        with _PATCHES.held():
+            yield
     finally:
         with _lock:
             del _syncs[thread]
-            if not _syncs:
-                _remove()
 
 
 def _sync_mine(generator: torch.Generator | None = None) -> None:
@@ -138,8 +137,6 @@ class _DataOfReal:
 
     def __set__(self, obj: torch.Tensor, new: torch.Tensor) -> None:
         if isinstance(new, FakeTensor) and not isinstance(obj, FakeTensor):
-            from torchdefer.recorder.record import record_data_set
-
             record_data_set(obj, new)
             return
         _data_set(obj, new)
@@ -148,11 +145,18 @@ class _DataOfReal:
 _DATA_OF_REAL = _DataOfReal()
 
 
-def _install() -> None:
+_SET_TYPE = attribute(torch, "set_default_tensor_type")
+_SET_DTYPE = attribute(torch, "set_default_dtype")
+_START = attribute(threading.Thread, "start")
+_DATA = attribute(torch.Tensor, "data")
+
+
+def _install(stack: PatchStack) -> None:
+    """Put the patches in; ``stack`` takes them out again, in reverse order."""
     _fork_hook()
-    start = _saved["start"] = threading.Thread.start
-    set_dtype = _saved["set_default_dtype"] = torch.set_default_dtype
-    set_type = _saved["set_default_tensor_type"] = torch.set_default_tensor_type
+    start = threading.Thread.start
+    set_dtype = torch.set_default_dtype
+    set_type = torch.set_default_tensor_type
 
     def exact_start(self: threading.Thread) -> None:
         _sync_mine()
@@ -170,23 +174,25 @@ def _install() -> None:
                      (logged_set_default_dtype, set_dtype),
                      (logged_set_default_tensor_type, set_type)):
         new.__doc__, new.__name__ = old.__doc__, old.__name__
-    _saved["reads"] = _generator.intercept_reads(_sync_mine)
+    stack.enter(patched(_SET_TYPE, logged_set_default_tensor_type))
+    stack.enter(patched(_SET_DTYPE, logged_set_default_dtype))
+    stack.enter(patched(_START, exact_start))
+    stack.enter(patched(_DATA, _DATA_OF_REAL))  # a descriptor in place of TensorBase's C one
     _set_once()
-    torch.Tensor.data = _DATA_OF_REAL  # type: ignore[assignment]  # a descriptor in place of the C one
-    threading.Thread.start = exact_start  # type: ignore[method-assign]
-    torch.set_default_dtype = logged_set_default_dtype
-    torch.set_default_tensor_type = logged_set_default_tensor_type
+    # The generator reads go first (last in); reads_seen() is False before they do.
+    reads = _generator.intercept_reads(_sync_mine)
+    if reads:
+        stack.callback(_generator.restore_reads)
+    _reads[:] = [reads]
+    stack.callback(_reads.clear)
+
+
+# In while any thread records (the first block in installs them, the last one
+# out removes them).
+_PATCHES = SharedPatches(_install)
 
 
 def _note_dtype() -> None:
     if threading.get_ident() in _syncs:
         _log.dtypes.append(torch.get_default_dtype())
 
-
-def _remove() -> None:
-    _generator.restore_reads()
-    del torch.Tensor.data  # TensorBase's C property again
-    threading.Thread.start = _saved["start"]  # type: ignore[method-assign]
-    torch.set_default_dtype = _saved["set_default_dtype"]
-    torch.set_default_tensor_type = _saved["set_default_tensor_type"]
-    _saved.clear()

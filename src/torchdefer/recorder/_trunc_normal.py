@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torchdefer.recorder.mode import suspended
 from torchdefer.rng import bounds, draws, mt19937, rejection, uniform_rejection
 
 __all__ = ["one_normal", "rejection_end", "rejection_loop"]
@@ -62,8 +63,6 @@ def one_normal(
 
 @functools.lru_cache(maxsize=4096)  # a model repeats a few shapes and stds many times
 def _proven(fn, dtype, numel, contiguous, mean, std, a, b) -> bool:
-    from torchdefer.recorder.mode import suspended
-
     with suspended():  # the checks below run real kernels (once per process)
         lo, hi = bounds.in_dtype(a, dtype), bounds.in_dtype(b, dtype)
         # Whether or not a torch casts the bounds, the tighter of the two holds;

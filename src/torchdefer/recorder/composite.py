@@ -30,12 +30,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdefer import _compat
+from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.recorder._args import flatten_call
+from torchdefer.recorder._nodes import as_deferred, generator_of, record_writes, where
 from torchdefer.recorder._refusals import eager_refuses
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.source import user_frame
+from torchdefer.recorder.graph import NodeKind, TensorMeta, Value
+from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["Composite", "composite", "library_call_asking_is_meta", "library_composites"]
@@ -134,13 +136,11 @@ def _composite_of(wrapper: Callable[..., object]) -> Composite:
 
 def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
     """Record one call of ``marked``; returns its first written (deferred) tensor."""
-    from torchdefer.recorder.record import _as_deferred, _generator_of, _record_writes, _where
-
     written = [args[i] for i in marked.writes]
     if not all(isinstance(t, DeferredTensor) for t in written):
         raise RecordingError(
             f"{marked!r} writes arguments {marked.writes} in place, but some are real tensors "
-            f"and some deferred (called at {_where()}). Pass only deferred tensors, or "
+            f"and some deferred (called at {where()}). Pass only deferred tensors, or "
             "materialize them first."
         )
     if eager_refuses(marked.fn, args, kwargs, written, marked.random):
@@ -150,20 +150,24 @@ def record_composite(marked: Composite, args: tuple, kwargs: dict) -> Any:
     leaves, inputs, reads = list(flat), [], []
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
-            x = _as_deferred(graph, x, marked)
+            x = as_deferred(graph, x, marked)
             inputs.append(x._value)
             reads.append(x._value.storage.version)
             leaves[i] = x._value
-    kind = NodeKind.RANDOM if marked.random else NodeKind.INPLACE
-    node = Node(graph.next_seq(), kind, marked, leaves, spec, tuple(inputs), tuple(reads))
-    node.source = user_frame(2)
-    node.graph = graph
-    node.writes = _record_writes(node, written, tuple(range(len(written))))
+    device = written[0].fake_device
+    # On meta nothing is drawn (eager's kernels there touch no generator): an
+    # ordinary write, replayed as one.
+    random = marked.random and device.type != "meta"
+    kind = NodeKind.RANDOM if random else NodeKind.INPLACE
+    # No ambient: replay calls the function, under the caller's settings.
+    node = graph.add_node(kind, marked, leaves, spec, tuple(inputs), tuple(reads),
+                          runs_kernel=False)
+    node.writes = record_writes(node, written, tuple(range(len(written))))
     for k, t in enumerate(written):
         t._value = Value(node, k, t._value.storage, TensorMeta.of(t, t.fake_device))
         node.outputs.append(t._value)
-    if marked.random:
-        graph.rng.place(node, _generator_of(kwargs, flat), written[0].fake_device)
+    if random:
+        graph.rng.place(node, generator_of(kwargs, flat), device)
     return written[0]
 
 
@@ -234,23 +238,25 @@ def _reads_data(module: Any, name: str) -> bool:
 @contextlib.contextmanager
 def library_composites() -> Iterator[None]:
     """Mark the data-reading library init functions as composites while recording."""
-    from torchdefer.recorder.mode import suspended
-
-    saved = []
-    try:
-        for module, name, _ in _LIBRARY:
-            original = getattr(module, name)
-            if hasattr(original, "__torchdefer_composite__"):
-                continue  # an outer recording marked it already
-            with suspended():
-                reads = _reads_data(module, name)
-            if reads:
-                saved.append((module, name, original))
-                setattr(module, name, _library_wrapper(name, original))
+    # While any thread records: one thread's block ending first must not unmark
+    # them under another's (which then read their data, op by op).
+    with _LIBRARY_PATCHES.held():
         yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
+
+
+def _mark_library(patches: PatchStack) -> None:
+    for module, name, _ in _LIBRARY:
+        original = getattr(module, name)
+        if hasattr(original, "__torchdefer_composite__"):
+            continue  # marked by the user
+        with suspended():
+            reads = _reads_data(module, name)
+        if reads:
+            patches.enter(
+                patched(attribute(module, name), _library_wrapper(name, original)))
+
+
+_LIBRARY_PATCHES = SharedPatches(_mark_library)
 
 
 # ------------------------------------------------- calls after deferred_init returned
@@ -305,8 +311,6 @@ def _library_original() -> Callable[..., Any] | None:
 
 @functools.cache  # asked at every is_meta of a deferred tensor outside a recording
 def _hookable(fn: Callable[..., Any]) -> bool:
-    from torchdefer.recorder.mode import suspended
-
     with suspended():  # torch < 2.12: op by op, no data read (or a function not read here)
         return _reads_data(torch.nn.init, "_no_grad_trunc_normal_") and _asks_is_meta_first(fn)
 

@@ -24,17 +24,24 @@ import torch
 
 from torchdefer import _compat
 from torchdefer._compat import default_device_context, restore_default_device
+from torchdefer._compat.patch import patched, setting
 from torchdefer.recorder._threads import dtype_log
 from torchdefer.recorder.composite import library_composites
 from torchdefer.recorder.errors import RecordingError
 from torchdefer.recorder.graph import Graph
 from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder.rng import RngRecorder
 from torchdefer.recorder.subclasses import subclassing
 from torchdefer.recorder.ties import watching_registrations
 
 __all__ = ["deferred"]
 
 _FAKE = _compat.FAKE_MODE_KEY
+# Not torch.get_default_device(): it builds a tensor, which fails under
+# `with torch.device("cuda")` on a host without CUDA.
+_DEFAULT_DEVICE = setting(default_device_context, restore_default_device)
+# Looked up at each call: while a recording runs, torch's is the logging wrapper.
+_DEFAULT_DTYPE = setting(torch.get_default_dtype, lambda d: torch.set_default_dtype(d))
 
 
 @contextlib.contextmanager
@@ -72,30 +79,26 @@ def deferred() -> Iterator[Graph]:
             "which holds the same dispatch slot (torchdefer.fake_mode() or PyTorch's "
             "FakeTensorMode). Leave that mode first, or build everything inside one of them."
         )
-    dtype = torch.get_default_dtype()
     dtypes_set = dtype_log()
     mark = len(dtypes_set)
-    # Not torch.get_default_device(): it builds a tensor, which fails under
-    # `with torch.device("cuda")` on a host without CUDA.
-    device_context = default_device_context()
-    try:
-        if isinstance(active, RecordingMode):  # nested: record into the outer graph
-            yield active.graph
-            return
-        graph = Graph()
-        # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
-        # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
-        with library_composites(), graph.rng.deferring(), RecordingMode(graph), subclassing(), \
-                watching_registrations():
-            yield graph
-    finally:
-        # The block may change defaults and fail before restoring them; a
-        # nested block restores what it found too, as deferred_init promises.
+
+    def set_here(now: torch.dtype) -> bool:
         # The default dtype is process-wide: restored only if this thread set
         # it in the block and no other thread set it since.
-        now = torch.get_default_dtype()
-        if now != dtype and len(dtypes_set) > mark and dtypes_set[-1] == now:
-            torch.set_default_dtype(dtype)
+        return len(dtypes_set) > mark and dtypes_set[-1] == now
+
+    # The block may change defaults and fail before restoring them; a nested
+    # block restores what it found too, as deferred_init promises.
+    try:
+        with patched(_DEFAULT_DEVICE), patched(_DEFAULT_DTYPE, restore_if=set_here):
+            if isinstance(active, RecordingMode):  # nested: record into the outer graph
+                yield active.graph
+                return
+            graph = Graph(RngRecorder())
+            # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
+            # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
+            with library_composites(), graph.rng.deferring(), RecordingMode(graph), \
+                    subclassing(), watching_registrations():
+                yield graph
+    finally:
         del dtypes_set[mark:]
-        if default_device_context() is not device_context:
-            restore_default_device(device_context)

@@ -5,24 +5,53 @@ read at) and its outputs; a :class:`Storage` knows every node that wrote it, in
 order, so the graph can be walked both ways (seed 001, "Mutable Tensors"). The
 graph holds no list of all nodes: nodes live as long as a tensor, a storage or
 an RNG stream can reach them, so materialized parts are freed by the GC.
+
+Every node enters through one door, :meth:`Graph.add_node` (as in torch.fx's
+``Graph.create_node``), which numbers it and gives it its source line and the
+settings it ran under. This module knows how a graph looks, not how it is
+recorded (``recorder.record``) nor replayed (``torchdefer.materialize``, which
+keeps its caches itself).
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchdefer.errors import InternalError
+from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder.ambient import Ambient, current_ambient
+from torchdefer.recorder.source import SourceLocation, user_frame
+from torchdefer.rng.stream import Placement
 
-__all__ = ["Graph", "Holders", "Node", "NodeKind", "Storage", "TensorMeta", "Value"]
+if TYPE_CHECKING:  # made by the recorder, which builds on this module (recorder.context)
+    from torchdefer.recorder.rng import RngRecorder
+
+__all__ = [
+    "Graph",
+    "Holders",
+    "Node",
+    "NodeKind",
+    "Placement",
+    "SourceLocation",
+    "Storage",
+    "TensorMeta",
+    "Value",
+]
 
 
-class NodeKind:
-    """The kinds of recorded node (strings, so they print and serialize plainly)."""
+class NodeKind(str, enum.Enum):
+    """The kinds of recorded node.
+
+    A ``str`` enum: members compare equal to, print and serialize as their
+    plain strings (``"random"``), as graph views and exports show them.
+    """
 
     FACTORY = "factory"  # creates a tensor from nothing (empty, zeros, arange)
     RANDOM = "random"  # draws from a generator (randn, normal_, randperm)
@@ -34,6 +63,18 @@ class NodeKind:
     DATA_GET = "data_get"  # `t.data`
     DATA_SET = "data_set"  # `t.data = other`
     OBSERVE = "observe"  # a data-dependent read during recording (.item(), .tolist())
+
+    # The plain string, also in f-strings (Python 3.12 formats a mixed-in enum
+    # as "NodeKind.RANDOM" otherwise).
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+# Read once: on Python 3.11 an Enum member lookup costs ~0.1 µs (EnumType.__getattr__).
+_OBSERVE = NodeKind.OBSERVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +163,7 @@ class Node:
     """
 
     seq: int
-    kind: str
+    kind: NodeKind  # known when the node is made, never changed
     op: Any
     leaves: list[Any]
     spec: Any
@@ -130,31 +171,26 @@ class Node:
     reads: tuple[int, ...]
     outputs: list[Value] = field(default_factory=list)
     writes: tuple[tuple[Storage, int], ...] = ()
-    rng: tuple[Any, int, int] | None = None  # (stream, epoch, position)
-    source: tuple[str, int, str] | None = None  # (file, line, function)
+    rng: Placement | None = None  # where a random node draws (rng.ledger places it)
+    source: SourceLocation | None = None  # the user's line that called the op
     payload: Any = None  # constant / external tensor, or the observed value
     graph: Graph | None = None
     # Settings the op read when recorded (default dtype, deterministic mode);
     # replay re-applies them (recorder/ambient.py). None: the op runs no kernel.
-    ambient: Any = None
+    ambient: Ambient | None = None
 
     def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call's ``(args, kwargs)``, each input tensor shown as its :class:`Value`."""
-        from torchdefer.recorder._args import unflatten_call
-
         if self.spec is None:
             return (), {}
         return unflatten_call(self.leaves, self.spec)
 
     @property
     def name(self) -> str:
-        return str(self.op) if self.op is not None else self.kind
+        return str(self.op) if self.op is not None else self.kind.value
 
     def where(self) -> str:
-        if self.source is None:
-            return "<unknown location>"
-        file, line, func = self.source
-        return f"{file}:{line} in {func}"
+        return "<unknown location>" if self.source is None else str(self.source)
 
     def __repr__(self) -> str:
         return f"Node(%{self.seq} {self.kind} {self.name} at {self.where()})"
@@ -194,16 +230,15 @@ class Holders:
 class Graph:
     """The state of one ``deferred_init`` recording.
 
-    Holds the sequence counter, the RNG streams and the caches materialization
-    keeps between calls. Every deferred tensor points to its graph.
+    Holds the sequence counter, the RNG ledger whose streams place the random
+    nodes, the external tensors and the data-dependent reads. Every deferred
+    tensor points to its graph; nodes are made by :meth:`add_node` alone.
     """
 
-    def __init__(self) -> None:
-        from torchdefer.recorder.rng import RngRecorder
-
+    def __init__(self, rng: RngRecorder) -> None:
         self.op_count = 0  # nodes recorded so far; also the next node's seq
         self._storage_ids = itertools.count()
-        self.rng = RngRecorder()
+        self.rng = rng
         # id(real tensor) -> (tensor, its deferred stand-in); keeps the real
         # tensor alive so ids are not reused while recorded.
         self.externals: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -214,13 +249,51 @@ class Graph:
         # made: `x.set_(y, offset, size)` reaches the dispatcher with a storage
         # object C++ made, which names no tensor (recorder/_storage.py).
         self.holders = Holders()
-        # Owned by torchdefer.materialize: real storages and RNG states kept
-        # between materialization calls. Opaque here.
-        self.replay_cache: Any = None
 
-    def next_seq(self) -> int:
-        self.op_count += 1
-        return self.op_count - 1
+    def add_node(
+        self,
+        kind: NodeKind,
+        op: Any,
+        leaves: list[Any],
+        spec: Any,
+        inputs: tuple[Value, ...],
+        reads: tuple[int, ...],
+        *,
+        skip: int = 2,
+        past: tuple[CodeType, int] | None = None,
+        runs_kernel: bool = True,
+        ambient: Ambient | None = None,
+    ) -> Node:
+        """A new node of this graph: numbered, with the user's line and its settings.
+
+        Args:
+            kind: what the node does (fixed for its life).
+            op: the op overload (or function) called; None for a node that calls none.
+            leaves, spec: the flattened call (``recorder._args``), tensors as values.
+            inputs, reads: the values read and their storages' versions then.
+            skip: frames between the caller of ``add_node`` and the user's code, at
+                least (``fake._source.user_frame``'s argument, seen from the caller).
+            past: ``user_frame``'s wrapper frames to jump over from ``skip``
+                (``recorder.mode.DISPATCH_WRAPPERS`` for a call from the mode).
+            runs_kernel: replay runs a kernel for it, under the settings in force
+                now (``recorder.ambient``); False: it has none.
+            ambient: the settings to replay it under, where not those in force now.
+
+        >>> from torchdefer.recorder.rng import RngRecorder
+        >>> g = Graph(RngRecorder())
+        >>> n = g.add_node(NodeKind.FACTORY, torch.ops.aten.zeros.default, [[2]], None, (), ())
+        >>> n.seq, n.kind, n.graph is g, g.op_count
+        (0, <NodeKind.FACTORY: 'factory'>, True, 1)
+        """
+        seq = self.op_count
+        self.op_count = seq + 1
+        if runs_kernel and ambient is None:
+            ambient = current_ambient()
+        node = Node(seq, kind, op, leaves, spec, inputs, reads, [], (), None,
+                    user_frame(skip + 1, past), None, self, ambient)
+        if kind is _OBSERVE:
+            self.observations.append(node)
+        return node
 
     def new_storage(self, creator: Node, nbytes: int) -> Storage:
         return Storage(next(self._storage_ids), creator, nbytes)

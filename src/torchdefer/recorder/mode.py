@@ -10,10 +10,11 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
 from torchdefer.fake.tensor import FakeTensor, reported_device
-from torchdefer.recorder._real_targets import refuse_collective
+from torchdefer.recorder._collectives import refuse_collective
+from torchdefer.recorder._entries import ENTRIES
 from torchdefer.recorder.graph import Graph
 
-__all__ = ["RecordingMode", "recorder_entry", "recording", "suspended"]
+__all__ = ["DISPATCH_WRAPPERS", "RecordingMode", "recording", "suspended"]
 
 _FAKE = _compat.FAKE_MODE_KEY
 
@@ -33,6 +34,8 @@ class RecordingMode(FakeSlotMode):
     def __enter__(self) -> RecordingMode:
         out = super().__enter__()  # imports torch._dynamo first (FakeSlotMode)
         _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
+        global DISPATCH_WRAPPERS
+        DISPATCH_WRAPPERS = _compat.dispatch_wrapper_frames(RecordingMode)
         return out  # type: ignore[return-value]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -45,27 +48,14 @@ class RecordingMode(FakeSlotMode):
             refuse_collective(func)
             with suspended():
                 return func(*args, **(kwargs or {}))
-        record_call = _record_call or _bind_record_call()
-        return record_call(self.graph, func, args, kwargs or {})  # refuses collectives
+        # recorder.record.record_call (recorder/_entries.py); refuses collectives
+        return ENTRIES.record_call(self.graph, func, args, kwargs or {})
 
 
 _DEVICE = torch.ops.prim.device.default
-# recorder.record imports this module: bound at the first recorded op. Not an
-# import statement in __torch_dispatch__, which costs ~1 µs on every op.
-_record_call: Any = None
-
-
-def _bind_record_call() -> Any:
-    global _record_call
-    from torchdefer.recorder.record import record_call
-
-    _record_call = record_call
-    return record_call
-
-
-def recorder_entry() -> Any:
-    """``recorder.record.record_call`` (which imports this module), bound once."""
-    return _record_call or _bind_record_call()
+DISPATCH_WRAPPERS: Any = None
+"""``user_frame``'s ``past`` for a call from :class:`RecordingMode`'s ``__torch_dispatch__``
+(``_compat.dispatch_wrapper_frames``), known once a recording was entered."""
 
 
 def _any_fake(types: Any) -> bool:

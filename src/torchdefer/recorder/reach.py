@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from torchdefer import _compat
+from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 
-__all__ = ["Reached", "reached_tensors"]
+__all__ = ["Reached", "is_deferred", "reached_tensors"]
 
 PARAMETER = "parameter"
 BUFFER = "buffer"
@@ -126,8 +127,6 @@ def _grad_reader() -> Callable[[torch.Tensor], torch.Tensor | None]:
     """How to read a parameter's ``.grad``: for a deferred one, straight from the
     tensor (its ``__torch_function__`` would enter a recording to return the same
     object, ~20 us per parameter); for any other, as the user would."""
-    from torchdefer.recorder.tensor import DeferredTensor  # imports this module
-
     recorded = DeferredTensor.__torch_function__.__func__  # type: ignore[attr-defined]
 
     def grad_of(t: torch.Tensor) -> torch.Tensor | None:
@@ -190,3 +189,20 @@ def _items(path: str, value: Any, cls: type) -> Iterable[tuple[str, object]] | N
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def is_deferred(obj: object) -> bool:
+    """Whether a tensor is deferred, or a module still reaches a deferred tensor.
+
+    A module reaches its parameters and buffers, and tensors kept as plain
+    attributes, also inside lists, tuples, dicts and sets (what
+    ``materialize_module`` materializes; see ``recorder/reach.py``).
+
+    >>> import torch, torchdefer
+    >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    >>> torchdefer.is_deferred(m), torchdefer.is_deferred(m.weight)
+    (True, True)
+    """
+    if isinstance(obj, torch.nn.Module):
+        return any(holds_deferred(r.tensor) for r in reached_tensors(obj))
+    return holds_deferred(obj)

@@ -7,17 +7,25 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._pinned import check_pinning, lifted_is_pinned
 from torchdefer.fake.device import output_device
 from torchdefer.fake.layout import meta_twin
-from torchdefer.fake.tensor import FakeTensor, run_on_meta
+from torchdefer.fake.tensor import run_on_meta
 from torchdefer.recorder._alias import schema_values, writes_of
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
+from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._fast import FAST_OPS, SLOW
-from torchdefer.recorder._hooks import read_value
-from torchdefer.recorder._real_targets import refuse_collective
+from torchdefer.recorder._nodes import (
+    as_deferred,
+    external,
+    new_output,
+    record_writes,
+    where,
+    written_tensors,
+)
 from torchdefer.recorder._refusals import (
     dtypes_unasked,
     eager_error,
@@ -31,11 +39,9 @@ from torchdefer.recorder._storage import (
     owner_of,
     record_growth,
     resizable_by,
-    write,
 )
 from torchdefer.recorder.ambient import current_ambient, in_inference_mode
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.external import ExternalRef
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
 from torchdefer.recorder.mode import suspended
 from torchdefer.recorder.source import user_frame
@@ -46,6 +52,10 @@ __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _TO = torch.ops.aten.to
 _PIN_MEMORY = torch.ops.aten._pin_memory.default
+# NodeKind's members, read once: on Python 3.11 a member lookup costs ~0.1 µs
+# (EnumType.__getattr__), and these are read for every recorded op.
+_RANDOM, _INPLACE, _VIEW, _FACTORY, _CALL = (
+    NodeKind.RANDOM, NodeKind.INPLACE, NodeKind.VIEW, NodeKind.FACTORY, NodeKind.CALL)
 
 
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -71,11 +81,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor):
             if not isinstance(x, DeferredTensor) or x._graph is not graph:
-                x = flat[i] = _as_deferred(graph, x, func)
+                x = flat[i] = as_deferred(graph, x, func)
                 replaced = True
             tensors.append(x)
         elif plan.takes_storage and is_storage(x):
-            x = _as_deferred(graph, owner_of(x, graph, func, _where(2)), func)
+            x = as_deferred(graph, owner_of(x, graph, func, where(2)), func)
             owners.append(x)
         else:
             continue
@@ -100,7 +110,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
-    targets = list(_written_tensors(written, writes)) if writes else []
+    targets: list[Any] = list(written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets} if targets else _NO_STORAGES
     # normal_/uniform_ answered without running anything (most of a model's
     # writes): their tensor's metadata and storage stay as they are.
@@ -112,7 +122,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     random = facts.random or generator is not None
     if targets or random or rare_dtypes(inputs) or dtypes_unasked(func, args, kwargs):
         # kernel-only checks, asked of eager
-        refuse_as_eager(func, args, kwargs, targets, random, _where)
+        refuse_as_eager(func, args, kwargs, targets, random, where)
     try:
         out, device = filled or run_on_meta(func, args, _without_generator(kwargs), tensors)
     except (NotImplementedError, _compat.DynamicOutputShapeException) as e:
@@ -122,7 +132,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # these messages mean the op has no way to run without data.
         if not isinstance(e, TorchdeferError) and any(sign in str(e) for sign in _NO_META_SIGNS):
             raise _unrecordable(func, e) from e
-        eager = eager_error(func, args, kwargs, e, _where)  # eager's words, if they differ
+        eager = eager_error(func, args, kwargs, e, where)  # eager's words, if they differ
         if eager is not None:
             raise eager from e
         raise
@@ -131,29 +141,27 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         # default at replay time (HF sets it while building, then restores it).
         leaves, spec = _with_dtype(leaves, spec, out.dtype)
     op = StorageArgs(func) if owners else func
-    node = Node(graph.next_seq(), NodeKind.CALL, op, leaves, spec, tuple(inputs), tuple(reads))
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()
-    if targets and not node.ambient.inference and writes_inference(targets):
-        node.ambient = in_inference_mode(node.ambient)  # eager writes, then refuses
-    if writes:
-        node.writes = _record_writes(node, written, writes)
-    if resizable:
-        node.writes += record_growth(node, resizable, sizes)
-    out, aliased = _wrap_outputs(graph, node, out, device, tensors + owners if owners else tensors,
-                                 before, same_meta=filled is not None)
-    if pinned or func is _PIN_MEMORY:
-        for value in node.outputs:
-            value.storage.pinned = True  # a new storage: eager's is page-locked
-    node.kind = _kind(facts, node, aliased, device)
+    ambient = current_ambient()
+    if targets and not ambient.inference and writes_inference(targets):
+        ambient = in_inference_mode(ambient)  # eager writes, then refuses
+    outputs = _Outputs(out, tensors + owners if owners else tensors, before)
+    kind = _kind(facts, bool(targets), outputs.aliased, not inputs, device)
     if (generator is not None or facts.untagged) and device.type != "meta":
         # An op that takes a generator draws from it, tagged random or not; an
         # op of another library may draw from a default generator untagged:
         # placing it in that stream (its end reached by running it) keeps the
         # stream and the values right either way.
-        node.kind = NodeKind.RANDOM
-    if node.kind == NodeKind.RANDOM:
+        kind = _RANDOM
+    node = graph.add_node(kind, op, leaves, spec, tuple(inputs), tuple(reads), ambient=ambient)
+    if writes:
+        node.writes = record_writes(node, written, writes)
+    if resizable:
+        node.writes += record_growth(node, resizable, sizes)
+    out = outputs.wrap(graph, node, device, same_meta=filled is not None)
+    if pinned or func is _PIN_MEMORY:
+        for value in node.outputs:
+            value.storage.pinned = True  # a new storage: eager's is page-locked
+    if kind is _RANDOM:
         graph.rng.place(node, generator, device)
     return out
 
@@ -171,7 +179,7 @@ def _special_op(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             # Memory torch does not own (from_numpy, as_tensor, frombuffer): eager
             # tensors alias it and see later writes, so reference it, checked at
             # replay, rather than copy it.
-            return _external(graph, args[0])
+            return external(graph, args[0])
         out = record_constant(graph, args[0])
         if lifted_is_pinned(args[0]):  # torch.tensor(data, pin_memory=True): eager's is
             out._value.storage.pinned = True
@@ -252,16 +260,13 @@ def _needs_data(facts: OpFacts, flat: list[Any]) -> bool:
 def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: dict, inputs):
     """Run a data-dependent op on the materialized inputs; keep the result as constants."""
     device = output_device(kwargs, [x for x in flat if isinstance(x, torch.Tensor)])
-    real = [read_value(x) if isinstance(x, DeferredTensor) else x for x in flat]
+    real = [VALUE_READER.get()(x) if isinstance(x, DeferredTensor) else x for x in flat]
     real_args, real_kwargs = unflatten_call(real, spec)
     with suspended():
         out = func(*real_args, **real_kwargs)
     leaves = [x._value if isinstance(x, DeferredTensor) else x for x in flat]
-    node = Node(graph.next_seq(), NodeKind.OBSERVE, func, leaves, spec,
-                tuple(inputs), tuple(v.storage.version for v in inputs))
-    node.source = user_frame(3)
-    node.graph = graph
-    graph.observations.append(node)
+    node = graph.add_node(NodeKind.OBSERVE, func, leaves, spec, tuple(inputs),
+                          tuple(v.storage.version for v in inputs), skip=3, runs_kernel=False)
     outs = [record_constant(graph, o, device) if isinstance(o, torch.Tensor) else o
             for o in flatten_out(out)]
     node.payload = None if any(isinstance(o, torch.Tensor) for o in outs) else out
@@ -270,47 +275,17 @@ def _computed_from_data(graph: Graph, func: Any, flat: list[Any], spec, kwargs: 
     return type(out)(outs)
 
 
-def _kind(facts: OpFacts, node: Node, aliased: bool, device: torch.device) -> str:
+def _kind(facts: OpFacts, writes: bool, aliased: bool, factory: bool,
+          device: torch.device) -> NodeKind:
     if facts.random and device.type != "meta":
-        return NodeKind.RANDOM
-    if node.writes:
-        return NodeKind.INPLACE
+        return _RANDOM
+    if writes:
+        return _INPLACE
     if aliased:
-        return NodeKind.VIEW
-    if not node.inputs:
-        return NodeKind.FACTORY
-    return NodeKind.CALL
-
-
-def _as_deferred(graph: Graph, x: torch.Tensor, func: Any) -> DeferredTensor:
-    if isinstance(x, DeferredTensor):
-        if x._graph is not graph:
-            raise RecordingError(
-                f"{func} mixes tensors from two different deferred_init calls. Build "
-                "them in one deferred_init call, or materialize one side first."
-            )
-        return x
-    if isinstance(x, FakeTensor):
-        raise RecordingError(
-            f"{func} got a fake tensor from torchdefer.fake_mode, which records nothing, "
-            "so its value can never be materialized. Create it inside deferred_init."
-        )
-    return _external(graph, x)
-
-
-def _external(graph: Graph, real: torch.Tensor) -> DeferredTensor:
-    """A stand-in for a real tensor from outside, checked for changes at replay."""
-    known = graph.externals.get(id(real))
-    if known is not None and known[0] is real:
-        return known[1]
-    node = Node(graph.next_seq(), NodeKind.EXTERNAL, None, [], None, (), ())
-    node.source = user_frame(3)
-    with suspended():  # the digest reads the real tensor's bytes
-        node.payload = ExternalRef.of(real)
-    node.graph = graph
-    fake = _new_output(graph, node, 0, meta_twin(real), real.device, None)
-    graph.externals[id(real)] = (real, fake)
-    return fake
+        return _VIEW
+    if factory:
+        return _FACTORY
+    return _CALL
 
 
 def record_constant(
@@ -321,91 +296,95 @@ def record_constant(
     ``device`` is the device the fake reports when it differs from the real
     one (a value computed on the CPU for a fake CUDA tensor).
     """
-    node = Node(graph.next_seq(), NodeKind.CONSTANT, None, [], None, (), ())
-    node.source = user_frame(2)
-    node.graph = graph
-    node.ambient = current_ambient()  # inference mode: an inference tensor, as in eager
+    # Its ambient: under inference mode, an inference tensor, as in eager.
+    node = graph.add_node(NodeKind.CONSTANT, None, [], None, (), ())
     with suspended():  # called from Python too (from_numpy), mode active
         node.payload = real.detach().clone()
         elem = meta_twin(real)
-    return _new_output(graph, node, 0, elem, device or real.device, None)
+    return new_output(graph, node, 0, elem, device or real.device, None)
 
 
-def _new_output(graph, node, index, elem, device, storage) -> DeferredTensor:
-    fake = DeferredTensor(elem, device)
-    if storage is None:
-        storage = graph.new_storage(node, elem.untyped_storage().nbytes())
-        graph.holders[_storage_id(fake)] = fake
-    fake._graph = graph
-    fake._value = Value(node, index, storage, TensorMeta.of(elem, device))
-    node.outputs.append(fake._value)
-    return fake
-
-
-def _written_tensors(values: list[Any], written: tuple[int, ...]):
-    for i in written:
-        targets = values[i] if isinstance(values[i], (list, tuple)) else [values[i]]
-        for t in targets:
-            if isinstance(t, DeferredTensor):
-                yield t
-
-
-def _record_writes(node: Node, values: list[Any], written: tuple[int, ...]):
-    return tuple(write(node, t._value.storage) for t in _written_tensors(values, written))
-
-
-def _wrap_outputs(graph, node, out, device, inputs: list[DeferredTensor], before: dict[int, int],
-                  same_meta: bool = False):
-    """Attach values to the outputs, wrapping new ones; returns (outputs, aliases_input).
+class _Outputs:
+    """An op's outputs, seen before its node is made (whether one aliases an
+    input decides the node's kind), then given their values (:meth:`wrap`).
 
     An output aliases an input exactly when it shares that input's (meta)
     storage: meta kernels alias as the real ones do, whatever the schema says
     (``split`` returns ``Tensor(a)[]``, ``unsafe_split`` and ``_unsafe_view``
     carry no annotation, ``set_`` moves its target onto another storage).
     ``inputs``: the deferred tensors among the arguments (storage owners too);
-    ``before`` maps each tensor the op writes to its storage before the call;
-    ``same_meta``: nothing ran on the tensors, so their metadata is as recorded.
+    ``before`` maps each tensor the op writes to its storage before the call.
     """
-    outs = flatten_out(out)
-    # storage id -> record, for the inputs not returned in place (their storage
-    # may have changed under them) and for new storages as they are made.
-    storages: dict[int, Storage] = {}
-    in_ids: set[int] | frozenset[int] = _NO_IDS
-    if inputs:
-        out_ids = {id(o) for o in outs}
-        for x in inputs:
-            if id(x) not in out_ids:
-                storages[_storage_id(x)] = x._value.storage
-        in_ids = {id(x) for x in inputs}
-    aliased = False
-    for k, o in enumerate(outs):
-        if not isinstance(o, torch.Tensor):
-            continue
-        key = _storage_id(o)
-        storage = storages.get(key)
-        if id(o) in in_ids and isinstance(o, DeferredTensor):
-            # In place: the same object, now a new value (its metadata may have
-            # changed, as with t_(); its storage too, as with set_()).
-            if storage is None and key == before.get(id(o), key):
-                storage = o._value.storage
-            elif storage is None:
-                storage = storages[key] = graph.new_storage(node, _nbytes(o))
-                graph.holders[key] = o
-            if same_meta:
-                meta = o._value.meta  # immutable: shared with the value before
-            else:
-                with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
-                    meta = TensorMeta.of(o, o.fake_device)
-            o._value = Value(node, k, storage, meta)
-            node.outputs.append(o._value)
-            aliased = True
-            continue
-        aliased = aliased or storage is not None
-        outs[k] = _new_output(graph, node, k, o, device, storage)
-        storages.setdefault(key, outs[k]._value.storage)
-    if isinstance(out, torch.Tensor) or out is None:
-        return outs[0], aliased
-    return type(out)(outs), aliased
+
+    __slots__ = ("_before", "aliased", "in_ids", "keys", "out", "outs", "storages")
+
+    def __init__(self, out: Any, inputs: list[DeferredTensor], before: dict[int, int]) -> None:
+        self.out = out
+        self.outs = outs = flatten_out(out)
+        # storage id -> record, for the inputs not returned in place (their
+        # storage may have changed under them); wrap() adds the new storages.
+        self.storages: dict[int, Storage] = {}
+        self.in_ids: set[int] | frozenset[int] = _NO_IDS
+        if inputs:
+            out_ids = {id(o) for o in outs}
+            for x in inputs:
+                if id(x) not in out_ids:
+                    self.storages[_storage_id(x)] = x._value.storage
+            self.in_ids = {id(x) for x in inputs}
+        # Each tensor output's storage id; an output aliases when its storage is
+        # an input's or an earlier output's (what wrap() finds in `storages`).
+        self.keys: list[int | None] = []
+        seen = set(self.storages)
+        aliased = False
+        for o in outs:
+            if not isinstance(o, torch.Tensor):
+                self.keys.append(None)
+                continue
+            key = _storage_id(o)
+            self.keys.append(key)
+            if id(o) in self.in_ids and isinstance(o, DeferredTensor):
+                aliased = True
+                if key not in seen and key != before.get(id(o), key):
+                    seen.add(key)  # moved onto a new storage (set_)
+                continue
+            aliased = aliased or key in seen
+            seen.add(key)
+        self.aliased = aliased
+        self._before = before
+
+    def wrap(self, graph: Graph, node: Node, device: torch.device, same_meta: bool) -> Any:
+        """Attach values of ``node`` to the outputs, wrapping new ones.
+
+        ``same_meta``: nothing ran on the tensors, so their metadata is as recorded.
+        """
+        outs, storages, before = self.outs, self.storages, self._before
+        for k, o in enumerate(outs):
+            key = self.keys[k]
+            if key is None:
+                continue
+            storage = storages.get(key)
+            if id(o) in self.in_ids and isinstance(o, DeferredTensor):
+                # In place: the same object, now a new value (its metadata may have
+                # changed, as with t_(); its storage too, as with set_()).
+                if storage is None and key == before.get(id(o), key):
+                    storage = o._value.storage
+                elif storage is None:
+                    storage = storages[key] = graph.new_storage(node, _nbytes(o))
+                    graph.holders[key] = o
+                if same_meta:
+                    meta = o._value.meta  # immutable: shared with the value before
+                else:
+                    with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
+                        meta = TensorMeta.of(o, o.fake_device)
+                o._value = Value(node, k, storage, meta)
+                node.outputs.append(o._value)
+                continue
+            outs[k] = new_output(graph, node, k, o, device, storage)
+            storages.setdefault(key, outs[k]._value.storage)
+        out = self.out
+        if isinstance(out, torch.Tensor) or out is None:
+            return outs[0]
+        return type(out)(outs)
 
 
 _NO_IDS: frozenset[int] = frozenset()
@@ -426,7 +405,7 @@ def _check_arguments(func: Any, kwargs: dict, tensors: list) -> None:
     if layout is not None and layout != torch.strided:
         raise RecordingError(
             f"{func} asks for layout={layout}; deferred_init records strided tensors "
-            f"only (called at {_where()}). Create the tensor dense and convert it after "
+            f"only (called at {where()}). Create the tensor dense and convert it after "
             "materialization."
         )
     if kwargs.get("pin_memory"):  # t.pin_memory() is checked by its fake kernel
@@ -434,23 +413,10 @@ def _check_arguments(func: Any, kwargs: dict, tensors: list) -> None:
         check_pinning(f"{func}(pin_memory=True)", device, factory=True)
 
 
-def _generator_of(kwargs: dict, flat: list) -> torch.Generator | None:
-    """The generator a call draws from explicitly (``generator=`` or positional), if any."""
-    generator = kwargs.get("generator")
-    if generator is None:
-        generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
-    return generator
-
-
-def _where(skip: int = 0) -> str:
-    frame = user_frame(3 + skip)
-    return "<unknown location>" if frame is None else f"{frame[0]}:{frame[1]} in {frame[2]}"
-
-
 def _unrecordable(func: Any, error: BaseException) -> RecordingError:
     return RecordingError(
         f"{func} cannot be recorded: it has no meta implementation, or its output shape "
-        f"depends on data (called at {_where()}). Compute it after materialization, or "
+        f"depends on data (called at {where()}). Compute it after materialization, or "
         f"replace it with ops that have meta kernels. Original error: {error}"
     )
 
@@ -458,7 +424,7 @@ def _unrecordable(func: Any, error: BaseException) -> RecordingError:
 def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
     """Answer ``.item()``, ``.tolist()``, ``bool(t)`` ... by materializing just that value."""
     fake = args[0]
-    real = read_value(fake)
+    real = VALUE_READER.get()(fake)
     # numpy() detaches internally: with the recording mode on, that detach
     # would be recorded and the array would read a fake tensor's memory.
     with suspended(), _compat.DisableTorchFunctionSubclass():
@@ -466,12 +432,9 @@ def data_read(func: Any, args: tuple, kwargs: dict) -> Any:
             real = _own_copy(real, fake.requires_grad)
         result = func(real, *args[1:], **kwargs)
     graph = fake._graph
-    node = Node(graph.next_seq(), NodeKind.OBSERVE, func, [fake._value], None,
-                (fake._value,), (fake._value.storage.version,))
-    node.source = user_frame(2)
+    node = graph.add_node(NodeKind.OBSERVE, func, [fake._value], None, (fake._value,),
+                          (fake._value.storage.version,), runs_kernel=False)
     node.payload = result if not isinstance(result, torch.Tensor) else None
-    node.graph = graph
-    graph.observations.append(node)
     return result
 
 
@@ -503,11 +466,9 @@ def record_data_set(target: torch.Tensor, new: torch.Tensor) -> None:
     if not isinstance(target, DeferredTensor):
         return _data_set_of_real(target, new)
     graph = target._graph
-    new = _as_deferred(graph, new, "Tensor.data.__set__")
-    node = Node(graph.next_seq(), NodeKind.DATA_SET, None, [new._value], None,
-                (new._value,), (new._value.storage.version,))
-    node.source = user_frame(2)
-    node.graph = graph
+    new = as_deferred(graph, new, "Tensor.data.__set__")
+    node = graph.add_node(NodeKind.DATA_SET, None, [new._value], None, (new._value,),
+                          (new._value.storage.version,), runs_kernel=False)
     with _compat.DisableTorchFunctionSubclass():
         _compat.descriptor_set(_compat.TensorBase, "data")(target, new)
     target.fake_device = new.fake_device
@@ -530,8 +491,8 @@ def _data_set_of_real(target: torch.Tensor, new: torch.Tensor) -> None:
             twin.set_(storage, meta.offset, meta.size, meta.stride)
             _compat.descriptor_set(_compat.TensorBase, "data")(target, twin)
         return
-    where = user_frame(2)
-    at = f" at {where[0]}:{where[1]}" if where else ""
+    frame = user_frame(2)
+    at = f" at {frame.file}:{frame.line}" if frame else ""
     raise RecordingError(
         f"Tensor.data.__set__{at} sets the data of a real tensor (one created outside "
         "deferred_init, or one materialize_tensor/materialize_module returned) to a deferred "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,11 +42,13 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in parameter.pyi
 
 from torchdefer import _compat
+from torchdefer._compat.patch import SharedPatches, attribute, patched
+from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake._source import is_library_code
 from torchdefer.fake.mode import import_dynamo_outside_modes
-from torchdefer.recorder._copy import PRIVATE_ATTRIBUTES
 from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder.mode import recording
+from torchdefer.recorder.tensor import PRIVATE_ATTRIBUTES, DeferredTensor
 
 __all__ = [
     "deferred_class",
@@ -116,8 +117,6 @@ def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 def _recording_for(args: tuple, kwargs: dict) -> contextlib.AbstractContextManager[None]:
-    from torchdefer.recorder.mode import recording
-
     for a in (*args, *kwargs.values()):
         if isinstance(a, DeferredTensor):
             return recording(a._graph)
@@ -147,9 +146,6 @@ def detach_for_parameter(tensor: DeferredTensor) -> torch.Tensor:
     eager Parameter ``p`` makes a new Parameter, while its path for tensor
     subclasses wants ``detach()`` to keep the class of ``p``.
     """
-    from torchdefer.fake._calls import call_grad_safe
-    from torchdefer.recorder.mode import recording
-
     with recording(tensor._graph), _compat.DisableTorchFunctionSubclass():
         out = call_grad_safe(torch.Tensor.detach, (tensor,), {})
     if user_class(tensor) is nn.Parameter and _parameter_class_being_built(sys._getframe(2)):
@@ -181,10 +177,10 @@ def _make_subclass(cls: type, data: Any, requires_grad: bool = False, **kwargs: 
     return out
 
 
-# Depth of nested subclassing() blocks per process: the patch is installed by
-# the outermost block and removed when it exits. A lock, because threads share it.
-_depth = 0
-_lock = threading.Lock()
+# Installed while any thread is inside a subclassing() block (threads share it).
+_MAKE_SUBCLASS = attribute(torch.Tensor, "_make_subclass")
+_PATCH = SharedPatches(lambda stack: stack.enter(
+    patched(_MAKE_SUBCLASS, staticmethod(_make_subclass))))
 
 
 @contextlib.contextmanager
@@ -192,26 +188,15 @@ def subclassing() -> Iterator[None]:
     """While active, ``torch.Tensor._make_subclass(C, deferred)`` gives a deferred ``C``.
 
     The binding is replaced on ``torch.Tensor`` (the C version stays on
-    ``torch._C.TensorBase``) and put back when the outermost block exits;
+    ``torch._C.TensorBase``) and put back when the last block (of any thread) exits;
     other data is passed to the original unchanged.
     """
-    global _depth
     # torch._dynamo registers a replacement for torch.Tensor._make_subclass
     # when first imported (which PyTorch does lazily, often while a
     # constructor runs): it must see the original, not the function below.
     import_dynamo_outside_modes()
-
-    with _lock:
-        if _depth == 0:
-            torch.Tensor._make_subclass = staticmethod(_make_subclass)  # type: ignore[assignment]
-        _depth += 1
-    try:
+    with _PATCH.held():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                del torch.Tensor._make_subclass
 
 
 # ---- lazy modules: UninitializedParameter / UninitializedBuffer --------------------
@@ -230,8 +215,6 @@ def _lazy_namespace(user: type) -> dict[str, Any]:
 
 def _lazy_materialize(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
     """``UninitializedTensorMixin.materialize``, recorded also after ``deferred_init``."""
-    from torchdefer.recorder.mode import recording
-
     with recording(self._graph):
         UninitializedTensorMixin.materialize(self, shape, device, dtype)
 

@@ -1,29 +1,40 @@
-"""DeferredTensor: a fake tensor whose every op is recorded into its graph."""
+"""DeferredTensor: a fake tensor whose every op is recorded into its graph.
+
+Its calls are answered by the recorder through ``recorder._entries`` (the
+recorder builds deferred tensors, so it imports this module, not the reverse).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 import torch
 
 from torchdefer import _compat
+from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import InternalError
 from torchdefer.fake._calls import call_grad_safe
 from torchdefer.fake.storage import STORAGE_GETTERS, adopt
 from torchdefer.fake.storage import data_ptr as fake_data_ptr
-from torchdefer.fake.tensor import DATA_READS, FakeTensor, not_picklable, reported_device
-from torchdefer.recorder._real_targets import (
-    refuse_collective,
-    write_real,
-    writes_in_place,
-    writes_real,
+from torchdefer.fake.tensor import (
+    DATA_READS,
+    FakeTensor,
+    flat_tensors,
+    not_picklable,
+    reported_device,
 )
-from torchdefer.recorder.graph import Graph, NodeKind, Value
-from torchdefer.recorder.mode import RecordingMode, recorder_entry
-from torchdefer.recorder.reach import reached_tensors
+from torchdefer.recorder._collectives import refuse_collective
+from torchdefer.recorder._entries import ENTRIES
+from torchdefer.recorder.graph import Graph, Value
+from torchdefer.recorder.mode import RecordingMode
 
-__all__ = ["DeferredTensor", "graph_of", "holds_deferred", "is_deferred"]
+__all__ = ["DATA_GET_CALL", "PRIVATE_ATTRIBUTES", "DeferredTensor", "graph_of", "holds_deferred"]
+
+# What torchdefer keeps in a deferred tensor's __dict__; everything else the
+# user (or a library) set, and it travels with copies and to the real tensor.
+PRIVATE_ATTRIBUTES = frozenset({"_graph", "_value", "fake_device", "_materialized", "_homes"})
 
 _FAKE = _compat.FAKE_MODE_KEY
 _NO_CONTEXT = contextlib.nullcontext()
@@ -39,7 +50,8 @@ class DeferredTensor(FakeTensor):
     ``_value`` is the graph value the tensor holds now; an op that changes the
     tensor's metadata in place (``t_()``) or rebinds it (``.data = x``) moves it
     to a new value. Ops on it are recorded also after ``deferred_init`` has
-    returned (``model.half()``, ``apply(init_fn)``, weight tying).
+    returned (``model.half()``, ``apply(init_fn)``, weight tying). Outside the
+    recorder, ask :func:`torchdefer.recorder.target_of` what it stands for.
     """
 
     _graph: Graph
@@ -72,32 +84,35 @@ class DeferredTensor(FakeTensor):
                 return call_grad_safe(func, args, kwargs)
         if not ordinary:
             if func is _DETACH and type(args[0]) is not DeferredTensor:
-                from torchdefer.recorder.subclasses import detach_for_parameter
-
-                return detach_for_parameter(args[0])  # reads its caller's frame: called here
+                # recorder.subclasses; reads its caller's frame: called here
+                return ENTRIES.detach_for_parameter(args[0])
             answer = _special_call(func, args, kwargs)
             if answer is not _NOT_SPECIAL:
                 return answer
         # Inside deferred_init a recording is active; after it, record into our graph.
         active = isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)
-        with (
-            _NO_CONTEXT if active else RecordingMode(graph_of(args, kwargs)),
-            _compat.DisableTorchFunctionSubclass(),
-        ):
-            out = call_grad_safe(func, args, kwargs)
-        if func == _DATA_GET and isinstance(out, DeferredTensor):
-            out._value.node.kind = NodeKind.DATA_GET
-        elif func in STORAGE_GETTERS:
+        data_get = func == _DATA_GET
+        if data_get:  # torch's getter dispatches a detach: recorded as this DATA_GET
+            DATA_GET_CALL.active = True
+        try:
+            with (
+                _NO_CONTEXT if active else RecordingMode(graph_of(args, kwargs)),
+                _compat.DisableTorchFunctionSubclass(),
+            ):
+                out = call_grad_safe(func, args, kwargs)
+        finally:
+            if data_get:
+                DATA_GET_CALL.active = False
+        if func in STORAGE_GETTERS:
             return adopt(out, args[0], args[0].fake_device)
         return out
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        record_call = recorder_entry()
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
-        # record_call refuses collectives (OpFacts.collective)
-        return record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
+        # recorder.record.record_call; refuses collectives (OpFacts.collective)
+        return ENTRIES.record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
     # A deferred parameter is an instance of a deferred class that derives from
     # nn.Parameter (or the user's Parameter subclass): see recorder/subclasses.py.
@@ -109,33 +124,26 @@ class DeferredTensor(FakeTensor):
 
     @_is_param.setter
     def _is_param(self, value: bool) -> None:
-        if value:  # every nn.Parameter(...) ends here: no import statement per call
-            (_make_parameter or _bind_make_parameter())(self)
+        if value:  # every nn.Parameter(...) ends here
+            ENTRIES.make_parameter(self)  # recorder.subclasses
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        from torchdefer.recorder._copy import deepcopy_deferred
-
-        return deepcopy_deferred(self, memo)
+        return ENTRIES.deepcopy_deferred(self, memo)  # recorder._copy
 
     def __copy__(self) -> torch.Tensor:
-        from torchdefer.recorder._copy import shallow_copy_deferred
-
-        return shallow_copy_deferred(self)
+        return ENTRIES.shallow_copy_deferred(self)  # recorder._copy
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise not_picklable(self)
 
 
-# recorder.subclasses imports this module: bound at the first parameter made.
-_make_parameter: Any = None
+class _DataGetCall(threading.local):
+    active = False
 
 
-def _bind_make_parameter() -> Any:
-    global _make_parameter
-    from torchdefer.recorder.subclasses import make_parameter
-
-    _make_parameter = make_parameter
-    return make_parameter
+DATA_GET_CALL = _DataGetCall()
+"""``.active``: this thread's ``t.data`` is being recorded; its detach is the
+``DATA_GET`` node (``recorder._fast.fast_detach`` reads it when it makes the node)."""
 
 
 # Functions that need none of _special_call's cases whatever their arguments,
@@ -151,27 +159,19 @@ def _special_call(func: Any, args: tuple, kwargs: dict) -> Any:
     if func is torch.Tensor.__reduce_ex__:
         raise not_picklable(args[0])
     if func == _IS_META:  # never ordinary: torch's trunc_normal_ asks it first
-        from torchdefer.recorder.composite import library_call_asking_is_meta
-
         if not isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode):
-            answer = library_call_asking_is_meta(args[0])
+            answer = ENTRIES.library_call_asking_is_meta(args[0])  # recorder.composite
             if answer is not None:
                 return answer
         return _NOT_SPECIAL
     if func is torch.Tensor.data_ptr:
         return fake_data_ptr(args[0])
     if func in DATA_READS:
-        from torchdefer.recorder.record import data_read
-
-        return data_read(func, args, kwargs)
+        return ENTRIES.data_read(func, args, kwargs)  # recorder.record
     if func == _DATA_SET:
-        from torchdefer.recorder.record import record_data_set
-
-        return record_data_set(args[0], args[1])
+        return ENTRIES.record_data_set(args[0], args[1])  # recorder.record
     if func is torch.Tensor.__deepcopy__:
-        from torchdefer.recorder._copy import deepcopy_deferred
-
-        return deepcopy_deferred(args[0], args[1])
+        return ENTRIES.deepcopy_deferred(args[0], args[1])  # recorder._copy
     refuse_collective(func)
     if func is _DETACH:  # of a subclass: answered by __torch_function__
         pass
@@ -196,23 +196,6 @@ def graph_of(args: Any, kwargs: Any) -> Graph:
                         "recorded call; this is a bug in torchdefer, please report it")
 
 
-def is_deferred(obj: object) -> bool:
-    """Whether a tensor is deferred, or a module still reaches a deferred tensor.
-
-    A module reaches its parameters and buffers, and tensors kept as plain
-    attributes, also inside lists, tuples, dicts and sets (what
-    ``materialize_module`` materializes; see ``recorder/reach.py``).
-
-    >>> import torch, torchdefer
-    >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
-    >>> torchdefer.is_deferred(m), torchdefer.is_deferred(m.weight)
-    (True, True)
-    """
-    if isinstance(obj, torch.nn.Module):
-        return any(holds_deferred(r.tensor) for r in reached_tensors(obj))
-    return holds_deferred(obj)
-
-
 def holds_deferred(t: object) -> bool:
     """A deferred tensor, or a wrapper (DTensor, FSDP2 parameter) around one."""
     if isinstance(t, DeferredTensor):
@@ -221,3 +204,61 @@ def holds_deferred(t: object) -> bool:
         names, _ = t.__tensor_flatten__()
         return any(holds_deferred(getattr(t, name)) for name in names)
     return False
+
+
+# ------------------------------------------ writes into real tensors, outside a recording
+# (`eager.load_state_dict(deferred.state_dict())` calls `real.copy_(deferred)`):
+# eager code writes values there now, so the deferred values are computed (as
+# `.item()` is) and written.
+
+def writes_in_place(func: Any) -> bool:
+    """Whether ``func`` writes values into its first argument (``add_``, ``+=``)."""
+    in_place = _in_place.get(func)
+    if in_place is None:
+        in_place = _in_place[func] = _writes_first_argument(func)
+    return in_place
+
+
+def writes_real(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` writes values into a real tensor, with no recording active."""
+    target = writes_in_place(func) and bool(args) and _is_real(args[0])
+    if not target and "out" in kwargs:
+        out = kwargs["out"]
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        target = any(_is_real(o) for o in outs)
+    # Inside deferred_init the recorder refuses such writes, as for any real tensor.
+    return target and not isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)
+
+
+_in_place: dict[Any, bool] = {}
+# In-place methods that do not write values (or write storage, not values).
+_NOT_VALUE_WRITES = frozenset({"requires_grad_", "set_", "share_memory_", "retain_grad"})
+
+
+def _writes_first_argument(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in _NOT_VALUE_WRITES:
+        return False
+    if name.endswith("_") and not name.startswith("_"):  # add_, copy_, masked_fill_
+        return True
+    return name == "__setitem__" or (name.startswith("__i") and name.endswith("__"))  # +=
+
+
+def write_real(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on real tensors: every deferred argument replaced by its value."""
+
+    def real(x: Any) -> Any:
+        return VALUE_READER.get()(x) if isinstance(x, DeferredTensor) else x
+
+    args = tuple(
+        type(a)(real(b) for b in a) if isinstance(a, (list, tuple)) else real(a) for a in args
+    )
+    kwargs = {k: real(v) for k, v in kwargs.items()}
+    if any(isinstance(t, FakeTensor) for t in flat_tensors(args, kwargs)):
+        return NotImplemented  # a plain fake tensor among them: not ours to compute
+    with _compat.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def _is_real(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and not holds_deferred(t)

@@ -16,6 +16,7 @@ them comes in as small types (``stream.RandomCall``, ``stream.CallReader``,
 for states and replays.
 """
 
+from torchdefer.rng._workers import kept_threads
 from torchdefer.rng.draws import Effect, effect, known_random_op
 from torchdefer.rng.ledger import RngLedger
 from torchdefer.rng.mt19937 import advance, layout_known
@@ -33,6 +34,7 @@ __all__ = [
     "Stream",
     "advance",
     "effect",
+    "kept_threads",
     "known_random_op",
     "layout_known",
 ]

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchdefer._compat.patch import patched, setting
 from torchdefer.errors import UsageError
 from torchdefer.rng.gf2 import DEGREE, x_power_mod
 
@@ -154,15 +155,11 @@ def one_thread() -> Iterator[None]:
     nothing, and when another process holds the other core the pool's
     threads wait on each other (a jump took 5x longer on a busy machine).
     """
-    threads = torch.get_num_threads()
-    if threads == 1:
+    with patched(_NUM_THREADS, 1):  # writes nothing where it is 1 already
         yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+
+
+_NUM_THREADS = setting(torch.get_num_threads, torch.set_num_threads)
 
 
 def _draw(state: torch.Tensor, words: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ sample is set as the position says. A cached sample that some earlier call
 left is re-created by drawing one float64 normal at the word its pair
 started, which is exactly what that call did. An anchor that is the end of a
 call the model cannot count is reached by running that call (the runner
-``torchdefer.materialize`` installs with :func:`set_call_runner`: it owns
+``torchdefer.materialize`` installs as ``_hooks.CALL_RUNNER``: it owns
 replay, and this package imports it not).
 
 Known states are kept per epoch (a bounded number), so a tensor materialized
@@ -39,12 +39,12 @@ from __future__ import annotations
 import bisect
 import threading
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torchdefer.errors import InternalError, StateError
+from torchdefer._hooks import CALL_RUNNER
+from torchdefer.errors import InternalError
 from torchdefer.rng import _cached_normal, mt19937, philox
 from torchdefer.rng.draws import Effect
 from torchdefer.rng.stream import (
@@ -59,29 +59,15 @@ from torchdefer.rng.stream import (
     kind_of,
 )
 
-__all__ = ["CrossDeviceRestoreWarning", "RngStates", "set_call_runner"]
+__all__ = ["CrossDeviceRestoreWarning", "RngStates"]
 
 _KEEP = 64  # known states kept per (epoch, model, anchor) besides the anchor's own
 # A known state: (words, cache key, position, state), sorted by the first two.
 _Entry = tuple[int, int, Position, torch.Tensor]
 
-# (node, state, model) -> state after the node; installed by torchdefer.materialize.
-_runner: list[Callable[[Any, torch.Tensor, Model], torch.Tensor]] = []
-
-
-def set_call_runner(runner: Callable[[Any, torch.Tensor, Model], torch.Tensor]) -> None:
-    """Install how a call the model cannot count is run: ``runner(call, state, model)``
-    gives the state after it (``torchdefer.materialize`` installs its replay)."""
-    _runner[:] = [runner]
-
-
 def _run_call(node: Any, state: torch.Tensor, model: Model) -> torch.Tensor:
-    if not _runner:
-        raise StateError(
-            "Placing a random op after one whose draws cannot be counted needs "
-            "torchdefer.materialize; import torchdefer (not only torchdefer.recorder)."
-        )
-    return _runner[0](node, state, model)
+    # torchdefer.materialize installs its replay (_hooks.CALL_RUNNER).
+    return CALL_RUNNER.get()(node, state, model)
 
 
 class RngStates:
@@ -180,16 +166,19 @@ class RngStates:
     # ------------------------------------------------------------- states
 
     def start_of(self, node: Any, model: Model) -> torch.Tensor:
-        stream, e, i = node.rng
-        epoch = stream.epochs[e]
-        return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).starts[i])
+        place = node.rng
+        stream = place.stream
+        epoch = stream.epochs[place.epoch]
+        return self.state_at(stream, epoch, model,
+                             self.layout(stream, epoch, model).starts[place.index])
 
     def end_of(self, stream: Any, epoch: Epoch, model: Model) -> torch.Tensor:
         return self.state_at(stream, epoch, model, self.layout(stream, epoch, model).end)
 
     def after_call(self, node: Any, model: Model) -> Position:
-        stream, e, i = node.rng
-        layout = self.layout(stream, stream.epochs[e], model)
+        place = node.rng
+        stream, i = place.stream, place.index
+        layout = self.layout(stream, stream.epochs[place.epoch], model)
         return layout.starts[i + 1] if i + 1 < len(layout.starts) else layout.end
 
     def remember(

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from torchdefer.errors import InternalError
-from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder.graph import Node, NodeKind, SourceLocation, TensorMeta, Value
 
 __all__ = [
     "DASH",
@@ -59,13 +59,12 @@ def fmt_bytes(n: int) -> str:
     raise InternalError("a size beyond every unit (please report)")  # pragma: no cover
 
 
-def fmt_source(source: tuple[str, int, str] | None) -> str | None:
+def fmt_source(source: SourceLocation | None) -> str | None:
     """``file:line`` with the file shortened: from the package root inside
     ``site-packages``, else relative to the working directory."""
     if source is None:
         return None
-    file, line, _ = source
-    return f"{_short_path(file)}:{line}"
+    return f"{_short_path(source.file)}:{source.line}"
 
 
 def _short_path(file: str) -> str:
@@ -82,7 +81,7 @@ def _short_path(file: str) -> str:
 def op_name(node: Node) -> str:
     """The op without namespace and overload (``aten.uniform_.default`` -> ``uniform_``)."""
     if node.op is None:
-        return node.kind
+        return node.kind.value
     packet = getattr(node.op, "overloadpacket", None)
     if packet is not None:
         return packet.__name__
@@ -146,7 +145,7 @@ def rng_text(node: Node) -> str | None:
     a user's generator is named by its stream number and seed."""
     if node.rng is None:
         return None
-    stream, epoch, position = node.rng
+    stream, epoch, position = node.rng.stream, node.rng.epoch, node.rng.index
     if stream.generator is None:
         who = f"default {stream.device}"
     else:

@@ -21,9 +21,9 @@ from typing import Any
 from torch import nn
 
 from torchdefer.errors import UsageError
-from torchdefer.materialize.cache import ReplayCache
-from torchdefer.materialize.plan import make_plan
+from torchdefer.materialize.plan import recorded_slice
 from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 from torchdefer.viz._format import (
     DASH,
@@ -138,13 +138,11 @@ class _Builder:
         self.links: dict[tuple[str, str, str, str], Link] = {}
 
     def build(self, modules: dict[str, str]) -> Picture:
-        cache = ReplayCache()  # empty: every op needed is listed, none taken as real
         for target in self.targets:
             if target.deferred:
-                value = target.tensor._value  # type: ignore[attr-defined]
-                self._add_slice([(value, value.storage.version)], cache, target.module)
+                self._add_slice([target_of(target.tensor).key], target.module)
         for observation in self._observations():
-            self._add_slice(list(zip(observation.inputs, observation.reads)), cache, None)
+            self._add_slice(list(zip(observation.inputs, observation.reads)), None)
             self._take(observation, None)
         for node in sorted(self.nodes.values(), key=lambda n: (self._graph_index(n), n.seq)):
             self._add_node(node)
@@ -156,7 +154,7 @@ class _Builder:
         graphs: dict[int, Graph] = {}
         for target in self.targets:
             if target.deferred:
-                graph = target.tensor._graph  # type: ignore[attr-defined]
+                graph = target_of(target.tensor).graph
                 graphs[id(graph)] = graph
         found = []
         for graph in graphs.values():
@@ -165,8 +163,8 @@ class _Builder:
                     found.append(node)
         return found
 
-    def _add_slice(self, targets: list[tuple[Value, int]], cache, module: str | None) -> None:
-        for node in make_plan(targets, cache, "recorded", None).nodes:
+    def _add_slice(self, targets: list[tuple[Value, int]], module: str | None) -> None:
+        for node in recorded_slice(targets):
             self._take(node, module)
 
     def _take(self, node: Node, module: str | None) -> None:
@@ -186,7 +184,8 @@ class _Builder:
         owners = self.owners[id(node)]
         module = common_prefix(owners) if owners else ""
         nid = self.node_id(node)
-        self.items[nid] = Item(nid, node.kind, module, _node_lines(node), _node_attrs(node),
+        # The plain string: exports (networkx, GraphML) take no enum members.
+        self.items[nid] = Item(nid, node.kind.value, module, _node_lines(node), _node_attrs(node),
                                _node_form(node))
         for index, (value, version) in enumerate(zip(node.inputs, node.reads)):
             self._link_read(value, version, nid, index)
@@ -221,7 +220,7 @@ class _Builder:
             lines = (shown, f"{what} {describe_real(t)}", "real (materialized)")
             self.items[tid] = Item(tid, REAL, target.module, lines, attrs, (*form, t.device))
             return
-        value = t._value
+        value = target_of(t).value
         storage = value.storage
         attrs.update(device=str(value.meta.device), storage=storage.id, version=storage.version)
         lines = (shown, f"{what} {fmt_meta(value.meta)}", f"s#{storage.id} v{storage.version}")
@@ -296,7 +295,7 @@ def _node_attrs(node: Node) -> dict[str, Any]:
         "writes": [(s.id, v) for s, v in node.writes],
         "rng": rng_text(node),
         "source": fmt_source(node.source),
-        "function": None if node.source is None else node.source[2],
+        "function": None if node.source is None else node.source.function,
         "observed": short_repr(node.payload) if node.kind == NodeKind.OBSERVE else None,
     }
 
@@ -310,7 +309,7 @@ def _op_text(node: Node) -> str | None:
 
 
 def _node_form(node: Node) -> tuple[Any, ...]:
-    stream = None if node.rng is None else id(node.rng[0])
+    stream = None if node.rng is None else id(node.rng.stream)
     metas = tuple((v.meta.size, v.meta.stride, v.meta.dtype, v.meta.device) for v in node.outputs)
     return (node.kind, str(node.op), fmt_args_form(node), metas, len(node.writes),
             node.source, stream)

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from torchdefer.errors import UsageTypeError
-from torchdefer.materialize.cache import ReplayCache
-from torchdefer.materialize.plan import make_plan
+from torchdefer.materialize.plan import recorded_slice
 from torchdefer.recorder.graph import Node, NodeKind, Value
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
 from torchdefer.viz._format import (
     fmt_dtype,
@@ -70,13 +70,13 @@ def explain(tensor: torch.Tensor, root: nn.Module | None = None) -> str:
             "already materialized.",
             path_line,
         ])
-    value = tensor._value
-    storage = value.storage
-    nodes = make_plan([(value, storage.version)], ReplayCache(), "recorded", None).nodes
+    target = target_of(tensor)
+    value, storage = target.value, target.storage
+    nodes = recorded_slice([target.key])
     lines = [
         f"{title}{wrapper}: deferred {what} {_shape_on(value)}, storage s#{storage.id} at "
         f"version {storage.version}"
-        + (" (already materialized once)" if storage.materialized else ""),
+        + (" (already materialized once)" if target.materialized else ""),
         f"replay runs {len(nodes)} recorded op{'s' if len(nodes) != 1 else ''}, in this order:",
     ]
     width = len(str(nodes[-1].seq)) + 1 if nodes else 2

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdefer.recorder.target import target_of
 from torchdefer.recorder.tensor import DeferredTensor
 from torchdefer.viz._format import DASH, TIMES, fmt_bytes, fmt_dtype
 
@@ -134,7 +135,7 @@ def memory_table(model: nn.Module) -> str:
 
 def _storage(t: torch.Tensor) -> tuple[Any, int]:
     if isinstance(t, DeferredTensor):
-        storage = t._value.storage
+        storage = target_of(t).storage
         return ("deferred", id(storage)), storage.nbytes
     untyped = t.untyped_storage()
     if t.is_meta or untyped.data_ptr() == 0:

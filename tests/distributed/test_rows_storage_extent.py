@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import torchdefer
+from torchdefer.distributed.rows import RowReplay
 from torchdefer.materialize import Replay
-from torchdefer.materialize.rows import RowReplay
 
 
 def first_part_transposed():

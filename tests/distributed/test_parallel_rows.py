@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchdefer
+from torchdefer.distributed.rows import RowReplay
 from torchdefer.materialize import Replay, parallel
-from torchdefer.materialize.rows import RowReplay
 from torchdefer.rng import chunks
 
 INITS = {

@@ -45,21 +45,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.fake import _pinned
-from torchdefer.fake.layout import non_overlapping_and_dense
-from torchdefer.materialize._overwrites import (
-    COPY,
-    FILLS,
-    Ranges,
-    sets_regardless,
-    writes_first_argument,
-)
-from torchdefer.materialize._row_calls import (
+from torchdefer.distributed._row_calls import (
     NotSliceable,
     composite_step,
     contiguous_range,
     creator_step,
     random_step,
+)
+from torchdefer.fake import _pinned
+from torchdefer.fake.layout import non_overlapping_and_dense
+from torchdefer.materialize.plan import (
+    COPY,
+    FILLS,
+    Ranges,
+    sets_regardless,
+    writes_first_argument,
 )
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder.ambient import AmbientSwitch

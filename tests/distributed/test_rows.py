@@ -21,8 +21,8 @@ from torch import nn
 
 import torchdefer
 from parity import trunc_normal_reads_data
+from torchdefer.distributed.rows import RowReplay
 from torchdefer.materialize import Replay
-from torchdefer.materialize.rows import RowReplay
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 

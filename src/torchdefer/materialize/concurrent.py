@@ -15,6 +15,8 @@ a run starts from the state the last one left, while a tensor started before
 the one before it ended must first reach its start (drawing that one's
 words, about 3/4 of its cost, or a jump). A run pays that once, for its
 first tensor. The next window starts once this one is all handed back.
+While workers run, torch's intra-op threads are 1 (N workers would each
+start a team of N); a tensor that runs alone gets the caller's setting back.
 
 Which tensor runs where (the rule the docs state):
 

@@ -423,3 +423,47 @@ def test_runs_reaching_their_start_by_a_jump_are_eager(threads, worker_threads, 
     assert_same_module(deferred, eager)
     assert torch.equal(torch.get_rng_state(), after)
     assert len(worker_threads) >= 2
+
+
+class _Orthogonal(nn.Module):
+    """orthogonal_ runs LAPACK's QR, whose bits depend on torch's intra-op threads
+    (Hugging Face's RWKV embeddings): workers must keep the caller's setting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 128) for _ in range(8))
+        for layer in self.layers:
+            nn.init.orthogonal_(layer.weight)
+        self.rows = nn.Parameter(torch.empty(3000, 1000).normal_())  # runs: jumps to reach
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_kernels_whose_bits_depend_on_intra_op_threads_are_eager(threads, worker_threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(4)
+        eager = _Orthogonal()
+        torch.manual_seed(4)
+        deferred = torchdefer.deferred_init(_Orthogonal)
+        with concurrent.budget(1 << 30):
+            torchdefer.materialize_module(deferred, threads=threads)
+        assert_same_module(deferred, eager)
+        assert worker_threads and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_jump_beside_other_threads_leaves_the_intra_op_setting_alone():
+    from torchdefer.rng import mt19937
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with mt19937.one_thread():
+            alone = torch.get_num_threads()
+        with mt19937.intra_op_shared(), mt19937.one_thread():
+            beside = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert (alone, beside) == (1, 2)

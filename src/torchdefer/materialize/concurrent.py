@@ -15,8 +15,11 @@ a run starts from the state the last one left, while a tensor started before
 the one before it ended must first reach its start (drawing that one's
 words, about 3/4 of its cost, or a jump). A run pays that once, for its
 first tensor. The next window starts once this one is all handed back.
-While workers run, torch's intra-op threads are 1 (N workers would each
-start a team of N); a tensor that runs alone gets the caller's setting back.
+Workers keep the caller's intra-op threads (``torch.get_num_threads()``):
+some kernels' bits depend on it (LAPACK's QR in ``orthogonal_``, parallel
+sums), and the setting is process-wide, so no worker changes it, not even
+for a jump (``mt19937.intra_op_shared``). The cost: N workers may each start
+a team of intra-op threads.
 
 Which tensor runs where (the rule the docs state):
 
@@ -67,6 +70,7 @@ import torch
 from torchdefer.errors import InternalError
 from torchdefer.materialize import parallel
 from torchdefer.recorder.ambient import Ambient, current_ambient
+from torchdefer.rng import mt19937
 
 __all__ = ["Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "on_worker",
            "replayed_in_order"]
@@ -160,23 +164,14 @@ def replayed_in_order(
     limit = _budget.get()
     if limit is None:
         limit = max(max(j.nbytes for j in jobs), sum(j.nbytes for j in jobs) // 4)
-    intra_op = torch.get_num_threads()
-    # Workers run torch's kernels with intra-op threads 1: each thread of N
-    # would otherwise start its own team of N (N * N threads on N cores). The
-    # setting is process-wide: set here, on the caller, and given back to the
-    # tensors that run alone (no worker runs then).
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
-            flight = _Flight(jobs, run, pool, limit, threads, intra_op)
-            try:
-                for job in jobs:
-                    flight.fill()
-                    yield job, flight.take(job)
-            finally:
-                flight.stop()
-    finally:
-        torch.set_num_threads(intra_op)
+    with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:
+        flight = _Flight(jobs, run, pool, limit, threads)
+        try:
+            for job in jobs:
+                flight.fill()
+                yield job, flight.take(job)
+        finally:
+            flight.stop()
 
 
 class _Flight:
@@ -194,9 +189,9 @@ class _Flight:
     """
 
     def __init__(self, jobs: Sequence[Job], run: Callable[[Job], torch.Tensor],
-                 pool: ThreadPoolExecutor, limit: int, threads: int, intra_op: int) -> None:
+                 pool: ThreadPoolExecutor, limit: int, threads: int) -> None:
         self.jobs, self.run, self.pool, self.limit = jobs, run, pool, limit
-        self.threads, self.intra_op = threads, intra_op
+        self.threads = threads
         self.next = 0  # the first job not started
         self.futures: dict[int, Future[torch.Tensor]] = {}
         self.stopping = False
@@ -228,7 +223,9 @@ class _Flight:
         """On a worker: each job of ``part`` in turn, beside the other workers."""
         _worker.set(True)
         failed = False  # the jobs after a failure are never used: skip them
-        with parallel.threads_used(1):  # the threads run tensors, not chunks
+        # The threads run tensors, not chunks; and a jump must not set the
+        # process's intra-op threads to 1 under another worker's kernel.
+        with parallel.threads_used(1), mt19937.intra_op_shared():
             for job, future in zip(part, futures):
                 if self.stopping or failed:
                     future.cancel()
@@ -250,20 +247,12 @@ class _Flight:
                 raise InternalError("concurrent replay: a job to run alone with others in "
                                     "flight; this is a bug in torchdefer, please report it")
             self.next += 1
-            return self._alone(job)
+            return self.run(job)
         try:
             return future.result()
         except NeedsAlone:
             wait(list(self.futures.values()))  # the process-wide settings are ours now
-            return self._alone(job)
-
-    def _alone(self, job: Job) -> torch.Tensor:
-        """``run(job)`` here, with no worker running: with the caller's intra-op threads."""
-        torch.set_num_threads(self.intra_op)
-        try:
             return self.run(job)
-        finally:
-            torch.set_num_threads(1)
 
     def stop(self) -> None:
         """After a failure (or the caller stopping): start nothing more, let the running

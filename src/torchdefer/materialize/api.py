@@ -144,11 +144,11 @@ def materialize_module(
 
     Tensors are swapped in one at a time, in order, each converted first.
     With one thread each is replayed only after the one before was swapped
-    in. With more, small independent tensors are replayed concurrently while
-    the bytes of those not yet swapped in fit the largest tensor's (the
-    serial path's peak), large ones alone; if one fails, the tensors before
-    it are swapped in, it and those after it stay deferred, and its error is
-    raised, as with one thread.
+    in. With more, tensors too small to split are replayed concurrently, in
+    windows of consecutive tensors whose bytes fit a budget (a quarter of all
+    of them, or the largest tensor's if more), large ones alone; if one
+    fails, the tensors before it are swapped in, it and those after it stay
+    deferred, and its error is raised, as with one thread.
 
     Raises:
         SwapError: PyTorch refused to make a tensor real in place (C++ code

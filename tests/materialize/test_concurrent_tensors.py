@@ -64,6 +64,13 @@ def _build_both(seed: int = 0):
     return eager, deferred, after, external
 
 
+@pytest.fixture(autouse=True)
+def on():
+    """Side by side is off by default: these tests turn it on (the default budget)."""
+    with concurrent.side_by_side():
+        yield
+
+
 @pytest.fixture
 def worker_threads(monkeypatch):
     """The names of the threads runs of jobs ran on."""
@@ -467,3 +474,14 @@ def test_a_jump_beside_other_threads_leaves_the_intra_op_setting_alone():
     finally:
         torch.set_num_threads(before)
     assert (alone, beside) == (1, 2)
+
+
+def test_side_by_side_is_off_by_default(worker_threads):
+    token = concurrent._budget.set(0)  # as outside side_by_side()
+    try:
+        eager, deferred, _, _ = _build_both()
+        torchdefer.materialize_module(deferred, threads=4)
+    finally:
+        concurrent._budget.reset(token)
+    assert_same_module(deferred, eager)
+    assert not worker_threads

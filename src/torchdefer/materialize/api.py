@@ -131,24 +131,22 @@ def materialize_module(
             per tensor instead.
         threads: threads that draw each large CPU random fill (``normal_``,
             ``uniform_`` ... of a million elements or more), each a chunk of
-            it from its own jumped generator state, into the tensor, and that
-            replay small independent tensors side by side; the bits and the
-            generator states are eager's (see
-            :mod:`torchdefer.materialize.parallel` and
-            :mod:`torchdefer.materialize.concurrent`). None:
-            ``torch.get_num_threads()``; 1: one tensor after the other, every
-            call drawn whole.
+            it from its own jumped generator state, into the tensor (and,
+            inside :func:`torchdefer.materialize.concurrent.side_by_side`,
+            an experiment off by default, that replay small independent
+            tensors side by side); the bits and the generator states are
+            eager's (see :mod:`torchdefer.materialize.parallel`). None:
+            ``torch.get_num_threads()``; 1: every call drawn whole.
 
     Returns:
         ``module`` itself (typed as the module you passed).
 
-    Tensors are swapped in one at a time, in order, each converted first.
-    With one thread each is replayed only after the one before was swapped
-    in. With more, tensors too small to split are replayed concurrently, in
-    windows of consecutive tensors whose bytes fit a budget (a quarter of all
-    of them, or the largest tensor's if more), large ones alone; if one
-    fails, the tensors before it are swapped in, it and those after it stay
-    deferred, and its error is raised, as with one thread.
+    Tensors are swapped in one at a time, in order, each converted first,
+    and each replayed only after the one before was swapped in. (Side by
+    side, tensors too small to split are replayed concurrently, in windows
+    of consecutive tensors whose bytes fit a budget, a quarter of all of them
+    or the largest tensor's if more; a failure still leaves the module as
+    one at a time does.)
 
     Raises:
         SwapError: PyTorch refused to make a tensor real in place (C++ code

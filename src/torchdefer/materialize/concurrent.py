@@ -1,5 +1,9 @@
 """Independent tensors replayed side by side: the other half of ``threads=``.
 
+Experimental, off by default (:func:`side_by_side` turns it on): correct and
+tested for every thread count, but measured slower than one tensor at a time
+on the shared 2-core machine it was built on.
+
 ``materialize_module(model, threads=N)`` replays each large random fill in up
 to ``N`` chunks (:mod:`torchdefer.materialize.parallel`); the tensors too
 small to split (norms, biases, a 125M model's projections) are replayed on
@@ -73,7 +77,7 @@ from torchdefer.recorder.ambient import Ambient, current_ambient
 from torchdefer.rng import mt19937
 
 __all__ = ["Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "on_worker",
-           "replayed_in_order"]
+           "replayed_in_order", "side_by_side"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,15 +90,41 @@ class Job:
     alone: bool  # split into chunks, not on the CPU: runs alone on the caller
 
 
-# The bytes a window may hold, when set (tests and benchmarks); None: the default
-# (a quarter of all the jobs' bytes, or the largest job's if more).
+# The bytes a window may hold; None: the default rule (a quarter of all the
+# jobs' bytes, or the largest job's if more); 0 (the default): side by side is
+# off, every tensor replays on the caller in turn (see side_by_side).
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "torchdefer_concurrent_budget", default=None
+    "torchdefer_concurrent_budget", default=0
 )
 # Whether this thread replays one of several tensors at once (a worker of this module).
 _worker: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "torchdefer_concurrent_worker", default=False
 )
+
+
+@contextlib.contextmanager
+def side_by_side(nbytes: int | None = None) -> Iterator[None]:
+    """Turn tensors side by side on for ``materialize_module(threads=N)`` in this block.
+
+    Off by default: on the shared 2-core machine it was measured slower than
+    one tensor at a time (``bench/results/parallel_tensors.md``): workers keep
+    the caller's intra-op threads, which parity needs, and so start teams of
+    them. ``nbytes``: the window budget (None: the default rule above).
+
+    >>> import torch, torchdefer
+    >>> from torchdefer.materialize import concurrent
+    >>> layers = lambda: torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+    >>> m = torchdefer.deferred_init(layers)
+    >>> with concurrent.side_by_side():
+    ...     _ = torchdefer.materialize_module(m, threads=2)
+    >>> torchdefer.is_deferred(m)
+    False
+    """
+    token = _budget.set(nbytes)
+    try:
+        yield
+    finally:
+        _budget.reset(token)
 
 
 @contextlib.contextmanager
@@ -157,11 +187,11 @@ def replayed_in_order(
     caller's thread for jobs that run alone, on a worker thread for the others
     (in a copy of the caller's context, with ``threads=1`` for its draws).
     """
-    if threads < 2 or sum(not j.alone for j in jobs) < 2:
+    limit = _budget.get()
+    if threads < 2 or limit == 0 or sum(not j.alone for j in jobs) < 2:
         for job in jobs:
             yield job, run(job)
         return
-    limit = _budget.get()
     if limit is None:
         limit = max(max(j.nbytes for j in jobs), sum(j.nbytes for j in jobs) // 4)
     with ThreadPoolExecutor(threads, "torchdefer-replay") as pool:

@@ -55,6 +55,8 @@ SIGNALS = {
     "torchdefer.checkpoint._pipeline.Aborted": "caught in Pipeline._write",
     "torchdefer.cli.CliError": "caught in cli.main, which returns exit status 2",
     "torchdefer.descriptors.program._Unknown": "caught in descriptors.program",
+    "torchdefer.materialize.concurrent.NeedsAlone":
+        "caught by the concurrent scheduler (_Flight.take), which replays that tensor alone",
     "torchdefer.materialize.local_call.NotSliceable":
         "caught by row replay (distributed.rows, materialize.parallel), which falls back to "
         "whole tensors",

@@ -24,6 +24,7 @@ import torch
 from torchdefer._hooks import CALL_RUNNER
 from torchdefer.fake import _pinned
 from torchdefer.fake.device import device_available
+from torchdefer.materialize import concurrent
 from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.errors import (
@@ -109,9 +110,12 @@ class Replay:
         env: dict[int, torch.Tensor] = {}
         # id(storage) -> {id(value): (value, real layout)} of the values computed
         layouts: dict[int, dict[int, tuple[Value, TensorMeta]]] = {}
+        beside_others = concurrent.on_worker()  # may not switch process-wide settings
         with torch.no_grad(), AmbientSwitch() as ambient:
             try:
                 for i, node in enumerate(plan.nodes):
+                    if beside_others:
+                        concurrent.check_ambient(node.ambient)
                     ambient.use(node.ambient)  # default dtype, deterministic mode
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)

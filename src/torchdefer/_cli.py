@@ -71,7 +71,7 @@ class CliError(Exception):
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failed, 2 bad usage).
 
-    >>> from torchdefer.cli import main
+    >>> from torchdefer._cli import main
     >>> main(["inspect", "torch.nn:Linear", "--kwargs", '{"in_features": 4, "out_features": 2}'])
     ... # doctest: +ELLIPSIS
     Built Linear...
@@ -160,7 +160,7 @@ def _save_parser(commands: Any) -> None:
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     import torchdefer
-    from torchdefer.viz.summary import memory_table, module_tree
+    from torchdefer.viz._summary import memory_table, module_tree
 
     start = time.perf_counter()
     model = _build(args, "inspect", args.dtype, args.device)
@@ -291,8 +291,8 @@ def _materialize(model: nn.Module, device: str, progress: bool | None, out: Text
 
 def _write_graph(model: nn.Module, args: argparse.Namespace, out: TextIO) -> int:
     from torchdefer.viz import GraphvizNotFoundError, write_graph
-    from torchdefer.viz.dot import picture_to_dot
-    from torchdefer.viz.picture import build_picture
+    from torchdefer.viz._dot import picture_to_dot
+    from torchdefer.viz._picture import build_picture
 
     try:
         picture = build_picture(model, collapse_repeats=not args.no_collapse,

@@ -2,7 +2,7 @@
 
 :func:`prepare` makes, for one module tensor, the exact real tensor it will
 become (device, dtype, eager's strides, a storage of its own) without
-touching the module; :class:`~torchdefer.checkpoint.install.Installation`
+touching the module; :class:`~torchdefer.checkpoint._install.Installation`
 puts it in. The loader prepares every tensor first and installs only when all
 were prepared, so a failure while reading or converting leaves the model as
 it was.
@@ -14,12 +14,12 @@ from collections.abc import Mapping
 
 import torch
 
-from torchdefer.checkpoint.errors import CheckpointMismatchError
-from torchdefer.checkpoint.targets import TensorGroup
-from torchdefer.materialize.convert import cast
-from torchdefer.materialize.swap import recorded_inference
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.checkpoint._targets import TensorGroup
+from torchdefer.errors import CheckpointMismatchError
+from torchdefer.materialize._convert import cast
+from torchdefer.materialize._swap import recorded_inference
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["held_storages", "pick_tied", "prepare", "same_values", "tie_mismatch"]
 

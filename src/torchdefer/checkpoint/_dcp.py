@@ -5,7 +5,7 @@ entries with ``torch.load(weights_only=False)``: either runs code from the
 file. Here:
 
 * ``.metadata`` is unpickled with an allowlist of DCP's metadata classes
-  (``torchdefer._compat.checkpoint``), then checked field by field;
+  (``torchdefer._compat.serialization``), then checked field by field;
 * only tensor entries are loaded: a key the module needs that DCP stored as
   a pickled object is an error, and the reader refuses any byte entry;
 * every tensor's chunks must cover it exactly (no gap that would leave
@@ -37,13 +37,13 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType
 
-from torchdefer._compat.checkpoint import dcp_metadata_global, storage_info_type
-from torchdefer.checkpoint.errors import (
+from torchdefer._compat.serialization import dcp_metadata_global, storage_info_type
+from torchdefer.checkpoint._source import CheckpointSource, Entry, regular_file
+from torchdefer.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     UnsafeCheckpointError,
 )
-from torchdefer.checkpoint.source import CheckpointSource, Entry, regular_file
 
 __all__ = ["load_into", "open_dcp", "read_metadata"]
 

@@ -10,7 +10,7 @@ leave every tensor as it was (same object, same storage, same values):
 
 1. *before the commit*, everything that can refuse or run out of memory:
    reading and converting (into fresh tensors of the target's dtype and
-   device, :func:`~torchdefer.checkpoint.assign.prepare`), replaying missing
+   device, :func:`~torchdefer.checkpoint._assign.prepare`), replaying missing
    tensors, asking PyTorch whether each swap will be made, checking each copy
    (shape, dtype, device, inference tensors, meta tensors, expanded tensors)
    and cloning a source that overlaps another copy's target;
@@ -45,12 +45,12 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.checkpoint.errors import CheckpointError, CheckpointUsageError
+from torchdefer.errors import CheckpointError, CheckpointUsageError
+from torchdefer.materialize._swap import check_swap, exchange, shell_for, undo
 from torchdefer.materialize.api import mark_replayed
 from torchdefer.materialize.cache import keep_loaded
-from torchdefer.materialize.swap import check_swap, exchange, shell_for, undo
-from torchdefer.recorder.target import Target, target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._target import Target, target_of
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["Installation"]
 
@@ -79,7 +79,7 @@ class Installation:
     """The changes of one load, all checked before :meth:`commit` makes the first.
 
     >>> import torch, torchdefer
-    >>> from torchdefer.checkpoint.install import Installation
+    >>> from torchdefer.checkpoint._install import Installation
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
     >>> changes = Installation()
     >>> changes.stage_loaded(m.weight, torch.ones(2, 2), "weight")

@@ -18,7 +18,7 @@ Four steps, so that a bad checkpoint never half-loads a model:
 3. *replay* what the checkpoint lacks (a new head, non-persistent buffers
    such as rotary ``inv_freq``) from the recording, bit for bit as eager
    built it, and check every swap the install will make
-   (:class:`~torchdefer.checkpoint.install.Installation`);
+   (:class:`~torchdefer.checkpoint._install.Installation`);
 4. *install*: swap the prepared and replayed tensors in
    (``torch.utils.swap_tensors`` style: the deferred object itself becomes
    the loaded tensor, so ties and earlier references hold), then copy into
@@ -33,7 +33,7 @@ What this module deliberately does not do: run a file's code (pickles are read
 ``weights_only``, DCP metadata with an allowlist), run ``load_state_dict``
 pre-hooks or ``_load_from_state_dict`` overrides, or load non-persistent buffers.
 Modules sharded with FSDP2 or DTensor are handed to
-``torchdefer.distributed.checkpoint`` (wired in by the top-level package).
+``torchdefer.distributed._load`` (wired in by the top-level package).
 """
 
 from __future__ import annotations
@@ -45,27 +45,27 @@ from torch import nn
 
 from torchdefer._hooks import DISTRIBUTED_LOADER
 
-# The readers (safetensors_files, torch_save) are imported with the package, not by
+# The readers (_safetensors_files, _torch_save) are imported with the package, not by
 # open_checkpoint inside the first load: ~4 ms of a 1B model's load.
-from torchdefer.checkpoint import _pages, safetensors_files, torch_save  # noqa: F401
-from torchdefer.checkpoint.assign import held_storages, pick_tied, prepare
-from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.install import Installation
-from torchdefer.checkpoint.module_rules import kept_keys
-from torchdefer.checkpoint.plan import (
+from torchdefer.checkpoint import _pages, _safetensors_files, _torch_save  # noqa: F401
+from torchdefer.checkpoint._assign import held_storages, pick_tied, prepare
+from torchdefer.checkpoint._install import Installation
+from torchdefer.checkpoint._module_rules import kept_keys
+from torchdefer.checkpoint._plan import (
     LoadResult,
     check_devices,
     check_entries,
     plan_keys,
     work_list,
 )
-from torchdefer.checkpoint.source import CheckpointSource, Source, open_checkpoint
-from torchdefer.checkpoint.targets import tensor_groups
+from torchdefer.checkpoint._source import CheckpointSource, Source, open_checkpoint
+from torchdefer.checkpoint._targets import tensor_groups
+from torchdefer.errors import CheckpointUsageError
+from torchdefer.materialize._convert import check_dtype
 from torchdefer.materialize.api import deferred_reached, materialized_nbytes, replay_tensors
-from torchdefer.materialize.convert import check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor, holds_deferred
 
 __all__ = ["is_dcp_checkpoint", "load_state_dict", "loaded_nbytes", "open_source"]
 
@@ -238,7 +238,7 @@ def _prepare_all(work, checkpoint: CheckpointSource, values, device, dtype, prog
 def open_source(source: Source) -> CheckpointSource:
     """The source for ``source``: a DCP directory, or what :func:`open_checkpoint` opens."""
     if is_dcp_checkpoint(source):
-        from torchdefer.checkpoint.dcp import open_dcp
+        from torchdefer.checkpoint._dcp import open_dcp
 
         return open_dcp(Path(source))  # type: ignore[arg-type]
     return open_checkpoint(source)

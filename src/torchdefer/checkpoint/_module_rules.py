@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from torchdefer._compat import NormBase
-from torchdefer.checkpoint.targets import named_modules
+from torchdefer.checkpoint._targets import named_modules
 
 __all__ = ["kept_keys"]
 

@@ -12,16 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from torchdefer.checkpoint.errors import (
+from torchdefer.checkpoint._source import CheckpointSource
+from torchdefer.checkpoint._targets import TensorGroup
+from torchdefer.errors import (
     CheckpointDeviceError,
     CheckpointKeyError,
     CheckpointMismatchError,
 )
-from torchdefer.checkpoint.source import CheckpointSource
-from torchdefer.checkpoint.targets import TensorGroup
-from torchdefer.fake.device import device_available
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.fake._output_device import device_available
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["LoadResult", "check_devices", "check_entries", "few", "plan_keys", "work_list"]
 
@@ -42,7 +42,7 @@ def plan_keys(groups: list[TensorGroup], source: CheckpointSource, strict: bool,
     A checkpoint none of whose keys the module has is refused even when not
     strict: loading it would silently leave the whole model at its init.
     ``kept``: keys the modules' own load logic supplies when absent
-    (``checkpoint.module_rules``): never missing for ``strict``, as in eager.
+    (``checkpoint._module_rules``): never missing for ``strict``, as in eager.
     """
     keys = list(source.entries)
     present = set(keys)

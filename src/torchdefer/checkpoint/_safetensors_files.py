@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from torchdefer.checkpoint.errors import (
+from torchdefer.checkpoint._source import CheckpointSource, Entry, regular_file
+from torchdefer.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
+    MissingDependencyError,
     UnsafeCheckpointError,
 )
-from torchdefer.checkpoint.source import CheckpointSource, Entry, regular_file
-from torchdefer.errors import MissingDependencyError
 
 __all__ = ["open_directory", "open_files", "torch_dtype"]
 

@@ -2,7 +2,7 @@
 
 Every reader (``safetensors_files``, ``torch_save``, ``dcp``) fills the
 entries from what the file declares *before* any data is read, so that
-:mod:`torchdefer.checkpoint.plan` can check every key, shape, dtype and tie
+:mod:`torchdefer.checkpoint._plan` can check every key, shape, dtype and tie
 and refuse a bad checkpoint while the model is still untouched.
 """
 
@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from torchdefer.checkpoint.errors import (
+from torchdefer.errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
 )
 from torchdefer.fake import is_fake
-from torchdefer.recorder.tensor import holds_deferred
+from torchdefer.recorder._tensor import holds_deferred
 
 __all__ = ["CheckpointSource", "Entry", "Source", "from_mapping", "open_checkpoint",
            "regular_file"]
@@ -46,7 +46,7 @@ class Entry:
 class CheckpointSource:
     """Entries by key, and how to read their tensors (``read_all`` reads a batch).
 
-    ``read`` raises :class:`~torchdefer.checkpoint.errors.CheckpointFormatError`
+    ``read`` raises :class:`~torchdefer.errors.CheckpointFormatError`
     naming the file and key when the data is damaged.
     """
 
@@ -121,9 +121,10 @@ def open_checkpoint(source: Source) -> CheckpointSource:
     directory of them (with or without ``model.safetensors.index.json``) or a
     ``torch.save`` file (``.bin``, ``.pt``, ``.pth``, any other name).
 
-    DCP directories are opened by :mod:`torchdefer.checkpoint.dcp`.
+    DCP directories are opened by :mod:`torchdefer.checkpoint._dcp`.
     """
-    from torchdefer.checkpoint import safetensors_files, torch_save
+    from torchdefer.checkpoint import _safetensors_files as safetensors_files
+    from torchdefer.checkpoint import _torch_save as torch_save
 
     if isinstance(source, Mapping):
         return from_mapping(source, "the state dict")

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from torchdefer._compat.checkpoint import weights_only_unpickler
-from torchdefer.checkpoint.errors import CheckpointFormatError, UnsafeCheckpointError
-from torchdefer.checkpoint.source import CheckpointSource, from_mapping
+from torchdefer._compat.serialization import weights_only_unpickler
+from torchdefer.checkpoint._source import CheckpointSource, from_mapping
+from torchdefer.errors import CheckpointFormatError, UnsafeCheckpointError
 
 __all__ = ["open_file"]
 

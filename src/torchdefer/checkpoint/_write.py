@@ -16,7 +16,7 @@ Two formats:
   ``dcp.load`` into the model's state dict (a torchtitan seed checkpoint).
 
 Sharded models (DTensor parameters: FSDP2, tensor parallel) are written as
-DCP by every rank, each its own shards (:mod:`torchdefer.distributed.save`,
+DCP by every rank, each its own shards (:mod:`torchdefer.distributed._save`,
 installed by the top-level package).
 
 The files are written to a hidden sibling directory that is renamed to
@@ -39,12 +39,11 @@ from torch import nn
 from torchdefer._hooks import SHARDED_WRITER
 from torchdefer.checkpoint import _dcp_writer, _hf_files, _safetensors_writer
 from torchdefer.checkpoint._pipeline import Pipeline
-from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.write_errors import CheckpointExistsError, CheckpointWriteError
-from torchdefer.checkpoint.write_plan import Entry, WritePlan, plan_write
+from torchdefer.checkpoint._write_plan import Entry, WritePlan, plan_write
+from torchdefer.errors import CheckpointExistsError, CheckpointUsageError, CheckpointWriteError
+from torchdefer.materialize._value import one_call, replay_value
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.materialize.value import one_call, replay_value
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["check_destination", "publish", "run_pipeline", "save_state_dict"]
 

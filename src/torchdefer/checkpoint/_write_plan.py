@@ -31,10 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.write_errors import CheckpointWriteError
-from torchdefer.materialize.value import replays_on_meta
-from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+from torchdefer.errors import CheckpointUsageError, CheckpointWriteError
+from torchdefer.materialize._value import replays_on_meta
+from torchdefer.recorder._tensor import DeferredTensor, holds_deferred
 
 __all__ = ["Entry", "WritePlan", "is_hf_model", "plan_write", "written_dtype"]
 

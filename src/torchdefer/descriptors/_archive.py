@@ -55,25 +55,24 @@ from typing import Any
 import torch
 
 from torchdefer._compat import export as compat
+from torchdefer.descriptors._checker import concrete_trees
+from torchdefer.descriptors._export_backend import Coverage, ExportRunner
 from torchdefer.descriptors._expr import UnsafeExpression, checked_treespec, parse
+from torchdefer.descriptors._jit_backend import JitRunner
+from torchdefer.descriptors._meta_tensor_type import MetaTensorType
 from torchdefer.descriptors._operators import (
     ForbiddenOperator,
     check_graph_json,
     check_graph_module,
 )
+from torchdefer.descriptors._outputs import OutputRecipe
+from torchdefer.descriptors._program import Program
 from torchdefer.descriptors._torchscript import check_torchscript_code
+from torchdefer.descriptors._tree import Param, from_json, to_json
+from torchdefer.descriptors._weights import Weights, has_data
 from torchdefer.descriptors._zip import checked_members, checked_size, nested_members
-from torchdefer.descriptors.checker import concrete_trees
-from torchdefer.descriptors.errors import ProgramFileError
-from torchdefer.descriptors.export_backend import Coverage, ExportRunner
-from torchdefer.descriptors.jit_backend import JitRunner
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
-from torchdefer.descriptors.outputs import OutputRecipe
-from torchdefer.descriptors.program import Program
-from torchdefer.descriptors.tree import Param, from_json, to_json
-from torchdefer.descriptors.weights import Weights, has_data
-from torchdefer.errors import UsageError, UsageTypeError
-from torchdefer.fake.layout import meta_twin
+from torchdefer.errors import ProgramFileError, UsageError, UsageTypeError
+from torchdefer.fake._layout import meta_twin
 
 __all__ = ["load", "load_program", "save", "save_program"]
 

@@ -22,17 +22,16 @@ from typing import Any
 import torch.utils._pytree as pytree
 
 from torchdefer.descriptors._call import call_error
-from torchdefer.descriptors.errors import DescriptorMismatch
-from torchdefer.descriptors.meta_tensor_type import (
+from torchdefer.descriptors._meta_tensor_type import (
     SCALARS,
     DimRange,
     MetaTensorType,
     TensorCheck,
     describe_value,
 )
-from torchdefer.descriptors.object_of import ObjectOf
-from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
-from torchdefer.errors import UsageError, UsageTypeError
+from torchdefer.descriptors._object_of import ObjectOf
+from torchdefer.descriptors._tree import ListOf, Node, OptionalOf, Param, TypeOf, Value
+from torchdefer.errors import DescriptorMismatch, UsageError, UsageTypeError
 
 __all__ = ["NOT_ACCEPTED", "Checker", "Key", "concrete_trees", "concretize", "merge_ranges",
            "show_key"]

@@ -10,9 +10,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdefer.descriptors._call import call_error
-from torchdefer.descriptors.meta_tensor_type import examples_descriptor
-from torchdefer.descriptors.object_of import node_keys, unflatten
-from torchdefer.descriptors.tree import Descriptor
+from torchdefer.descriptors._meta_tensor_type import examples_descriptor
+from torchdefer.descriptors._object_of import node_keys, unflatten
+from torchdefer.descriptors._tree import Descriptor
 from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["describe"]

@@ -32,16 +32,15 @@ from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from torchdefer._compat import export as compat
+from torchdefer.descriptors._checker import Key, Param, show_key
 from torchdefer.descriptors._conflict import conflict
 from torchdefer.descriptors._expr import parse
-from torchdefer.descriptors.checker import Key, Param, show_key
-from torchdefer.descriptors.errors import DescriptorConflict
-from torchdefer.descriptors.meta_tensor_type import DimRange, MetaTensorType
-from torchdefer.descriptors.object_of import real_spec
-from torchdefer.descriptors.outputs import OutputRecipe, describe_output
-from torchdefer.descriptors.tree import Node, TypeOf, Value, from_json, to_json
-from torchdefer.descriptors.weights import Weights
-from torchdefer.errors import StateError, UsageError, UsageTypeError
+from torchdefer.descriptors._meta_tensor_type import DimRange, MetaTensorType
+from torchdefer.descriptors._object_of import real_spec
+from torchdefer.descriptors._outputs import OutputRecipe, describe_output
+from torchdefer.descriptors._tree import Node, TypeOf, Value, from_json, to_json
+from torchdefer.descriptors._weights import Weights
+from torchdefer.errors import DescriptorConflict, StateError, UsageError, UsageTypeError
 from torchdefer.fake._source import is_library_code
 
 __all__ = ["Coverage", "ExportRunner", "build"]

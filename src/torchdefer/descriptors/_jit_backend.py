@@ -39,11 +39,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdefer._compat import export as compat
-from torchdefer.descriptors.checker import NOT_ACCEPTED, Param
-from torchdefer.descriptors.export_backend import Coverage
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
-from torchdefer.descriptors.tree import ListOf, Node, OptionalOf, TypeOf, Value
-from torchdefer.descriptors.weights import has_data, lookup
+from torchdefer.descriptors._checker import NOT_ACCEPTED, Param
+from torchdefer.descriptors._export_backend import Coverage
+from torchdefer.descriptors._meta_tensor_type import MetaTensorType
+from torchdefer.descriptors._tree import ListOf, Node, OptionalOf, TypeOf, Value
+from torchdefer.descriptors._weights import has_data, lookup
 from torchdefer.errors import StateError, UsageTypeError
 
 __all__ = ["JitRunner", "build"]

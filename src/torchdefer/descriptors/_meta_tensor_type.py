@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.descriptors.errors import DescriptorMismatch
-from torchdefer.errors import UsageError, UsageTypeError
+from torchdefer.errors import DescriptorMismatch, UsageError, UsageTypeError
 
 __all__ = [
     "SCALARS",

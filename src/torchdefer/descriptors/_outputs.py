@@ -32,8 +32,8 @@ import torch.utils._pytree as pytree
 
 from torchdefer._compat.export import spec_children
 from torchdefer.descriptors._expr import treespec
-from torchdefer.descriptors.meta_tensor_type import SCALARS, DimRange, MetaTensorType
-from torchdefer.descriptors.object_of import (
+from torchdefer.descriptors._meta_tensor_type import SCALARS, DimRange, MetaTensorType
+from torchdefer.descriptors._object_of import (
     KEYS,
     ObjectOf,
     key_kind,
@@ -42,7 +42,7 @@ from torchdefer.descriptors.object_of import (
     plain,
     unflatten,
 )
-from torchdefer.descriptors.tree import TypeOf, from_json, to_json
+from torchdefer.descriptors._tree import TypeOf, from_json, to_json
 from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["OutputRecipe", "describe_output"]

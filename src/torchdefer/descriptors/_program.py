@@ -24,19 +24,19 @@ from typing import Any, Literal
 
 import torch
 
-from torchdefer.descriptors import export_backend, jit_backend
-from torchdefer.descriptors.checker import (
+from torchdefer.descriptors import _export_backend as export_backend
+from torchdefer.descriptors import _jit_backend as jit_backend
+from torchdefer.descriptors._checker import (
     Checker,
     concrete_trees,
     concretize,
     merge_ranges,
     show_key,
 )
-from torchdefer.descriptors.errors import MissingGraph
-from torchdefer.descriptors.meta_tensor_type import DimRange
-from torchdefer.descriptors.tree import Node, Param, parameters, tensors
-from torchdefer.descriptors.weights import Weights
-from torchdefer.errors import InternalError, UsageError, UsageTypeError
+from torchdefer.descriptors._meta_tensor_type import DimRange
+from torchdefer.descriptors._tree import Node, Param, parameters, tensors
+from torchdefer.descriptors._weights import Weights
+from torchdefer.errors import InternalError, MissingGraph, UsageError, UsageTypeError
 
 __all__ = ["Backend", "Program", "script"]
 

@@ -25,8 +25,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdefer.descriptors._expr import treespec
-from torchdefer.descriptors.meta_tensor_type import SCALARS, MetaTensorType
-from torchdefer.descriptors.object_of import ObjectOf
+from torchdefer.descriptors._meta_tensor_type import SCALARS, MetaTensorType
+from torchdefer.descriptors._object_of import ObjectOf
 from torchdefer.errors import UsageError, UsageTypeError
 
 __all__ = ["Descriptor", "ListOf", "Node", "OptionalOf", "Param", "TypeOf", "Value", "from_json",

@@ -1,6 +1,6 @@
 """Column blocks from row chunks: ``Shard(1)`` shards without building the parameter whole.
 
-Row replay (:mod:`torchdefer.distributed.rows`) computes a *contiguous* range
+Row replay (:mod:`torchdefer.distributed._rows`) computes a *contiguous* range
 of a parameter's elements from those elements alone: the ``Shard(0)`` shards of
 FSDP2 and of ``ColwiseParallel``. ``RowwiseParallel`` (``Shard(1)``: a block of
 columns) and the FSDP2 shard of such a block (TP+FSDP2) are not contiguous:
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from torchdefer.distributed.rows import NotSliceable, RowReplay, Span, contiguous_range
-from torchdefer.recorder.graph import Storage, TensorMeta, Value
+from torchdefer.distributed._rows import NotSliceable, RowReplay, Span, contiguous_range
+from torchdefer.recorder._graph import Storage, TensorMeta, Value
 
 __all__ = ["CHUNK_BYTES", "ColumnRows", "block_of_rows"]
 
@@ -49,7 +49,7 @@ def block_of_rows(meta: TensorMeta) -> tuple[int, int, int, int] | None:
     """``(R, C, N, offset)`` if ``meta`` views ``R`` runs of ``C`` consecutive elements
     ``N`` apart (``N > C``), from ``offset``, in row-major order; else None.
 
-    >>> from torchdefer.recorder.graph import TensorMeta
+    >>> from torchdefer.recorder._graph import TensorMeta
     >>> import torch
     >>> block = torch.empty(6, 8)[:, 2:5]
     >>> block_of_rows(TensorMeta.of(block, block.device))

@@ -2,14 +2,14 @@
 
 :func:`torchdefer.load_state_dict` hands sharded modules here (the checkpoint
 package never imports ``torchdefer.distributed``). The checkpoint is validated
-as for any module (:mod:`torchdefer.checkpoint.plan`: keys, shapes, entries,
+as for any module (:mod:`torchdefer.checkpoint._plan`: keys, shapes, entries,
 devices), then every shard is prepared, then all are installed, all or
 nothing on every rank:
 
 * from a DCP directory (``dcp.save(model.state_dict(), checkpoint_id=path)``),
   real tensors are allocated for the keys the checkpoint has (for a sharded
   parameter, only this rank's shard) and ``dcp.load`` fills them through
-  :mod:`torchdefer.checkpoint.dcp`'s safe reader (resharding as needed);
+  :mod:`torchdefer.checkpoint._dcp`'s safe reader (resharding as needed);
 * from a full state dict, ``torch.save`` or safetensors file, each rank
   copies its slice of each tensor into a shard of its own and frees the
   full tensor.
@@ -22,7 +22,7 @@ Peak per rank: its loaded shards, the missing tensors' shards, and one full
 tensor (full sources only).
 
 All or nothing, on every rank: each rank stages its changes in an
-:class:`~torchdefer.checkpoint.install.Installation` (the unsharded loader's:
+:class:`~torchdefer.checkpoint._install.Installation` (the unsharded loader's:
 swaps checked first, copies into real tensors last) and makes the undoable
 ones; then the ranks vote (one ``all_gather_object``,
 :class:`~torchdefer.distributed._staged.Vote`). If any rank failed, at any
@@ -41,23 +41,23 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchdefer.checkpoint.assign import pick_tied, prepare, same_values, tie_mismatch
-from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.install import Installation
-from torchdefer.checkpoint.load import _install_views, _stage_missing, loaded_nbytes, open_source
-from torchdefer.checkpoint.module_rules import kept_keys
-from torchdefer.checkpoint.plan import (
+from torchdefer.checkpoint._assign import pick_tied, prepare, same_values, tie_mismatch
+from torchdefer.checkpoint._install import Installation
+from torchdefer.checkpoint._load import _install_views, _stage_missing, loaded_nbytes, open_source
+from torchdefer.checkpoint._module_rules import kept_keys
+from torchdefer.checkpoint._plan import (
     LoadResult,
     check_devices,
     check_entries,
     plan_keys,
     work_list,
 )
-from torchdefer.checkpoint.source import CheckpointSource, Source
-from torchdefer.checkpoint.targets import TensorGroup, tensor_groups
+from torchdefer.checkpoint._source import CheckpointSource, Source
+from torchdefer.checkpoint._targets import TensorGroup, tensor_groups
+from torchdefer.distributed._module import _fsdp2_params
 from torchdefer.distributed._staged import Vote, stage_missing_shards, stage_shard
-from torchdefer.distributed.module import _fsdp2_params
 from torchdefer.distributed.shard import same_recording
+from torchdefer.errors import CheckpointUsageError
 from torchdefer.fake import _pinned
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder import DeferredTensor, target_of
@@ -164,7 +164,7 @@ def _prepare_full(work: Work, checkpoint: CheckpointSource, fsdp, bar,
 def _prepare_dcp(work: Work, checkpoint: CheckpointSource, fsdp, bar,
                  changes: Installation, vote: Vote) -> None:
     """One ``dcp.load`` into fresh shards and tensors; tied names are all read and compared."""
-    from torchdefer.checkpoint.dcp import load_into
+    from torchdefer.checkpoint._dcp import load_into
 
     targets: dict[str, torch.Tensor] = {}
     sharded = []

@@ -4,7 +4,7 @@ A local shard's history is the full parameter's factory and init ops, a
 slice of it (``split``/``chunk``/``narrow`` along dim 0: a contiguous range of
 the parameter's elements), and a copy into the shard's own storage. Replaying
 that graph as recorded builds the whole parameter. :class:`RowReplay` is the
-``substitute`` hook of :func:`~torchdefer.materialize.plan.make_plan` that
+``substitute`` hook of :func:`~torchdefer.materialize._plan.make_plan` that
 computes such a value from its own elements instead: a *span* (elements
 ``[lo, hi)`` of one storage at one version) is built by
 
@@ -13,7 +13,7 @@ computes such a value from its own elements instead: a *span* (elements
   ``rand``, ``randint``), a constant, or an elementwise op (``_to_copy``,
   ``clone``, a pointwise op) of spans of the same shape, recursively;
 * then each writer up to the version, on its intersection with the span: a
-  random op whose elements take their own words (``rng.ranges``: ``uniform_``,
+  random op whose elements take their own words (``rng._ranges``: ``uniform_``,
   ``normal_``'s Box-Muller blocks ...) drawn from the state jumped to their
   first word; ``fill_``/``zero_``/``copy_`` and pointwise in-place ops whose
   other arguments are scalars, one-element tensors or spans of the same shape.
@@ -53,21 +53,21 @@ from torchdefer.distributed._row_calls import (
     random_step,
 )
 from torchdefer.fake import _pinned
-from torchdefer.fake.layout import non_overlapping_and_dense
-from torchdefer.materialize.plan import (
+from torchdefer.fake._layout import non_overlapping_and_dense
+from torchdefer.materialize._plan import (
     COPY,
     FILLS,
     Ranges,
     sets_regardless,
     writes_first_argument,
 )
+from torchdefer.recorder._ambient import AmbientSwitch
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.ambient import AmbientSwitch
-from torchdefer.recorder.graph import Node, NodeKind, Storage, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
+from torchdefer.recorder._graph import Node, NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder._mode import suspended
 
 if TYPE_CHECKING:
-    from torchdefer.materialize.replay import Replay
+    from torchdefer.materialize._replay import Replay
 
 __all__ = ["NotSliceable", "RowReplay", "Span", "contiguous_range"]
 

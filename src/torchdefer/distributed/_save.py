@@ -16,7 +16,7 @@ DTensors (buffers, unsharded parameters), and extra state, by rank 0. So no
 tensor is replayed on a rank that does not write it.
 
 Not here: safetensors (a file holds whole tensors, which no rank has; refused
-in :mod:`torchdefer.checkpoint.write`), and ``Partial`` placements (a pending
+in :mod:`torchdefer.checkpoint._write`), and ``Partial`` placements (a pending
 sum is not a value of the eager model; refused).
 """
 
@@ -34,16 +34,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from torchdefer.checkpoint import _dcp_writer
-from torchdefer.checkpoint.errors import CheckpointUsageError
-from torchdefer.checkpoint.write import check_destination, publish, run_pipeline
-from torchdefer.checkpoint.write_errors import CheckpointExistsError, CheckpointWriteError
-from torchdefer.checkpoint.write_plan import Entry, plan_write, written_dtype
-from torchdefer.distributed.columns import ColumnRows
+from torchdefer.checkpoint._write import check_destination, publish, run_pipeline
+from torchdefer.checkpoint._write_plan import Entry, plan_write, written_dtype
+from torchdefer.distributed._columns import ColumnRows
 from torchdefer.distributed.shard import compact
+from torchdefer.errors import CheckpointExistsError, CheckpointUsageError, CheckpointWriteError
 from torchdefer.materialize import Replay, ReplayError
-from torchdefer.materialize.errors import with_context
+from torchdefer.materialize._error_context import with_context
+from torchdefer.materialize._value import replays_on_meta
 from torchdefer.materialize.progress import ProgressSpec
-from torchdefer.materialize.value import replays_on_meta
 from torchdefer.recorder import DeferredTensor, target_of
 
 __all__ = ["save_sharded"]

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from torchdefer.fake._output_device import first_conflict
 from torchdefer.fake._state import STATE
-from torchdefer.fake.device import first_conflict
 
 __all__ = ["check_devices"]
 

@@ -6,8 +6,8 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.errors import UsageError
-from torchdefer.fake.layout import meta_twin
-from torchdefer.fake.tensor import FakeTensor
+from torchdefer.fake._layout import meta_twin
+from torchdefer.fake._tensor import FakeTensor
 
 __all__ = ["meta_like"]
 

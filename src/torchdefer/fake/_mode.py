@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
+from torchdefer.fake._layout import meta_twin
+from torchdefer.fake._output_device import device_available, normalize, output_device
 from torchdefer.fake._outside import no_fake_modes
 from torchdefer.fake._pinned import lifted_is_pinned, refuse_in_fake_mode
-from torchdefer.fake.device import device_available, normalize, output_device
-from torchdefer.fake.layout import meta_twin
-from torchdefer.fake.tensor import (
+from torchdefer.fake._tensor import (
     FakeTensor,
     FakeTensorError,
     flat_tensors,
@@ -166,7 +166,7 @@ def import_dynamo_outside_modes() -> None:
     (``_disable_dynamo``); under one of our modes the import's own torch calls
     would come back to us half imported (torch 2.8: a circular import). It
     also replaces ``torch.Tensor._make_subclass`` when imported, which
-    ``recorder.subclasses`` must see first.
+    ``recorder._subclasses`` must see first.
     """
     if "torch._dynamo" not in sys.modules:
         with no_fake_modes():

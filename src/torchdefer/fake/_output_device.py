@@ -20,7 +20,7 @@ _CPU = torch.device("cpu")
 def device_of(t: torch.Tensor) -> torch.device:
     """The device a tensor stands for: ``fake_device`` for a fake one, not
     ``.device``, which inside a kernel or a guarded binding reports meta or cpu
-    (see ``fake.tensor.reported_device``)."""
+    (see ``fake._tensor.reported_device``)."""
     return getattr(t, "fake_device", None) or t.device
 
 

@@ -19,16 +19,16 @@ from torch.utils._pytree import tree_map
 
 from torchdefer import _compat
 from torchdefer.errors import FakeTensorError, UsageTypeError
-from torchdefer.fake._questions import ANSWERS
-from torchdefer.fake._state import STATE
-from torchdefer.fake.device import (
+from torchdefer.fake._layout import eager_layout
+from torchdefer.fake._output_device import (
     device_available,
     device_of,
     first_conflict,
     normalize,
     output_device,
 )
-from torchdefer.fake.layout import eager_layout
+from torchdefer.fake._questions import ANSWERS
+from torchdefer.fake._state import STATE
 
 __all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
 
@@ -92,7 +92,7 @@ class FakeTensor(torch.Tensor):
         if func is torch.Tensor.__reduce_ex__:
             raise not_picklable(args[0])
         if func is torch.Tensor.data_ptr:
-            from torchdefer.fake.storage import data_ptr
+            from torchdefer.fake._storage_objects import data_ptr
 
             return data_ptr(args[0])
         if func in DATA_READS:
@@ -102,8 +102,8 @@ class FakeTensor(torch.Tensor):
                 "compute it from a real tensor."
             )
         from torchdefer.fake._calls import call_grad_safe
-        from torchdefer.fake.mode import faking
-        from torchdefer.fake.storage import STORAGE_GETTERS, adopt
+        from torchdefer.fake._mode import faking
+        from torchdefer.fake._storage_objects import STORAGE_GETTERS, adopt
 
         with faking(), _compat.DisableTorchFunctionSubclass():
             out = call_grad_safe(func, args, kwargs)
@@ -159,7 +159,7 @@ def run_on_meta(
     if tensors is None:
         tensors = list(flat_tensors(args, kwargs))
     if len(tensors) > 1 and first_conflict(tensors, device_of) is not None:
-        from torchdefer.fake._devices import check_devices
+        from torchdefer.fake._cross_device import check_devices
 
         check_devices(func, args, kwargs, device_of)
     device = output_device(kwargs, tensors)

@@ -1,7 +1,7 @@
-"""Errors raised while materializing, and how replay adds context to other errors.
+"""How replay adds context to an error: which op, which tensor, which source line.
 
-The classes are defined in :mod:`torchdefer.errors` (one hierarchy) and
-re-exported here; :func:`with_context` is replay's own mechanism.
+The error classes are in :mod:`torchdefer.errors` (one hierarchy);
+:func:`with_context` is replay's own mechanism.
 """
 
 from __future__ import annotations
@@ -9,24 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchdefer.errors import (
-    DeviceUnavailableError,
-    ExternalTensorModifiedError,
-    ReplayError,
-    SwapError,
-    ThreadsError,
-    UntaggedRandomOpError,
-)
+from torchdefer.errors import ReplayError
 
-__all__ = [
-    "DeviceUnavailableError",
-    "ExternalTensorModifiedError",
-    "ReplayError",
-    "SwapError",
-    "ThreadsError",
-    "UntaggedRandomOpError",
-    "with_context",
-]
+__all__ = ["with_context"]
 
 
 # One combined class per original exception class, so that the same failure

@@ -3,7 +3,7 @@ draws and row replay need.
 
 :mod:`torchdefer.materialize.parallel` draws one large CPU fill in chunks, each
 from its own jumped state; the row replay of sharded ranks
-(:mod:`torchdefer.distributed.rows`) draws only a shard's elements. Both rebuild
+(:mod:`torchdefer.distributed._rows`) draws only a shard's elements. Both rebuild
 a recorded random call to draw into a 1-D tensor of any length
 (:class:`LocalCall`), for the classes of call whose elements take words of
 their own (:data:`PER_ELEMENT`, :data:`BLOCKS`), and stop on
@@ -20,7 +20,7 @@ import torch
 from torchdefer.materialize._overwrites import writes_first_argument
 from torchdefer.materialize.rng import draw
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.graph import Node, Value
+from torchdefer.recorder._graph import Node, Value
 from torchdefer.rng import draws
 
 __all__ = ["BLOCKS", "LIKE", "PER_ELEMENT", "LocalCall", "NotSliceable", "with_size"]
@@ -37,7 +37,7 @@ class NotSliceable(Exception):  # a signal inside row replay, never raised to us
 
 
 # Random ops whose CPU kernels draw element after element (or in Box-Muller
-# blocks), the only ones sliced; `rng.ranges` checks each class on this torch.
+# blocks), the only ones sliced; `rng._ranges` checks each class on this torch.
 PER_ELEMENT = frozenset(
     {_aten.uniform_, _aten.rand, _aten.rand_like, _aten.random_, _aten.randint,
      _aten.randint_like, _aten.exponential_, _aten.geometric_, _aten.cauchy_, _aten.bernoulli_}

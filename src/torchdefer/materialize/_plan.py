@@ -10,7 +10,7 @@ including in-place writes done through views after the value was taken.
 
 A ``substitute`` hook may answer a value itself (a real tensor, or None to
 expand it as usual): the sharded path computes a slice of a parameter from its
-own elements that way (``distributed.rows``).
+own elements that way (``distributed._rows``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torchdefer.materialize._overwrites import (
     writes_in_place,
 )
 from torchdefer.materialize.cache import ReplayCache
-from torchdefer.recorder.graph import Node, NodeKind, Storage, Value
+from torchdefer.recorder._graph import Node, NodeKind, Storage, Value
 
 # COPY, FILLS, Ranges, sets_regardless, writes_first_argument: what a substitute
 # (distributed.rows) needs to judge writes as the slice does.

@@ -22,25 +22,21 @@ from typing import Any
 import torch
 
 from torchdefer._hooks import CALL_RUNNER
+from torchdefer.errors import DeviceUnavailableError, ExternalTensorModifiedError, ReplayError
 from torchdefer.fake import _pinned
-from torchdefer.fake.device import device_available
+from torchdefer.fake._output_device import device_available
+from torchdefer.materialize._error_context import with_context
+from torchdefer.materialize._plan import Substitute, make_plan
 from torchdefer.materialize._writes import call_watching_writes
 from torchdefer.materialize.cache import cache_for
-from torchdefer.materialize.errors import (
-    DeviceUnavailableError,
-    ExternalTensorModifiedError,
-    ReplayError,
-    with_context,
-)
 from torchdefer.materialize.parallel import split_draw
-from torchdefer.materialize.plan import Substitute, make_plan
 from torchdefer.materialize.rng import RngReplay, call_checking_draws
+from torchdefer.recorder._ambient import AmbientSwitch
 from torchdefer.recorder._args import flatten_out, unflatten_call
-from torchdefer.recorder.ambient import AmbientSwitch
-from torchdefer.recorder.graph import Graph, Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
+from torchdefer.recorder._graph import Graph, Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder._mode import suspended
 from torchdefer.recorder.rng import meta_call
-from torchdefer.rng.stream import Model
+from torchdefer.rng._stream import Model
 
 __all__ = ["Replay"]
 

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.materialize.errors import SwapError
+from torchdefer.errors import SwapError
 from torchdefer.recorder._copy import user_attributes
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.subclasses import user_class
+from torchdefer.recorder._mode import suspended
+from torchdefer.recorder._subclasses import user_class
 
 __all__ = ["check_swap", "exchange", "real_tensor", "recorded_inference", "shell_for",
            "swap_in", "undo"]

@@ -18,13 +18,13 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from torchdefer.errors import ReplayError
 from torchdefer.materialize import parallel
+from torchdefer.materialize._replay import Replay
+from torchdefer.materialize._swap import recorded_inference
 from torchdefer.materialize.cache import cache_for
-from torchdefer.materialize.errors import ReplayError
-from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import recorded_inference
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["one_call", "replay_value", "replays_on_meta"]
 

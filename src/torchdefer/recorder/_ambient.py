@@ -21,7 +21,7 @@ Each recorded node keeps the :class:`Ambient` active when it was recorded
 (interned: nodes share one object per distinct setting), and replay runs each
 node under it, switching only when it changes and restoring the caller's
 settings at the end. Factory ops additionally get their ``dtype`` written into
-the call (``recorder.record``), which keeps the graph readable.
+the call (``recorder._record``), which keeps the graph readable.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from torchdefer.recorder.context import deferred
+from torchdefer.recorder._context import deferred
 
 __all__ = ["deferred_init"]
 

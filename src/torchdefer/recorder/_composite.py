@@ -7,7 +7,7 @@ layer of a large model). Recorded as one node instead, nothing is allocated:
 replay calls the function on the real tensor, with its generator at the
 position eager code had. How far the function moves the generator depends on
 the data, so its end is an *anchor* of its stream: reaching a later position
-runs it (``rng.stream``).
+runs it (``rng._stream``).
 
 :func:`composite` marks a user's own such function the same way. Library
 functions known to read data are marked for the time a recording runs
@@ -31,14 +31,14 @@ from torch.overrides import TorchFunctionMode
 
 from torchdefer import _compat
 from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
+from torchdefer.errors import RecordingError
 from torchdefer.recorder._args import flatten_call
+from torchdefer.recorder._graph import NodeKind, TensorMeta, Value
+from torchdefer.recorder._mode import suspended
 from torchdefer.recorder._nodes import as_deferred, generator_of, record_writes, where
 from torchdefer.recorder._refusals import eager_refuses
+from torchdefer.recorder._tensor import DeferredTensor
 from torchdefer.recorder._trunc_normal import one_normal, rejection_end, rejection_loop
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import NodeKind, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.tensor import DeferredTensor
 
 __all__ = ["Composite", "composite", "library_call_asking_is_meta", "library_composites"]
 
@@ -214,7 +214,7 @@ class _DataReads(TorchFunctionMode):
         self.seen = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torchdefer.fake.tensor import DATA_READS
+        from torchdefer.fake._tensor import DATA_READS
 
         if func in DATA_READS or func in (torch.Tensor.any, torch.Tensor.all):
             self.seen = True

@@ -25,14 +25,14 @@ import torch
 from torchdefer import _compat
 from torchdefer._compat import default_device_context, restore_default_device
 from torchdefer._compat.patch import patched, setting
+from torchdefer.errors import RecordingError
+from torchdefer.recorder._composite import library_composites
+from torchdefer.recorder._graph import Graph
+from torchdefer.recorder._mode import RecordingMode
+from torchdefer.recorder._subclasses import subclassing
 from torchdefer.recorder._threads import dtype_log
-from torchdefer.recorder.composite import library_composites
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder._ties import watching_registrations
 from torchdefer.recorder.rng import RngRecorder
-from torchdefer.recorder.subclasses import subclassing
-from torchdefer.recorder.ties import watching_registrations
 
 __all__ = ["deferred"]
 
@@ -96,7 +96,7 @@ def deferred() -> Iterator[Graph]:
                 return
             graph = Graph(RngRecorder())
             # subclassing(): nn.Parameter subclasses and lazy modules' tensors wrap
-            # deferred data through torch.Tensor._make_subclass (recorder/subclasses.py).
+            # deferred data through torch.Tensor._make_subclass (recorder/_subclasses.py).
             with library_composites(), graph.rng.deferring(), RecordingMode(graph), \
                     subclassing(), watching_registrations():
                 yield graph

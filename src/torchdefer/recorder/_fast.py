@@ -17,7 +17,7 @@ out-of-range numbers, writes into inference tensors; factories with other
 keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
 answers them. The meta kernel still makes a factory's or a detach's output,
-and ``rng.ledger`` still places each random call.
+and ``rng._ledger`` still places each random call.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
-from torchdefer.fake.tensor import run_on_meta
+from torchdefer.fake._tensor import run_on_meta
+from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
-from torchdefer.recorder._storage import write
-from torchdefer.recorder.graph import Graph, NodeKind, TensorMeta, Value
-from torchdefer.recorder.tensor import DATA_GET_CALL, DeferredTensor
+from torchdefer.recorder._storage_versions import write
+from torchdefer.recorder._tensor import DATA_GET_CALL, DeferredTensor
 
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 

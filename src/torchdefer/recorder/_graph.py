@@ -9,7 +9,7 @@ an RNG stream can reach them, so materialized parts are freed by the GC.
 Every node enters through one door, :meth:`Graph.add_node` (as in torch.fx's
 ``Graph.create_node``), which numbers it and gives it its source line and the
 settings it ran under. This module knows how a graph looks, not how it is
-recorded (``recorder.record``) nor replayed (``torchdefer.materialize``, which
+recorded (``recorder._record``) nor replayed (``torchdefer.materialize``, which
 keeps its caches itself).
 """
 
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdefer.errors import InternalError
+from torchdefer.fake._source import SourceLocation, user_frame
+from torchdefer.recorder._ambient import Ambient, current_ambient
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.ambient import Ambient, current_ambient
-from torchdefer.recorder.source import SourceLocation, user_frame
-from torchdefer.rng.stream import Placement
+from torchdefer.rng._stream import Placement
 
 if TYPE_CHECKING:  # made by the recorder, which builds on this module (recorder.context)
     from torchdefer.recorder.rng import RngRecorder
@@ -175,7 +175,7 @@ class Node:
     payload: Any = None  # constant / external tensor, or the observed value
     graph: Graph | None = None
     # Settings the op read when recorded (default dtype, deterministic mode);
-    # replay re-applies them (recorder/ambient.py). None: the op runs no kernel.
+    # replay re-applies them (recorder/_ambient.py). None: the op runs no kernel.
     ambient: Ambient | None = None
 
     def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -246,7 +246,7 @@ class Graph:
         self.observations: list[Node] = []
         # meta storage address -> a deferred tensor over it, for each storage
         # made: `x.set_(y, offset, size)` reaches the dispatcher with a storage
-        # object C++ made, which names no tensor (recorder/_storage.py).
+        # object C++ made, which names no tensor (recorder/_storage_versions.py).
         self.holders = Holders()
 
     def add_node(
@@ -272,7 +272,7 @@ class Graph:
             skip: frames between the caller of ``add_node`` and the user's code, at
                 least (``fake._source.user_frame``'s argument, seen from the caller).
             runs_kernel: replay runs a kernel for it, under the settings in force
-                now (``recorder.ambient``); False: it has none.
+                now (``recorder._ambient``); False: it has none.
             ambient: the settings to replay it under, where not those in force now.
 
         >>> from torchdefer.recorder.rng import RngRecorder

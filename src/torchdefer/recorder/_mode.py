@@ -8,11 +8,11 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake.mode import FakeSlotMode, no_fake_modes
-from torchdefer.fake.tensor import FakeTensor, reported_device
+from torchdefer.fake._mode import FakeSlotMode, no_fake_modes
+from torchdefer.fake._tensor import FakeTensor, reported_device
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
-from torchdefer.recorder.graph import Graph
+from torchdefer.recorder._graph import Graph
 
 __all__ = ["RecordingMode", "recording", "suspended"]
 

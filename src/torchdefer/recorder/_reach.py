@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from torchdefer import _compat
-from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+from torchdefer.recorder._tensor import DeferredTensor, holds_deferred
 
 __all__ = ["Reached", "is_deferred", "reached_tensors"]
 
@@ -196,7 +196,7 @@ def is_deferred(obj: object) -> bool:
 
     A module reaches its parameters and buffers, and tensors kept as plain
     attributes, also inside lists, tuples, dicts and sets (what
-    ``materialize_module`` materializes; see ``recorder/reach.py``).
+    ``materialize_module`` materializes; see ``recorder/_reach.py``).
 
     >>> import torch, torchdefer
     >>> m = torchdefer.deferred_init(torch.nn.Linear, 2, 2)

@@ -8,16 +8,20 @@ import torch
 
 from torchdefer import _compat
 from torchdefer._hooks import VALUE_READER
-from torchdefer.errors import TorchdeferError
+from torchdefer.errors import RecordingError, TorchdeferError
+from torchdefer.fake._layout import meta_twin
+from torchdefer.fake._output_device import output_device
 from torchdefer.fake._pinned import check_pinning, lifted_is_pinned
-from torchdefer.fake.device import output_device
-from torchdefer.fake.layout import meta_twin
-from torchdefer.fake.tensor import run_on_meta
+from torchdefer.fake._source import user_frame
+from torchdefer.fake._tensor import run_on_meta
 from torchdefer.recorder._alias import schema_values, writes_of
+from torchdefer.recorder._ambient import current_ambient, in_inference_mode
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._facts import BOOL_INDEX, OpFacts, facts_of
 from torchdefer.recorder._fast import FAST_OPS, SLOW
+from torchdefer.recorder._graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder._mode import suspended
 from torchdefer.recorder._nodes import (
     as_deferred,
     external,
@@ -33,19 +37,14 @@ from torchdefer.recorder._refusals import (
     refuse_as_eager,
     writes_inference,
 )
-from torchdefer.recorder._storage import (
+from torchdefer.recorder._storage_versions import (
     StorageArgs,
     is_storage,
     owner_of,
     record_growth,
     resizable_by,
 )
-from torchdefer.recorder.ambient import current_ambient, in_inference_mode
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.source import user_frame
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
 

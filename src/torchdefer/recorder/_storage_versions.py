@@ -1,7 +1,7 @@
 """Storages as ops change them: storage arguments, new versions, growth.
 
 A storage argument (``x.set_(y.untyped_storage(), offset, size, stride)``) is
-recorded as the deferred tensor that owns it (see ``fake.storage``), so the
+recorded as the deferred tensor that owns it (see ``fake._storage_objects``), so the
 slice follows that tensor's writes; at replay the op gets the real tensor's
 storage back. Every write makes a new version of a storage, and so does
 growing it (``resize_``, ``set_`` with a size): every view sees the one grown
@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake.storage import storage_owner
+from torchdefer.errors import RecordingError
+from torchdefer.fake._storage_objects import storage_owner
 from torchdefer.recorder._alias import AliasPlan
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._graph import Graph, Node, NodeKind, Storage
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["StorageArgs", "is_storage", "owner_of", "record_growth", "resizable_by", "write"]
 

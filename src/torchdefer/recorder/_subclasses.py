@@ -43,12 +43,12 @@ from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-def
 
 from torchdefer import _compat
 from torchdefer._compat.patch import SharedPatches, attribute, patched
+from torchdefer.errors import RecordingError
 from torchdefer.fake._calls import call_grad_safe
+from torchdefer.fake._mode import import_dynamo_outside_modes
 from torchdefer.fake._source import is_library_code
-from torchdefer.fake.mode import import_dynamo_outside_modes
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.mode import recording
-from torchdefer.recorder.tensor import PRIVATE_ATTRIBUTES, DeferredTensor
+from torchdefer.recorder._mode import recording
+from torchdefer.recorder._tensor import PRIVATE_ATTRIBUTES, DeferredTensor
 
 __all__ = [
     "deferred_class",

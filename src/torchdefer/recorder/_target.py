@@ -1,6 +1,6 @@
 """The door on a deferred tensor: what it stands for, and marking it materialized.
 
-A :class:`~torchdefer.recorder.tensor.DeferredTensor` holds a recorded value
+A :class:`~torchdefer.recorder._tensor.DeferredTensor` holds a recorded value
 that moves as the tensor changes (``t_()``, ``.data = x`` rebind it; an
 in-place op bumps its storage's version). The packages built on the recorder
 (materialize, checkpoint, distributed, viz) ask it what it stands for *now*
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from torchdefer.errors import UsageTypeError
-from torchdefer.recorder.graph import Graph, Storage, TensorMeta, Value
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._graph import Graph, Storage, TensorMeta, Value
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["Target", "mark_materialized", "target_of"]
 

@@ -16,9 +16,9 @@ from torchdefer import _compat
 from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import InternalError
 from torchdefer.fake._calls import call_grad_safe
-from torchdefer.fake.storage import STORAGE_GETTERS, adopt
-from torchdefer.fake.storage import data_ptr as fake_data_ptr
-from torchdefer.fake.tensor import (
+from torchdefer.fake._storage_objects import STORAGE_GETTERS, adopt
+from torchdefer.fake._storage_objects import data_ptr as fake_data_ptr
+from torchdefer.fake._tensor import (
     DATA_READS,
     FakeTensor,
     flat_tensors,
@@ -27,8 +27,8 @@ from torchdefer.fake.tensor import (
 )
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
-from torchdefer.recorder.graph import Graph, Value
-from torchdefer.recorder.mode import RecordingMode
+from torchdefer.recorder._graph import Graph, Value
+from torchdefer.recorder._mode import RecordingMode
 
 __all__ = ["DATA_GET_CALL", "PRIVATE_ATTRIBUTES", "DeferredTensor", "graph_of", "holds_deferred"]
 
@@ -115,7 +115,7 @@ class DeferredTensor(FakeTensor):
         return ENTRIES.record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
     # A deferred parameter is an instance of a deferred class that derives from
-    # nn.Parameter (or the user's Parameter subclass): see recorder/subclasses.py.
+    # nn.Parameter (or the user's Parameter subclass): see recorder/_subclasses.py.
     # nn.Parameter(deferred) ends with `t._is_param = True`; that is where the
     # class is given.
     @property

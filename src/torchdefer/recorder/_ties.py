@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["HOMES", "BrokenTieWarning", "warn_broken_ties", "watching_registrations"]
 

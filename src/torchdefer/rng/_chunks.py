@@ -2,7 +2,7 @@
 
 PyTorch's CPU generator is one serial stream, so an eager ``normal_`` of a
 billion elements runs on one core. Where a call's elements take their words
-at fixed places (``rng.ranges``: per element, or Box-Muller blocks of 16),
+at fixed places (``rng._ranges``: per element, or Box-Muller blocks of 16),
 elements ``[s, e)`` can be drawn from the state ``words * s`` words on,
 reached by jump-ahead (``mt19937.advance``), independently of the others:
 
@@ -28,7 +28,7 @@ Calls that do not split run whole: strided outputs (the kernel walks them
 in TensorIterator's order, not storage order, so a run of that order is no
 view; strided ``normal_`` also takes cached normals in pairs along it),
 ``bernoulli_`` with MKL (one seed word for the whole call), rejection loops
-(``rng.rejection``: where a round starts is known only once the rounds
+(``rng._rejection``: where a round starts is known only once the rounds
 before it were drawn) and other composites whose draws depend on values,
 ``randperm``, and anything the draw model does not know.
 
@@ -49,9 +49,10 @@ from collections.abc import Callable
 import torch
 
 from torchdefer.errors import InternalError
-from torchdefer.rng import mt19937, ranges
+from torchdefer.rng import _ranges as ranges
+from torchdefer.rng import mt19937
+from torchdefer.rng._ranges import BLOCK, ElementModel
 from torchdefer.rng._workers import run_pieces
-from torchdefer.rng.ranges import BLOCK, ElementModel
 
 __all__ = ["LEAD", "MIN_CHUNK", "PAIR_WORDS", "bounds", "draw_chunks", "draw_pairs", "draw_range",
            "pair_bounds"]

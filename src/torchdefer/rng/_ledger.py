@@ -1,9 +1,9 @@
 """Which random call drew where, for every generator a recording touched.
 
 :class:`RngLedger` gives each random call its place in its generator's stream
-(``rng.stream``: the stream, the epoch, the index) and keeps the real
+(``rng._stream``: the stream, the epoch, the index) and keeps the real
 generator where eager code would have left it, without drawing: a state is
-computed by jump-ahead (``rng.states``), or, while that would cost too much,
+computed by jump-ahead (``rng._states``), or, while that would cost too much,
 a *marker* stands in for it.
 
 A marker is a unique CPU state standing for "the logical position after call
@@ -32,9 +32,9 @@ from torchdefer import _compat
 from torchdefer._compat.generator import generator_id, get_state
 from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
-from torchdefer.rng.gf2 import tensor_bytes
-from torchdefer.rng.states import RngStates
-from torchdefer.rng.stream import CallReader, Epoch, Placement, Position, Stream, model_of
+from torchdefer.rng._gf2 import tensor_bytes
+from torchdefer.rng._states import RngStates
+from torchdefer.rng._stream import CallReader, Epoch, Placement, Position, Stream, model_of
 
 __all__ = ["RngLedger", "default_generator"]
 

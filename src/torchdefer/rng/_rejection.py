@@ -14,7 +14,7 @@ so the result is a generator state, exactly where eager's loop leaves it.
 Each round takes one of ``normal_``'s two CPU paths, and the loop knows which:
 the fill path (16 or more contiguous elements: Box-Muller blocks of 16 from
 consecutive uniforms, the last 16 elements made again from the call's last 16
-uniforms when the count is not a multiple of 16; see ``rng.ranges``), checked
+uniforms when the count is not a multiple of 16; see ``rng._ranges``), checked
 once per dtype on the installed torch against a whole ``normal_``
 (:func:`chunks_match`); or the cached-normal path (fewer than 16 elements, or
 strided ones: ``rng._cached_normal``), whose cached sample carries from round

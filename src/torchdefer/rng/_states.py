@@ -42,8 +42,7 @@ import torch
 from torchdefer._hooks import CALL_RUNNER
 from torchdefer.errors import InternalError
 from torchdefer.rng import _cached_normal, mt19937, philox
-from torchdefer.rng.draws import Effect
-from torchdefer.rng.stream import (
+from torchdefer.rng._stream import (
     ANCHOR,
     CallReader,
     Epoch,
@@ -54,6 +53,7 @@ from torchdefer.rng.stream import (
     call_effect,
     kind_of,
 )
+from torchdefer.rng.draws import Effect
 
 __all__ = ["CrossDeviceRestoreWarning", "RngStates"]
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from torchdefer.errors import GraphvizNotFoundError, MissingDependencyError, UsageError
-from torchdefer.viz.picture import Picture, build_picture
-from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
+from torchdefer.viz._picture import Picture, build_picture
+from torchdefer.viz._style import EDGE_STYLES, NODE_STYLES, cluster_style, legend
 
 if TYPE_CHECKING:
     import graphviz
@@ -90,7 +90,7 @@ def subject_name(obj: object) -> str:
 
 
 def picture_to_dot(picture: Picture, name: str = "recording") -> graphviz.Digraph:
-    """Draw a :class:`~torchdefer.viz.picture.Picture` with graphviz."""
+    """Draw a :class:`~torchdefer.viz._picture.Picture` with graphviz."""
     graphviz = _graphviz()
     dot = graphviz.Digraph(re.sub(r"\W+", "_", name).strip("_") or "recording")
     dot.attr(rankdir="LR", fontname="Helvetica", newrank="true", compound="true",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from torchdefer.viz.picture import build_picture
+from torchdefer.viz._picture import build_picture
 
 __all__ = ["to_networkx"]
 

@@ -3,7 +3,7 @@
 Both renderings (graphviz in ``dot.py``, networkx in ``nx.py``) are views of
 one :class:`Picture`, so they show the same nodes and edges. An op is in the
 picture when replaying some shown tensor needs it (the slice of
-``torchdefer.materialize.plan``); it is placed in the module that owns every
+``torchdefer.materialize._plan``); it is placed in the module that owns every
 tensor needing it (the common prefix of their module paths).
 
 Edges: a *data* edge runs from the op that produced a value to each op (or
@@ -21,10 +21,10 @@ from typing import Any
 from torch import nn
 
 from torchdefer.errors import UsageError
-from torchdefer.materialize.plan import recorded_slice
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Value
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.materialize._plan import recorded_slice
+from torchdefer.recorder._graph import Graph, Node, NodeKind, Value
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor
 from torchdefer.viz._format import (
     DASH,
     TIMES,
@@ -36,7 +36,7 @@ from torchdefer.viz._format import (
     rng_text,
     short_repr,
 )
-from torchdefer.viz.target import Target, common_prefix, describe_real, targets_of
+from torchdefer.viz._target import Target, common_prefix, describe_real, targets_of
 
 __all__ = ["ELIDED", "REAL", "TENSOR", "Item", "Link", "Picture", "Repeat", "build_picture"]
 
@@ -103,7 +103,7 @@ def build_picture(
         raise UsageError(_nothing_deferred(obj, targets))
     picture = _Builder(targets, isinstance(obj, nn.Module)).build(modules)
     if collapse_repeats:
-        from torchdefer.viz.repeat import collapse
+        from torchdefer.viz._repeat import collapse
 
         picture = collapse(picture)
     if max_nodes is not None:

@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from torchdefer.errors import UsageTypeError
-from torchdefer.materialize.plan import recorded_slice
-from torchdefer.recorder.graph import Node, NodeKind, Value
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
+from torchdefer.materialize._plan import recorded_slice
+from torchdefer.recorder._graph import Node, NodeKind, Value
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor, holds_deferred
 from torchdefer.viz._format import (
     fmt_dtype,
     fmt_meta,
@@ -18,7 +18,7 @@ from torchdefer.viz._format import (
     node_title,
     rng_text,
 )
-from torchdefer.viz.target import describe_real, module_paths, owner_names
+from torchdefer.viz._target import describe_real, module_paths, owner_names
 
 __all__ = ["explain"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from torchdefer.viz.picture import Item, Link, Picture, Repeat
+from torchdefer.viz._picture import Item, Link, Picture, Repeat
 
 __all__ = ["collapse"]
 

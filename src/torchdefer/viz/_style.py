@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdefer.recorder.graph import NodeKind
-from torchdefer.viz.picture import ELIDED, REAL, TENSOR
+from torchdefer.recorder._graph import NodeKind
+from torchdefer.viz._picture import ELIDED, REAL, TENSOR
 
 __all__ = ["EDGE_STYLES", "NODE_STYLES", "cluster_style", "legend"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdefer.recorder.target import target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._target import target_of
+from torchdefer.recorder._tensor import DeferredTensor
 from torchdefer.viz._format import DASH, TIMES, fmt_bytes, fmt_dtype
 
 __all__ = ["memory_table", "module_tree"]

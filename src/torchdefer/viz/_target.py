@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torchdefer.errors import UsageTypeError
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._tensor import DeferredTensor
 from torchdefer.viz._format import fmt_dtype, fmt_shape
 
 __all__ = ["Target", "module_paths", "owner_names", "targets_of"]

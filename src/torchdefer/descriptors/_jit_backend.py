@@ -10,7 +10,7 @@ branches constant propagation and dead-code elimination then delete. One
 graph serves every call the descriptors admit: TorchScript is generic in
 sizes, dtypes and lengths.
 
-Descriptors take precedence over missing annotations (the RFC): a described
+Descriptors take precedence over missing annotations: a described
 parameter without an annotation is compiled with the type its descriptor
 gives (``Tuple[Tensor, Tensor]``, ``int``, ``bool`` for ``flag=True``), where
 TorchScript alone would assume ``Tensor``. An undescribed parameter stays

@@ -2,9 +2,9 @@
 
 A user writes a descriptor per parameter: a :class:`MetaTensorType`, a plain
 Python value (value specialization), a typing object (``int``, ``List[int]``,
-``list[MetaTensorType]``, ``Optional[...]``, as the RFC lists), or a tuple /
-list / dict of these shaped like the argument (seed 003's "spec formatted the
-way the function is called"). :func:`parameters` binds them to the signature
+``list[MetaTensorType]``, ``Optional[...]``), or a tuple /
+list / dict of these shaped like the argument (the descriptors are written
+the way the function is called). :func:`parameters` binds them to the signature
 and :func:`normalize` turns each into a ``torch.utils._pytree`` tree whose
 containers are the argument's own (any type registered with pytree) and whose
 leaves are ``MetaTensorType`` or one of the classes below. Paths in messages

@@ -1,6 +1,6 @@
 """Which device an op's outputs live on, and whether a device can be faked.
 
-The rules follow the fake-tensor design note (seed 001): an explicit ``device``
+The rule: an explicit ``device``
 argument wins, else the devices of the tensor arguments, else the CPU. Among
 tensor arguments a 0-dim CPU tensor yields to a tensor on an accelerator, as in
 eager PyTorch (``cuda_tensor * torch.tensor(2.)`` lives on CUDA).

@@ -1,7 +1,7 @@
 """FakeTensor: a tensor that reports a real device but has only meta storage.
 
 Following PyTorch's own ``torch._subclasses.fake_tensor``, the tensor's own
-TensorImpl *is* a meta tensor (the "shadow" of seed 001), created with
+TensorImpl *is* a meta tensor (its "shadow"), created with
 ``_make_subclass(..., dispatch_device=True)`` so that ``.device`` is answered in
 Python with the device the code asked for. Kernels run on the meta backend; the
 tensor allocates no storage. Owning the impl (rather than wrapping a separate

@@ -1,4 +1,4 @@
-"""Which recorded nodes must run to produce some values: the slice of seed 001.
+"""Which recorded nodes must run to produce some values: the slice of the graph.
 
 Walk from the wanted values back in time, keeping the ``(value, version)``
 pairs still needed. A value needs the node that produced it and every node

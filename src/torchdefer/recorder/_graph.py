@@ -2,7 +2,7 @@
 
 A :class:`Node` knows its inputs (values, with the storage version each was
 read at) and its outputs; a :class:`Storage` knows every node that wrote it, in
-order, so the graph can be walked both ways (seed 001, "Mutable Tensors"). The
+order, so the graph can be walked both ways (mutations included). The
 graph holds no list of all nodes: nodes live as long as a tensor, a storage or
 an RNG stream can reach them, so materialized parts are freed by the GC.
 

@@ -1,12 +1,14 @@
 """The package structure docs/ARCHITECTURE.md describes, checked from the source.
 
-Three rules, read with ``ast`` from ``src/torchdefer`` (nothing is imported):
+Four rules, read with ``ast`` from ``src/torchdefer`` (nothing is imported):
 
 * no import circle inside a package is larger than three files;
 * imports between packages point down the table of docs/ARCHITECTURE.md
   ("Packages and the one-way rule");
 * no package reads another package's private fields (``t._value`` where
-  ``_value`` is set in another package): between packages, only public doors.
+  ``_value`` is set in another package): between packages, only public doors;
+* a module whose name has no leading ``_`` is public (users import it by path):
+  it is listed in PUBLIC_MODULES and in docs/ARCHITECTURE.md's "Public modules".
 
 An import inside a function counts as much as one at the top of a module: it
 runs all the same, and hiding an import in a function does not remove the

@@ -55,6 +55,10 @@ _add("descriptors", "archive: checker: describe: export_backend: jit_backend: "
      "meta_tensor_type: object_of: outputs: program: tree: weights: errors:torchdefer.errors")
 _add("rng", "bounds: chunks: gf2: ledger: ranges: rejection: states: stream: uniform_rejection:")
 
+# Names a package re-exports that are also the old name of one of its modules:
+# ``from torchdefer.recorder import composite`` imports the function, not the module.
+FUNCTIONS = {"torchdefer.recorder.composite", "torchdefer.descriptors.describe"}
+
 FOLDED = {old for old, new in RENAMES.items() if new.rpartition(".")[0] != old.rpartition(".")[0]}
 MOVED = {old: new for old, new in RENAMES.items() if old not in FOLDED}
 
@@ -112,7 +116,7 @@ def _from_imports(text: str, module: str | None) -> str:
                           node.module or ""))
         for alias in node.names:
             full = f"{base}.{alias.name}"
-            if full in MOVED:
+            if full in MOVED and full not in FUNCTIONS:
                 new = MOVED[full].rpartition(".")[2]
                 repl = f"{new} as {alias.name}" if alias.asname is None else new
                 edits.append((node.lineno - 1, node.end_lineno or node.lineno, alias.name, repl))

@@ -320,6 +320,7 @@ PUBLIC_MODULES = frozenset({
 NOT_YET_RENAMED: dict[str, str] = {
     "torchdefer.materialize.api": "_api",
     "torchdefer.materialize.cache": "_cache",
+    "torchdefer.materialize.concurrent": "_concurrent",
     "torchdefer.materialize.parallel": "_parallel",
     "torchdefer.materialize.rng": "_rng_replay",
     "torchdefer.recorder.rng": "_rng_placement",

@@ -55,6 +55,8 @@ SIGNALS = {
     "torchdefer.checkpoint._pipeline.Aborted": "caught in Pipeline._write",
     "torchdefer._cli.CliError": "caught in cli.main, which returns exit status 2",
     "torchdefer.descriptors._program._Unknown": "caught in descriptors.program",
+    "torchdefer.materialize.concurrent.NeedsAlone":
+        "caught by the concurrent scheduler (_Flight.take), which replays that tensor alone",
     "torchdefer.materialize._local_call.NotSliceable":
         "caught by row replay (distributed.rows, materialize.parallel), which falls back to "
         "whole tensors",
@@ -171,7 +173,7 @@ def test_every_class_of_torchdefer_errors_is_a_torchdefer_error_and_exported():
 
 
 # The package-level names users import (the modules that re-exported them, such as
-# `torchdefer.checkpoint.errors`, were folded away in issue 22 item 6, unreleased).
+# `torchdefer.errors`, were folded away in issue 22 item 6, unreleased).
 @pytest.mark.parametrize("old, names", [
     ("torchdefer.recorder", ["RecordingError"]),
     ("torchdefer.recorder._refusals", ["EagerRefusalError"]),

@@ -100,7 +100,7 @@ def _node_fields(node):
     return (node.seq, node.kind, str(node.op), [leaf(x) for x in node.leaves], node.spec,
             [leaf(v) for v in node.inputs], node.reads,
             [(s.id, version) for s, version in node.writes],
-            [(v.index, v.storage.id, v.meta) for v in node.outputs],
+            [(v.index, v.storage.id, v.storage.nbytes, v.meta) for v in node.outputs],
             rng, node.source, node.ambient, type(node.payload))
 
 

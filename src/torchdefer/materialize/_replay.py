@@ -25,6 +25,7 @@ from torchdefer._hooks import CALL_RUNNER
 from torchdefer.errors import DeviceUnavailableError, ExternalTensorModifiedError, ReplayError
 from torchdefer.fake import _pinned
 from torchdefer.fake._output_device import device_available
+from torchdefer.materialize import concurrent
 from torchdefer.materialize._error_context import with_context
 from torchdefer.materialize._plan import Substitute, make_plan
 from torchdefer.materialize._writes import call_watching_writes
@@ -105,9 +106,12 @@ class Replay:
         env: dict[int, torch.Tensor] = {}
         # id(storage) -> {id(value): (value, real layout)} of the values computed
         layouts: dict[int, dict[int, tuple[Value, TensorMeta]]] = {}
+        beside_others = concurrent.on_worker()  # may not switch process-wide settings
         with torch.no_grad(), AmbientSwitch() as ambient:
             try:
                 for i, node in enumerate(plan.nodes):
+                    if beside_others:
+                        concurrent.check_ambient(node.ambient)
                     ambient.use(node.ambient)  # default dtype, deterministic mode
                     if id(node) in plan.passthrough:
                         outs = self._pass_through(node, env, plan.cached)

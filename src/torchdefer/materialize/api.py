@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import threading
 from collections.abc import Callable, Generator
@@ -16,7 +15,7 @@ from torchdefer import _compat
 from torchdefer._hooks import SHARDED_MATERIALIZER, VALUE_READER
 from torchdefer.errors import UsageTypeError
 from torchdefer.fake._output_device import device_available
-from torchdefer.materialize import parallel
+from torchdefer.materialize import concurrent, parallel
 from torchdefer.materialize._convert import cast, check_dtype
 from torchdefer.materialize._replay import Replay
 from torchdefer.materialize._swap import real_tensor, recorded_inference, swap_in
@@ -132,16 +131,22 @@ def materialize_module(
             per tensor instead.
         threads: threads that draw each large CPU random fill (``normal_``,
             ``uniform_`` ... of a million elements or more), each a chunk of
-            it from its own jumped generator state, into the tensor; the bits
-            and the generator states are eager's (see
-            :mod:`torchdefer.materialize.parallel`). None:
+            it from its own jumped generator state, into the tensor (and,
+            inside :func:`torchdefer.materialize.concurrent.side_by_side`,
+            an experiment off by default, that replay small independent
+            tensors side by side); the bits and the generator states are
+            eager's (see :mod:`torchdefer.materialize.parallel`). None:
             ``torch.get_num_threads()``; 1: every call drawn whole.
 
     Returns:
         ``module`` itself (typed as the module you passed).
 
-    Each tensor is replayed, converted and swapped in before the next one is
-    replayed, so the module never holds more than one tensor's replay at once.
+    Tensors are swapped in one at a time, in order, each converted first,
+    and each replayed only after the one before was swapped in. (Side by
+    side, tensors too small to split are replayed concurrently, in windows
+    of consecutive tensors whose bytes fit a budget, a quarter of all of them
+    or the largest tensor's if more; a failure still leaves the module as
+    one at a time does.)
 
     Raises:
         SwapError: PyTorch refused to make a tensor real in place (C++ code
@@ -174,13 +179,16 @@ def materialize_module(
     found, grads = _deferred_reached(module, buffers_only, check_fn)
     if not found:
         return module
-    # One tensor per replay, swapped in at once: a later replay finds the
-    # storages it shares in the cache (kept alive by the module), and no
-    # replay holds more than one tensor's intermediates.
-    replay = functools.partial(_materialize, threads=threads)
-    with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           replay)) as replayed:
+    # One tensor per replay, swapped in at once, in order: a later replay finds
+    # the storages it shares in the cache (kept alive by the module). Small
+    # independent tensors replay side by side within a memory budget
+    # (materialize.concurrent); a failure leaves the module as the serial
+    # order would.
+    with parallel.threads_used(threads), contextlib.closing(
+            _each_replayed(module, found, device, dtype, progress, _replay,
+                           side_by_side=True)) as replayed:
         for name, fake, real in replayed:
+            mark_replayed(target_of(fake), real)
             swap_in(fake, real, name)
     with suspended():
         for parameter, grad in grads:
@@ -214,7 +222,7 @@ def replay_tensors(
     ``materialize_module`` finds them through the module.
     """
     with contextlib.closing(_each_replayed(module, found, device, dtype, progress,
-                                           _replay)) as replayed:
+                                           _replay, side_by_side=False)) as replayed:
         return list(replayed)
 
 
@@ -225,10 +233,24 @@ def _each_replayed(
     dtype: torch.dtype | None,
     progress: ProgressSpec,
     replay: Callable[[DeferredTensor, torch.device | None, str], torch.Tensor],
+    *,
+    side_by_side: bool,
 ) -> Generator[tuple[str, DeferredTensor, torch.Tensor], None, None]:
     """``(path, deferred tensor, real tensor)`` for each of ``found`` in turn, cast to
-    ``dtype``, inside one call of each graph's cache and one progress bar."""
-    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in found.items()}
+    ``dtype``, inside one call of each graph's cache and one progress bar.
+    ``side_by_side``: small independent tensors replay concurrently
+    (:mod:`~torchdefer.materialize.concurrent`; the results come in order)."""
+    items = list(found.items())
+    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in items}
+    threads = parallel.current_threads() if side_by_side else 1
+    jobs = [_job(i, fake, device, threads) for i, (_, fake) in enumerate(items)]
+
+    def run(job: concurrent.Job) -> torch.Tensor:
+        name, fake = items[job.index]
+        real = replay(fake, device, name)
+        with suspended():  # as in materialize_tensor
+            return cast(real, dtype)
+
     with Progress("materialize", len(found), sum(sizes.values()), progress) as bar, \
             contextlib.ExitStack() as one_call:
         # One call of each graph's cache: a tensor computed at construction from
@@ -237,13 +259,23 @@ def _each_replayed(
         graphs = (target_of(f).graph for f in found.values())
         for graph in {id(g): g for g in graphs}.values():
             one_call.enter_context(cache_for(graph).call())
-        for name, fake in found.items():
+        for name, fake in items:  # on this thread: warnings are process-wide state
             warn_broken_ties(fake, name, module)
-            real = replay(fake, device, name)
-            with suspended():  # as in materialize_tensor
-                real = cast(real, dtype)
-            yield name, fake, real
-            bar.advance(name, sizes[name])
+        with contextlib.closing(concurrent.replayed_in_order(jobs, run, threads)) as replayed:
+            for job, real in replayed:
+                name, fake = items[job.index]
+                yield name, fake, real
+                bar.advance(name, sizes[name])
+
+
+def _job(index: int, fake: DeferredTensor, device: torch.device | None,
+         threads: int) -> concurrent.Job:
+    target = target_of(fake)
+    meta = target.meta
+    numel = math.prod(meta.size)
+    return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
+                          storage=(id(target.graph), target.storage.id),
+                          alone=concurrent.is_alone(numel, device or meta.device, threads))
 
 
 def mark_replayed(target: Target, real: torch.Tensor) -> None:

@@ -68,9 +68,15 @@ class ReplayCache:
     was in dimensions of size 1 (the same elements), else replayed from
     scratch when only its contents are wanted, and refused when it is wanted
     as a view of the user's tensor (a copy would not see the user's writes).
+
+    Thread-safe: ``materialize_module(threads=N)`` replays independent tensors
+    on several threads at once, each looking up and storing here; one lock
+    guards every read and write of the tables (held for dictionary work only,
+    never while a tensor is computed).
     """
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         # (Storage.id, device key) -> what is cached of it
         self._storages: dict[tuple[int, str], _Entry] = {}
         # (Storage.id, device key) -> whether every replayed layout that differed
@@ -87,13 +93,15 @@ class ReplayCache:
         """One materialization call: the user's code does not run until it returns,
         so what it stores answers reads of contents until then. Nested calls
         (a replay a replay needs) are part of the outer one."""
-        if not self._depth:
-            self._call += 1
-        self._depth += 1
+        with self._lock:
+            if not self._depth:
+                self._call += 1
+            self._depth += 1
         try:
             yield
         finally:
-            self._depth -= 1
+            with self._lock:
+                self._depth -= 1
 
     def lookup(
         self, value: Value, version: int, device_key: str, *, alias: bool = False,
@@ -103,6 +111,12 @@ class ReplayCache:
         ``alias``: the tensor is wanted as what a target is (eager's view of
         the user's tensor, changes included), not as contents a recorded op read.
         """
+        with self._lock:
+            return self._lookup(value, version, device_key, alias)
+
+    def _lookup(
+        self, value: Value, version: int, device_key: str, alias: bool,
+    ) -> torch.Tensor | None:
         if alias and value.storage.id in self._replaced:
             raise ReplayError(
                 f"The tensor of shape {value.meta.size} recorded at {value.node.where()} "
@@ -165,7 +179,9 @@ class ReplayCache:
         ref = StorageWeakRef(real.untyped_storage())
         known = {value_key(v): meta for v, meta in (layouts or {}).values()}
         known[value_key(value)] = TensorMeta.of(real, real.device)
-        self._storages[(value.storage.id, device_key)] = _Entry(ref, version, known, self._call)
+        with self._lock:
+            self._storages[(value.storage.id, device_key)] = _Entry(ref, version, known,
+                                                                    self._call)
 
     def check_layout(self, value: Value, real: Any, device_key: str) -> None:
         """Note when a replayed tensor's layout differs from the recorded one."""
@@ -176,7 +192,8 @@ class ReplayCache:
             return
         key = (value.storage.id, device_key)
         kept = same_elements(TensorMeta.of(real, real.device), meta)
-        self._diverged[key] = kept and self._diverged.get(key, True)
+        with self._lock:
+            self._diverged[key] = kept and self._diverged.get(key, True)
 
 
 def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
@@ -231,26 +248,28 @@ def keep_loaded(value: Value, real: torch.Tensor) -> Callable[[], None]:
         return _nothing
     cache, sid = cache_for(graph), value.storage.id
     keys = _loaded_keys(value, real)
-    before = {k: cache._storages.get((sid, k)) for k in keys}
-    replaced = sid in cache._replaced
-    if keys:
-        first, *others = keys
-        cache.store(value, value.storage.version, first, real)
-        kept = cache._storages.get((sid, first))  # None: an external storage, never kept
-        if kept is not None:
-            for key in others:
-                cache._storages[(sid, key)] = kept  # frozen, its layouts never changed: shared
-    else:
-        cache._replaced.add(sid)
+    with cache._lock:
+        before = {k: cache._storages.get((sid, k)) for k in keys}
+        replaced = sid in cache._replaced
+        if keys:
+            first, *others = keys
+            cache.store(value, value.storage.version, first, real)
+            kept = cache._storages.get((sid, first))  # None: an external storage, never kept
+            if kept is not None:
+                for key in others:
+                    cache._storages[(sid, key)] = kept  # frozen, layouts never change: shared
+        else:
+            cache._replaced.add(sid)
 
     def undo() -> None:
-        for key, entry in before.items():
-            if entry is None:
-                cache._storages.pop((sid, key), None)
-            else:
-                cache._storages[(sid, key)] = entry
-        if not replaced:
-            cache._replaced.discard(sid)
+        with cache._lock:
+            for key, entry in before.items():
+                if entry is None:
+                    cache._storages.pop((sid, key), None)
+                else:
+                    cache._storages[(sid, key)] = entry
+            if not replaced:
+                cache._replaced.discard(sid)
 
     return undo
 

@@ -180,7 +180,9 @@ def on_eager_devices(
 # CUDA call (its Philox state is offset bookkeeping of the device's default
 # generator) or an op with no overload taking ``generator=``. The borrowers
 # take it one at a time, or one thread would draw from the state another set.
-_DEFAULT_GENERATOR = threading.Lock()
+# So does a call checked for draws from the default generators (it reads and
+# puts back their states): re-entrant, as such a call may replay a random op.
+_DEFAULT_GENERATOR = threading.RLock()
 
 
 def draw(
@@ -307,11 +309,15 @@ def call_checking_draws(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any
     if getattr(node.op, "namespace", None) in TRUSTED_NAMESPACES:
         return node.op(*args, **kwargs)
     generators = _default_generators()
-    before = [get_state(g) for g in generators]
-    out = node.op(*args, **kwargs)
-    moved = [g for g, s in zip(generators, before) if not torch.equal(get_state(g), s)]
-    for g, s in zip(generators, before):
-        g.set_state(s)
+    # Under the borrowers' lock: another thread's replay borrowing a default
+    # generator (materialize_module(threads=N)) would look like a draw here,
+    # and putting the state back would move its generator under it.
+    with _DEFAULT_GENERATOR:
+        before = [get_state(g) for g in generators]
+        out = node.op(*args, **kwargs)
+        moved = [g for g, s in zip(generators, before) if not torch.equal(get_state(g), s)]
+        for g, s in zip(generators, before):
+            g.set_state(s)
     if moved:
         raise UntaggedRandomOpError(
             f"{node.name}, recorded at {node.where()}, drew random numbers from the default "

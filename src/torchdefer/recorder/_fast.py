@@ -18,6 +18,10 @@ keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
 answers them. The meta kernel still makes a factory's or a detach's output,
 and ``rng._ledger`` still places each random call.
+
+The fast paths are called by ``record_call`` alone: the user's line is looked
+for from ``record_call``'s caller up, past the recording mode's dispatch
+wrappers unwalked (``_mode.DISPATCH_WRAPPERS``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
 from torchdefer.fake._tensor import run_on_meta
+from torchdefer.recorder import _mode as mode
 from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage_versions import write
@@ -65,14 +70,28 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return SLOW
     leaves = [value, *args[1:]]
     kind = _INPLACE if func is _FILL_ else _RANDOM
-    node = graph.add_node(kind, func, leaves, _SPECS[len(args)], (value,), (storage.version,))
+    node = graph.add_node(kind, func, leaves, _SPECS[len(args)], (value,), (storage.version,),
+                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     node.writes = (write(node, storage),)
     # In place, metadata untouched: the same object holds a new value.
     self._value = Value(node, 0, storage, value.meta)
     node.outputs.append(self._value)
     if kind is _RANDOM:
-        graph.rng.place(node, None, self.fake_device)
+        graph.rng.place_plain(node, self.fake_device, _draw_key(func, args, value.meta))
     return self
+
+
+def _draw_key(func: Any, args: tuple, meta: TensorMeta) -> tuple[Any, ...]:
+    """All that decides a plain fill's draws (``recorder.rng._signature``'s fields:
+    the spec follows from the number of arguments, the output's metadata is
+    self's), flat: the arity is the key's length, each number comes with its type."""
+    if len(args) == 3:
+        a, b = args[1], args[2]
+        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a, type(b), b)
+    if len(args) == 2:
+        a = args[1]
+        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a)
+    return (id(func), meta.size, meta.stride, meta.dtype)
 
 
 def _plain(func: Any, args: tuple, graph: Graph) -> bool:
@@ -87,9 +106,10 @@ def _plain(func: Any, args: tuple, graph: Graph) -> bool:
     limit = _LIMITS.get(meta.dtype)
     if limit is None or meta.device.type == "meta" or meta.conj or meta.neg:
         return False
-    for size, stride in zip(meta.size, meta.stride):
-        if stride == 0 and size > 1:  # internal overlap: eager refuses the write
-            return False
+    if 0 in meta.stride:  # rare: the pairwise walk only then (zip allocates, per fill)
+        for size, stride in zip(meta.size, meta.stride):
+            if stride == 0 and size > 1:  # internal overlap: eager refuses the write
+                return False
     for x in args[1:]:
         if (type(x) is not float and type(x) is not int) or not abs(x) <= limit:
             return False
@@ -113,7 +133,8 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     elem = _on_meta(func, self)
     # `t.data` reaches the dispatcher as this detach (recorder.tensor marks it).
     kind = _DATA_GET if DATA_GET_CALL.active else _VIEW
-    node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,))
+    node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,),
+                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     out = DeferredTensor(elem, device)
     out._graph = graph
     out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
@@ -159,21 +180,36 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         return SLOW  # in eager's words where they differ (record.eager_error)
     leaves = [*sizes, *kwargs.values()]
     keys = tuple(kwargs)
-    shape = ((list, len(sizes)),) + (None,) * len(keys)
     if kwargs.get("dtype") is None:  # "the default dtype now": recorded as the dtype it gave
         if "dtype" in keys:
             leaves[len(sizes) + keys.index("dtype")] = out.dtype
         else:
             leaves.append(out.dtype)
-            keys, shape = (*keys, "dtype"), (*shape, None)
-    node = graph.add_node(_FACTORY, func, leaves, (1, keys, shape), (), ())
+            keys = (*keys, "dtype")
+    node = graph.add_node(_FACTORY, func, leaves, _factory_spec(len(sizes), keys), (), (),
+                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
     fake = DeferredTensor(out, device)
-    storage = graph.new_storage(node, out.untyped_storage().nbytes())
+    # A fresh contiguous output's storage is its elements; asking the storage
+    # (untyped_storage()) would make a Python object that lives as long as it.
+    storage = graph.new_storage(node, out.nbytes)
     graph.holders[_compat.storage_id(fake)] = fake
     fake._graph = graph
     fake._value = Value(node, 0, storage, TensorMeta.of(out, device))
     node.outputs.append(fake._value)
     return fake
+
+
+# (number of sizes, keywords) -> flatten_call's spec of (sizes, **keywords). Shared
+# by the nodes of one form: a spec holds the type `list`, so each copy would be
+# three more objects the cyclic GC tracks, per factory call.
+_factory_specs: dict[tuple[int, tuple[str, ...]], tuple[Any, ...]] = {}
+
+
+def _factory_spec(n: int, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    spec = _factory_specs.get((n, keys))
+    if spec is None:  # few forms: a model's tensors have few ranks
+        spec = _factory_specs[(n, keys)] = (1, keys, ((list, n),) + (None,) * len(keys))
+    return spec
 
 
 FAST_OPS: dict[int, Any] = {

@@ -14,7 +14,7 @@ from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
 from torchdefer.recorder._graph import Graph
 
-__all__ = ["RecordingMode", "recording", "suspended"]
+__all__ = ["DISPATCH_WRAPPERS", "RecordingMode", "recording", "suspended"]
 
 _FAKE = _compat.FAKE_MODE_KEY
 
@@ -34,6 +34,8 @@ class RecordingMode(FakeSlotMode):
     def __enter__(self) -> RecordingMode:
         out = super().__enter__()  # imports torch._dynamo first (FakeSlotMode)
         _compat.skip_dynamo_disable_when_not_compiling(RecordingMode)
+        global DISPATCH_WRAPPERS
+        DISPATCH_WRAPPERS = _compat.dispatch_wrapper_frames(RecordingMode)
         return out  # type: ignore[return-value]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -51,6 +53,9 @@ class RecordingMode(FakeSlotMode):
 
 
 _DEVICE = torch.ops.prim.device.default
+DISPATCH_WRAPPERS: Any = None
+"""``user_frame``'s ``past`` for a call from :class:`RecordingMode`'s ``__torch_dispatch__``
+(``_compat.dispatch_wrapper_frames``), known once a recording was entered."""
 
 
 def _any_fake(types: Any) -> bool:

@@ -7,7 +7,8 @@ recorder adds is *when* a marker may stand in for the exact state:
 
 * outside ``deferred_init`` (``model.apply(init_fn)`` on a deferred model):
   never; each recorded random op moves the generator at once;
-* inside it: while the recording thread is the only Python thread and every
+* inside it: while the recording thread is the only Python thread (torchdefer's
+  kept draw threads aside: they draw only while their caller waits) and every
   read of a generator's state is seen (``_compat.generator`` intercepts
   ``Generator.get_state`` and its neighbours while a recording runs, and
   ``recorder._threads`` routes each read to the reading thread's recording,
@@ -30,6 +31,7 @@ from torchdefer.errors import RecordingError
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder._graph import Value
 from torchdefer.recorder._threads import reads_seen, recording_thread
+from torchdefer.rng import kept_threads
 from torchdefer.rng._ledger import RngLedger, cuda_states
 from torchdefer.rng._stream import CallReader
 from torchdefer.rng.draws import TensorInfo
@@ -80,6 +82,16 @@ NODE_READER = CallReader(describe=meta_call, signature=_signature)
 """How rng reads a recorded node's arguments."""
 
 
+def _alone() -> bool:
+    """Whether the calling thread is the only one that may draw: no other Python thread
+    but torchdefer's kept draw threads (``rng.kept_threads``), which run only while a
+    split draw's caller waits for them (a threaded materialization keeps them
+    alive; counting them would make every later recording move the generator
+    to its exact state after each random op, a jump each)."""
+    others = threading.active_count() - 1
+    return others == 0 or others == kept_threads()
+
+
 class RngRecorder(RngLedger):
     """The ledger of one recording, with the recording's rules for markers."""
 
@@ -110,6 +122,23 @@ class RngRecorder(RngLedger):
         else:  # what RngLedger.place does then, one call fewer for each random op
             self._place(node, generator, device, self._lazy())
 
+    def place_plain(self, node: Any, device: torch.device, key: tuple[Any, ...]) -> None:
+        """:meth:`place` of a call on ``device``'s default generator that ``key`` describes
+        wholly (``rng._stream.plain_cpu_effect``); its common case in one step
+        (``RngLedger.try_place_plain``), the rest by :meth:`place`.
+
+        ``device`` is not meta.
+        """
+        if not (
+            self._deferring  # self._lazy(), inline: this runs for every random op
+            and threading.get_ident() == self._thread
+            and _alone()
+            and reads_seen()
+            and not torch.is_inference_mode_enabled()
+            and self.try_place_plain(node, device, key)
+        ):
+            self.place(node, None, device)
+
     def sync(self, generator: torch.Generator | None = None) -> None:
         from torchdefer.recorder._mode import suspended
 
@@ -132,7 +161,7 @@ class RngRecorder(RngLedger):
         return (
             self._deferring > 0
             and threading.get_ident() == self._thread
-            and threading.active_count() == 1
+            and _alone()
             and reads_seen()
         )
 

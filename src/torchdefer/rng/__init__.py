@@ -20,6 +20,7 @@ for states and replays.
 from torchdefer.rng._ledger import RngLedger
 from torchdefer.rng._states import CrossDeviceRestoreWarning, RngStates
 from torchdefer.rng._stream import CallReader, Position, RandomCall, Stream
+from torchdefer.rng._workers import kept_threads
 from torchdefer.rng.draws import Effect, effect, known_random_op
 from torchdefer.rng.mt19937 import advance, layout_known
 
@@ -34,6 +35,7 @@ __all__ = [
     "Stream",
     "advance",
     "effect",
+    "kept_threads",
     "known_random_op",
     "layout_known",
 ]

@@ -34,7 +34,16 @@ from torchdefer.errors import UnsupportedError
 from torchdefer.rng import mt19937
 from torchdefer.rng._gf2 import tensor_bytes
 from torchdefer.rng._states import RngStates
-from torchdefer.rng._stream import CallReader, Epoch, Placement, Position, Stream, model_of
+from torchdefer.rng._stream import (
+    CallReader,
+    Epoch,
+    Placement,
+    Position,
+    Stream,
+    advance,
+    model_of,
+    plain_cpu_effect,
+)
 
 __all__ = ["RngLedger", "default_generator"]
 
@@ -144,6 +153,54 @@ class RngLedger:
                 self._leave_marker(stream, epoch, real, current, same)
             else:
                 self._sync(stream, epoch, real)
+
+    def try_place_plain(self, call: Any, device: torch.device, key: tuple[Any, ...]) -> bool:
+        """:meth:`place` of the commonest call, with ``lazy``; False (nothing done) if not it.
+
+        The commonest call (nearly every random op of a model's ``__init__``)
+        draws from ``device``'s default CPU generator, which still holds the
+        marker this ledger left after the call before, in an epoch whose
+        layout is current, and its draws are counted by the model. Then its
+        place is the layout's end and the marker's count moves on, as
+        :meth:`place` would do, without the general steps (stream keys, epoch
+        checks, the call's signature). ``key`` describes the call wholly
+        (:func:`rng._stream.plain_cpu_effect`). Outside inference mode only.
+        ``get_state``/``set_state`` reach no dispatch mode (no guard needed).
+        """
+        stream = self._default_streams.get(device)
+        if stream is None or stream.left_key is None or stream.model != "cpu":
+            return False
+        marker = stream.left  # the marker tensor (left_key says it is one)
+        if marker is None:
+            return False
+        epoch = stream.epochs[-1]
+        layout = epoch.layouts.get("cpu")
+        if layout is None or len(layout.starts) != len(epoch.calls):
+            return False  # calls placed after a replay computed this layout: the general path
+        start = layout.end
+        after = advance(start, plain_cpu_effect(call, key, self.states.reader), layout.anchor_cache)
+        if after is None:  # an anchor, or a cached normal to read: the general path
+            return False
+        real = torch.default_generator
+        left_key = stream.left_key
+        if _key(get_state(real)) != left_key:  # user code set the state: a new epoch
+            return False
+        call.rng = Placement(stream, len(stream.epochs) - 1, len(epoch.calls))
+        epoch.calls.append(call)
+        layout.starts.append(start)
+        layout.end = after
+        # _leave_marker's case of a generator holding the marker left last.
+        count = self._count_words.get(id(stream))
+        if count is None or count[0] is not marker:
+            self._leave_marker(stream, epoch, real, marker, True)
+            return True
+        self._marker_count += 1
+        count[1].value = self._marker_count
+        marker_key = _COUNT.pack(self._marker_count) + left_key[_COUNT.size:]
+        self._markers[marker_key] = (stream, epoch, after)
+        real.set_state(marker)
+        stream.left_key = marker_key
+        return True
 
     def _stream(self, generator: torch.Generator | None, device: torch.device) -> Stream:
         if generator is None:

@@ -12,7 +12,10 @@ call the model cannot count is reached by running that call (the runner
 replay, and this package imports it not).
 
 Known states are kept per epoch (a bounded number), so a tensor materialized
-after its neighbour starts where the neighbour's draws ended.
+after its neighbour starts where the neighbour's draws ended. Replays on
+several threads (``materialize_module(threads=N)``) share them: one re-entrant
+lock guards the layouts and the known states, and is let go while a jump is
+computed, so the threads' jumps run side by side.
 
 Replayed on the other kind of device than recorded (a CPU recording
 materialized with ``device="cuda"``, or the reverse), a stream gives the values
@@ -34,6 +37,7 @@ start (eager code on one device would have interleaved their draws).
 from __future__ import annotations
 
 import bisect
+import threading
 import warnings
 from typing import Any
 
@@ -86,11 +90,18 @@ class RngStates:
         # (id(epoch), model, anchor) -> sorted [(words, cache key, position, state)]
         self._known: dict[tuple[int, Model, int], list[_Entry]] = {}
         self._epochs: dict[int, Epoch] = {}  # keeps ids above valid
+        # Guards the layouts and the known states. Re-entrant: reaching an anchor
+        # runs a call, whose replay asks for states again on the same thread.
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------ layouts
 
     def layout(self, stream: Any, epoch: Epoch, model: Model) -> Layout:
         """``epoch``'s positions for ``model``, computed from its calls when first asked."""
+        with self._lock:
+            return self._layout(stream, epoch, model)
+
+    def _layout(self, stream: Any, epoch: Epoch, model: Model) -> Layout:
         layout = epoch.layouts.get(model)
         if layout is None:
             layout = epoch.layouts[model] = Layout()
@@ -104,6 +115,10 @@ class RngStates:
 
     def append(self, stream: Any, epoch: Epoch, model: Model, node: Any) -> Position:
         """Place ``node`` at the end of ``epoch``'s layout for ``model``; its start."""
+        with self._lock:
+            return self._append(stream, epoch, model, node)
+
+    def _append(self, stream: Any, epoch: Epoch, model: Model, node: Any) -> Position:
         layout = epoch.layouts[model]
         start = layout.end
         layout.starts.append(start)
@@ -170,6 +185,12 @@ class RngStates:
         self, stream: Any, epoch: Epoch, model: Model, position: Position, state: torch.Tensor
     ) -> None:
         """A state a replay reached for real; a different known one means a wrong model."""
+        with self._lock:
+            self._remember(stream, epoch, model, position, state)
+
+    def _remember(
+        self, stream: Any, epoch: Epoch, model: Model, position: Position, state: torch.Tensor
+    ) -> None:
         key = (id(epoch), model, position.anchor)
         self._epochs[id(epoch)] = epoch
         entries = self._known.setdefault(key, [])
@@ -189,15 +210,17 @@ class RngStates:
 
     def state_at(self, stream: Any, epoch: Epoch, model: Model, position: Position) -> torch.Tensor:
         key = (id(epoch), model, position.anchor)
-        entries = self._known.get(key)
-        if not entries:
-            anchor_state = self._anchor_state(stream, epoch, model, position.anchor)
-            self.remember(stream, epoch, model, Position(position.anchor, 0), anchor_state)
-            entries = self._known[key]
-        found = self._exact(entries, position)
-        if found is not None:
-            return found
-        state = self._reach(entries, position, model)
+        with self._lock:
+            entries = self._known.get(key)
+            if not entries:
+                anchor_state = self._anchor_state(stream, epoch, model, position.anchor)
+                self._remember(stream, epoch, model, Position(position.anchor, 0), anchor_state)
+                entries = self._known[key]
+            found = self._exact(entries, position)
+            if found is not None:
+                return found
+            known = list(entries)  # another thread may add to the list while we jump
+        state = self._reach(known, position, model)
         self.remember(stream, epoch, model, position, state)
         return state
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.rng import cuda_increments, draws, philox
 from torchdefer.rng.draws import Effect, TensorInfo
 
@@ -48,6 +49,7 @@ __all__ = [
     "call_effect",
     "kind_of",
     "model_of",
+    "plain_cpu_effect",
 ]
 
 # The cached-normal state of a Position: None (none cached), ANCHOR (whatever
@@ -257,4 +259,30 @@ def _cpu_effect(call: Any, func: Any, reader: CallReader) -> draws.Effect | None
         if len(_effects) >= _EFFECTS_KEPT:
             _effects.clear()
         _effects[key] = effect
+    return effect
+
+
+# Effects of the plainest calls by a key their recorder gives (see
+# plain_cpu_effect): flat, and without the OpOverload's Python __hash__, it
+# costs a fraction of building and hashing a call's signature.
+_plain_effects: dict[tuple[Any, ...], tuple[Any, Any, draws.Effect | None]] = {}
+
+
+def plain_cpu_effect(call: Any, key: tuple[Any, ...], reader: CallReader) -> draws.Effect | None:
+    """:func:`call_effect` on the CPU for a call its recorder describes wholly by ``key``.
+
+    ``key`` must tell apart everything ``reader.signature(call)`` does (calls
+    with equal keys draw alike) and start with ``id(call.op)``; the op itself
+    is kept with the answer and compared, so a reused id never matches, and
+    so is TORCHDEFER_RNG_JUMPS as set when the answer was computed.
+    """
+    jumps = _ENV_DATA.get(_JUMPS_KEY)  # _jumps_setting(), inline: once per random op
+    known = _plain_effects.get(key)
+    if known is not None and known[0] is call.op and known[1] == jumps:
+        return known[2]
+    with _compat.DisableTorchDispatch():  # the draw model may run probe kernels
+        effect = _cpu_effect(call, call.op, reader)
+    if len(_plain_effects) >= _EFFECTS_KEPT:
+        _plain_effects.clear()
+    _plain_effects[key] = (call.op, jumps, effect)
     return effect

@@ -24,6 +24,7 @@ The normal-sample caches are left as they are: they belong to the draw model.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterator
 
@@ -39,6 +40,7 @@ __all__ = [
     "array_of",
     "cache_valid",
     "fresh",
+    "intra_op_shared",
     "layout_known",
     "one_thread",
     "with_engine",
@@ -154,9 +156,31 @@ def one_thread() -> Iterator[None]:
     They are ~40k elements each: split over the intra-op pool they gain
     nothing, and when another process holds the other core the pool's
     threads wait on each other (a jump took 5x longer on a busy machine).
+    Not where other threads run kernels meanwhile (:func:`intra_op_shared`):
+    the setting is process-wide, and some kernels' bits depend on it.
     """
+    if _shared.get():
+        yield
+        return
     with patched(_NUM_THREADS, 1):  # writes nothing where it is 1 already
         yield
+
+
+@contextlib.contextmanager
+def intra_op_shared() -> Iterator[None]:
+    """In this block, :func:`one_thread` leaves torch's intra-op threads alone: other
+    threads run kernels (``materialize_module(threads=N)``'s tensors side by side)
+    whose bits may depend on the setting (LAPACK's QR, parallel sums)."""
+    token = _shared.set(True)
+    try:
+        yield
+    finally:
+        _shared.reset(token)
+
+
+_shared: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "torchdefer_intra_op_shared", default=False
+)
 
 
 _NUM_THREADS = setting(torch.get_num_threads, torch.set_num_threads)

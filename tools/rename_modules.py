@@ -9,6 +9,10 @@ Without paths it rewrites src/, tests/, bench/, examples/, docs/, README.md,
 CONTRIBUTING.md, pyproject.toml and the Makefile (never CHANGELOG.md, which is
 history). ``--mv`` also ``git mv``s the files. Then run
 ``ruff check --fix --select I,F401`` to re-sort the imports it changed.
+Merging such a branch: the conflicts are import blocks; keep both sides of each,
+run this script and ruff, and fix by hand what is not an import (a docstring
+line or a dict entry kept twice). A new module the branch added without a
+leading ``_`` fails tests/test_package_structure.py: rename it, or list it there.
 What it rewrites:
 
 * dotted names ``torchdefer.pkg.mod`` (imports, strings, docstrings);

@@ -1,7 +1,7 @@
 """What the CUDA increment table costs per recorded random op (runs on any host).
 
 On a CUDA host every random op recorded on the GPU is counted when placed
-(``rng.stream.call_effect``). The table
+(``rng._stream.call_effect``). The table
 (``torchdefer.rng.cuda_increments.increment``) reads TensorIterator's geometry
 and the 32-bit split; the baseline is the launch formula alone
 (``philox.counter_increment``, what a single-launch model costs), and

@@ -61,7 +61,7 @@ class _Draws:
     and row replay call) and the elements they produce."""
 
     def __init__(self) -> None:
-        import torchdefer.materialize.local_call as local_call
+        import torchdefer.materialize._local_call as local_call
         import torchdefer.materialize.rng as replay_rng
 
         self.ops = self.numbers = 0

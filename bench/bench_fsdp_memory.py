@@ -155,7 +155,7 @@ def _report(eager: dict, rows: list[dict], shape: tuple[int, int, int]) -> str:
         "`sampled` is the highest RSS seen by a 1 ms sampler. `bound` is local shards + the "
         "largest parameter: the most a rank needs when parameters are built whole and "
         "sliced (the fallback path). Every parameter of this model comes from the rank's "
-        "own rows (`distributed/rows.py`), so the peak is the shards. The ranks of a world "
+        "own rows (`distributed/_rows.py`), so the peak is the shards. The ranks of a world "
         "run at once on this machine's cores: their times are not per-rank costs (see "
         "`bench/bench_sharded.py` for those). Produced by "
         "`python bench/bench_fsdp_memory.py`.",

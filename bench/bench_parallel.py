@@ -261,7 +261,7 @@ def _report(args, runs, rates, jumps, threshold, load_before, load_after) -> str
     lines += _model_lines(rates, jumps, params)
     lines += ["", "## Chunk threshold", "",
               "One `normal_` of n float32 elements, `materialize_tensor` with 1 and 2 threads "
-              "(chunks allowed at any size; medians). `rng.chunks.MIN_CHUNK` is "
+              "(chunks allowed at any size; medians). `rng._chunks.MIN_CHUNK` is "
               f"{_min_chunk():,} elements.", "",
               "| n | 1 thread ms | 2 threads ms | ratio |", "|---|---|---|---|"]
     for row in threshold:
@@ -288,13 +288,13 @@ def _loads(runs: list[dict], case: str) -> str:
 
 
 def _lead() -> int:
-    from torchdefer.rng import chunks
+    from torchdefer.rng import _chunks as chunks
 
     return chunks.LEAD
 
 
 def _min_chunk() -> int:
-    from torchdefer.rng import chunks
+    from torchdefer.rng import _chunks as chunks
 
     return chunks.MIN_CHUNK
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import torchdefer
-from torchdefer.fake import layout
+from torchdefer.fake import _layout as layout
 
 
 def _build(n: int) -> None:

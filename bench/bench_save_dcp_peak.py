@@ -59,7 +59,7 @@ def _case(case: str, width: int, layers: int, out: str, result: str) -> None:
     import warnings
 
     import torchdefer
-    from torchdefer.materialize.value import replay_value
+    from torchdefer.materialize._value import replay_value
 
     warnings.filterwarnings("ignore")
     model = _model(width, layers)
@@ -86,7 +86,7 @@ def _check(model, out: str) -> bool:
     """dcp.load of the directory equals each replayed tensor (one at a time)."""
     import torch.distributed.checkpoint as dcp
 
-    from torchdefer.materialize.value import replay_value
+    from torchdefer.materialize._value import replay_value
 
     for name, param in model.named_parameters():
         state = {name: torch.empty(param.shape)}

@@ -65,7 +65,7 @@ def _deferred(model_name: str):
 
 def _writer_order(model, dtype):
     from torchdefer.checkpoint import _safetensors_writer
-    from torchdefer.checkpoint.write_plan import plan_write
+    from torchdefer.checkpoint._write_plan import plan_write
 
     plan = plan_write(model, "safetensors", dtype)
     return _safetensors_writer.write_order(_safetensors_writer.layout(plan.entries, 5 * 10**9))
@@ -73,7 +73,7 @@ def _writer_order(model, dtype):
 
 def _case(case: str, model_name: str, dtype_name: str, out: str, result: str) -> None:
     import torchdefer
-    from torchdefer.materialize.value import one_call, replay_value
+    from torchdefer.materialize._value import one_call, replay_value
 
     dtype = getattr(torch, dtype_name)
     model = _deferred(model_name)
@@ -106,7 +106,7 @@ def _case(case: str, model_name: str, dtype_name: str, out: str, result: str) ->
 
 def _time_writer_thread(into: list[float]) -> None:
     """Record the CPU time of the writer thread (its body, wrapped in this process)."""
-    from torchdefer.checkpoint import write
+    from torchdefer.checkpoint import _write as write
 
     for module, name in ((write._safetensors_writer, "write_shards"),
                          (write._dcp_writer, "write_dcp")):

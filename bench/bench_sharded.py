@@ -237,7 +237,8 @@ def _pipeline(shape: dict, stages: int, which: str, repeats: int, out: str) -> N
 
 def _jumps(out: str) -> None:
     """The cost of one jump-ahead: cold (a new distance) and warm (a distance seen)."""
-    from torchdefer.rng import gf2, mt19937
+    from torchdefer.rng import _gf2 as gf2
+    from torchdefer.rng import mt19937
 
     torch.set_num_threads(1)
     state = torch.Generator().manual_seed(1).get_state()

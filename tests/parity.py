@@ -112,6 +112,6 @@ def trunc_normal_reads_data() -> bool:
     Before, it is erfinv of a uniform: elementwise, recorded op by op, and a
     shard can be made from its own rows.
     """
-    from torchdefer.recorder.composite import _reads_data
+    from torchdefer.recorder._composite import _reads_data
 
     return _reads_data(torch.nn.init, "_no_grad_trunc_normal_")

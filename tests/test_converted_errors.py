@@ -84,7 +84,7 @@ def test_reading_a_value_without_materialize_installed_is_a_state_error():
 
 
 def test_graph_of_without_a_deferred_tensor_is_an_internal_error():
-    from torchdefer.recorder.tensor import graph_of
+    from torchdefer.recorder._tensor import graph_of
 
     with _raises(errors.InternalError, RuntimeError, "please report it"):
         graph_of((torch.zeros(1),), {})
@@ -94,7 +94,8 @@ def test_graph_of_without_a_deferred_tensor_is_an_internal_error():
 
 
 def test_rng_argument_errors_are_usage_errors():
-    from torchdefer.rng import gf2, mt19937, philox
+    from torchdefer.rng import _gf2 as gf2
+    from torchdefer.rng import mt19937, philox
 
     with _raises(errors.UsageError, ValueError, "cannot move a generator back"):
         mt19937.advance(torch.default_generator.get_state(), -1)
@@ -113,7 +114,7 @@ def test_a_missing_schema_argument_is_a_lookup_key_error_naming_the_arguments():
 
 def test_placing_without_a_call_runner_is_a_state_error():
     from torchdefer._hooks import CALL_RUNNER
-    from torchdefer.rng import states
+    from torchdefer.rng import _states as states
 
     with CALL_RUNNER.replaced(None), \
             _raises(errors.StateError, RuntimeError, "needs torchdefer.materialize"):
@@ -121,7 +122,7 @@ def test_placing_without_a_call_runner_is_a_state_error():
 
 
 def test_a_generator_the_ledger_cannot_position_is_an_unsupported_error():
-    from torchdefer.rng.ledger import RngLedger
+    from torchdefer.rng._ledger import RngLedger
 
     error = RngLedger.unknown_generator(None, torch.device("mps"))  # type: ignore[arg-type]
     assert isinstance(error, errors.UnsupportedError) and isinstance(error, RuntimeError)
@@ -142,7 +143,7 @@ def test_a_dcp_plan_of_a_partial_tensor_is_an_unsupported_error():
 
 
 def test_loading_safetensors_without_the_package_is_a_missing_dependency_error(monkeypatch):
-    from torchdefer.checkpoint.safetensors_files import _safe_open
+    from torchdefer.checkpoint._safetensors_files import _safe_open
 
     monkeypatch.setitem(sys.modules, "safetensors", None)
     with _raises(errors.MissingDependencyError, ImportError, "pip install"):
@@ -166,7 +167,7 @@ def test_a_torch_without_the_dcp_writer_pieces_is_a_missing_dependency_error(mon
     pytest.importorskip("torch.distributed.checkpoint")
     from torch.distributed.checkpoint import filesystem
 
-    from torchdefer._compat import checkpoint as compat
+    from torchdefer._compat import serialization as compat
     from torchdefer.checkpoint._dcp_writer import check_available
 
     monkeypatch.delattr(filesystem, "_write_item")
@@ -208,7 +209,7 @@ def test_fsdp1_without_its_hook_is_an_unsupported_error(monkeypatch):
 
 
 def test_viz_without_graphviz_is_a_missing_dependency_error(monkeypatch):
-    from torchdefer.viz.dot import _graphviz
+    from torchdefer.viz._dot import _graphviz
 
     monkeypatch.setitem(sys.modules, "graphviz", None)
     with _raises(errors.MissingDependencyError, ImportError, r"torchdefer\[viz\]"):

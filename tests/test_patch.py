@@ -150,7 +150,7 @@ ALLOWED = {
     ("recorder/_threads.py", "torch.Tensor.set_"),
     # AmbientSwitch applies a node's settings one after another and puts the
     # caller's back on exit; a setting with no setter function
-    ("recorder/ambient.py", "torch.utils.deterministic.fill_uninitialized_memory"),
+    ("recorder/_ambient.py", "torch.utils.deterministic.fill_uninitialized_memory"),
 }
 
 

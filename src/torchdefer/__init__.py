@@ -55,22 +55,20 @@ if TYPE_CHECKING:  # what type checkers see of the lazily resolved names below
     from torchdefer.descriptors import (
         DescriptorMismatch,
         MetaTensorType,
+        describe,
         load,  # noqa: F401 (deprecated name, resolved lazily)
         load_program,
         save,  # noqa: F401 (deprecated name, resolved lazily)
         save_program,
         script,
     )
-
-    # The function, by its module: the package's name is also its submodule's.
-    from torchdefer.descriptors.describe import describe
     from torchdefer.viz import explain
 
 # Names that live in extension packages, resolved on first use (PEP 562).
 _LAZY = {
     "DescriptorMismatch": "torchdefer.descriptors",
     "MetaTensorType": "torchdefer.descriptors",
-    "describe": "torchdefer.descriptors.describe",  # the function, not the submodule
+    "describe": "torchdefer.descriptors",
     "load": "torchdefer.descriptors",  # deprecated: load_program
     "load_program": "torchdefer.descriptors",
     "save": "torchdefer.descriptors",  # deprecated: save_program
@@ -90,13 +88,13 @@ def _materialize_sharded(module: Any) -> Any:
 def _load_distributed(module: Any, source: Any, **options: Any) -> Any:
     # Sharded modules: the distributed extension, imported
     # only when one is actually loaded.
-    loader = importlib.import_module("torchdefer.distributed.checkpoint").load_state_dict
+    loader = importlib.import_module("torchdefer.distributed._load").load_state_dict
     return loader(module, source, **options)
 
 
 def _save_sharded(model: Any, path: Any, **options: Any) -> Any:
     # Models with DTensor tensors: each rank writes its shards (distributed extension).
-    writer = importlib.import_module("torchdefer.distributed.save").save_sharded
+    writer = importlib.import_module("torchdefer.distributed._save").save_sharded
     return writer(model, path, **options)
 
 

@@ -1,5 +1,5 @@
-"""``python -m torchdefer``: the command line (see :mod:`torchdefer.cli`)."""
+"""``python -m torchdefer``: the command line (see :mod:`torchdefer._cli`)."""
 
-from torchdefer.cli import main
+from torchdefer._cli import main
 
 raise SystemExit(main())

@@ -8,14 +8,14 @@ call is a :class:`Hook` here, installed by the package that can answer it
 
 * ``VALUE_READER``: the recorder, for ``.item()`` / ``.tolist()`` while
   building; ``materialize.api``, on import.
-* ``CALL_RUNNER``: ``rng.states``, for an anchor after a call the draw model
-  cannot count; ``materialize.replay``, on import.
+* ``CALL_RUNNER``: ``rng._states``, for an anchor after a call the draw model
+  cannot count; ``materialize._replay``, on import.
 * ``SHARDED_MATERIALIZER``: ``materialize.api``; ``torchdefer/__init__.py``
   (``distributed.materialize_module``, imported on first use).
-* ``DISTRIBUTED_LOADER``: ``checkpoint.load``; ``torchdefer/__init__.py``
-  (``distributed.checkpoint``).
-* ``SHARDED_WRITER``: ``checkpoint.write``; ``torchdefer/__init__.py``
-  (``distributed.save``).
+* ``DISTRIBUTED_LOADER``: ``checkpoint._load``; ``torchdefer/__init__.py``
+  (``distributed._load``).
+* ``SHARDED_WRITER``: ``checkpoint._write``; ``torchdefer/__init__.py``
+  (``distributed._save``).
 
 ``import torchdefer`` installs them all; a caller that finds its hook empty
 (only a subpackage was imported) raises the hook's error, which says so.

@@ -6,7 +6,7 @@ the built-in type it always had (``RecordingError`` and ``ReplayError`` are
 ``CheckpointKeyError`` a ``KeyError``), so existing ``except RuntimeError``
 blocks still work. A failure replay adds context to (an out-of-memory error, a
 ``ValueError`` from an op) keeps its own type as well: see
-:func:`torchdefer.materialize.errors.with_context`.
+:func:`torchdefer.materialize._error_context.with_context`.
 
 The tree (built-in bases in brackets)::
 
@@ -29,7 +29,7 @@ The tree (built-in bases in brackets)::
     ├── MissingGraph [RuntimeError]
     └── GraphvizNotFoundError [RuntimeError]
 
-The packages' ``errors`` modules (``torchdefer.materialize.errors``, ...)
+The packages' ``errors`` modules (``torchdefer.materialize._error_context``, ...)
 re-export their classes from here, so the older import paths keep working.
 This module imports nothing from torchdefer, so every layer (``fake`` first)
 can derive from it.
@@ -186,7 +186,7 @@ class ReplayError(TorchdeferError, RuntimeError):
 
     An error raised by the op itself keeps its type: it is re-raised as an
     instance of both :class:`ReplayError` and the original class (see
-    :func:`torchdefer.materialize.errors.with_context`), so
+    :func:`torchdefer.materialize._error_context.with_context`), so
     ``except torch.OutOfMemoryError`` or ``except ValueError`` still catch it.
     """
 

@@ -167,7 +167,7 @@ def _chunks(*boxes):
     ((((0, 0), (4, 5)),), "outside its shape"),
 ])
 def test_chunk_coverage_is_exact(boxes, problem):
-    from torchdefer.checkpoint.dcp import _coverage_problem
+    from torchdefer.checkpoint._dcp import _coverage_problem
 
     found = _coverage_problem((4, 4), _chunks(*boxes))
     if problem is None:

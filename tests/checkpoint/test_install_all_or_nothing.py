@@ -15,7 +15,7 @@ from _crafted import assert_unchanged, snapshot
 from torch import nn
 
 import torchdefer
-import torchdefer.checkpoint.install as install_module
+import torchdefer.checkpoint._install as install_module
 from parity import assert_same_module
 from torchdefer.errors import TorchdeferError
 from torchdefer.materialize import SwapError

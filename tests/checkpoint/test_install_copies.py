@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import torchdefer
-import torchdefer.checkpoint.install as install_module
-import torchdefer.checkpoint.load as load_module
+import torchdefer.checkpoint._install as install_module
+import torchdefer.checkpoint._load as load_module
 from parity import assert_same_module
 from torchdefer.checkpoint import CheckpointError, CheckpointUsageError
 from torchdefer.materialize import SwapError

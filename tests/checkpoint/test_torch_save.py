@@ -128,7 +128,7 @@ def test_a_torchscript_archive_is_refused_as_code(tmp_path):
 
 
 def test_an_uncompressed_exact_archive_is_memory_mapped(tmp_path):
-    from torchdefer.checkpoint.torch_save import open_file
+    from torchdefer.checkpoint._torch_save import open_file
 
     torch.save(trained_state(), tmp_path / "model.pt")
     assert open_file(tmp_path / "model.pt").notes == []

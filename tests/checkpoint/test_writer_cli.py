@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchdefer.cli import main
+from torchdefer._cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 transformers = pytest.importorskip("transformers")

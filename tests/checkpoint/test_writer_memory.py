@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.checkpoint import write
+from torchdefer.checkpoint import _write as write
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchdefer.checkpoint._pipeline import Pipeline
-from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.checkpoint._write_plan import Entry
 from torchdefer.materialize.progress import Progress
 
 SIZES = [50, 10, 90, 10, 10, 100, 30, 30, 5, 100, 1]

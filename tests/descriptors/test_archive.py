@@ -13,7 +13,7 @@ import torch
 import torchdefer
 from torchdefer._compat import export as compat
 from torchdefer.descriptors import DescriptorMismatch, MetaTensorType, ProgramFileError
-from torchdefer.descriptors.tree import from_json, normalize, to_json
+from torchdefer.descriptors._tree import from_json, normalize, to_json
 
 F32 = torch.float32
 
@@ -67,7 +67,7 @@ def test_descriptors_are_stored_as_json(tmp_path):
     torchdefer.save_program(torchdefer.script(Model(), DESC), path)
     header = json.loads(_members(path)["torchdefer.json"])
     x, flag = header["params"]["tuple"]
-    assert from_json(x) == torchdefer.descriptors.tree.Param("x", "POSITIONAL_OR_KEYWORD", DESC["x"], described=True)
+    assert from_json(x) == torchdefer.descriptors._tree.Param("x", "POSITIONAL_OR_KEYWORD", DESC["x"], described=True)
     assert x["Param"]["node"]["MetaTensorType"]["dtype"] == {"dtype": "float32"}
     assert flag["Param"]["node"] == {"Value": {"value": True}}
 

@@ -11,7 +11,7 @@ from crafting import _edit_graph, _filled, _members, _nodes, _write
 
 import torchdefer
 from torchdefer.descriptors import ProgramFileError
-from torchdefer.descriptors.tree import from_json
+from torchdefer.descriptors._tree import from_json
 
 MARK = "torchdefer_program_file_safety_pwned"
 

@@ -25,14 +25,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import torchdefer
-import torchdefer.checkpoint.dcp as dcp_module
-import torchdefer.checkpoint.install as install_module
+import torchdefer.checkpoint._dcp as dcp_module
+import torchdefer.checkpoint._install as install_module
 import torchdefer.distributed
+import torchdefer.distributed._load as checkpoint_module
 import torchdefer.distributed._staged as staged_module
-import torchdefer.distributed.checkpoint as checkpoint_module
 import torchdefer.materialize.api as api_module
 from torchdefer.checkpoint import CheckpointFormatError, CheckpointRankError
-from torchdefer.distributed.module import _fsdp2_params
+from torchdefer.distributed._module import _fsdp2_params
 
 ALL = [
     "a_failure_on_one_rank_leaves_every_rank_unchanged_full_source",

@@ -26,7 +26,7 @@ from torch.distributed.tensor import Shard
 
 import torchdefer
 import torchdefer.distributed as tdd
-import torchdefer.materialize.local_call as local_call
+import torchdefer.materialize._local_call as local_call
 import torchdefer.materialize.rng as replay_rng
 from torchdefer.distributed.shard import observe
 

@@ -46,7 +46,7 @@ def _shard(model: nn.Module, policy: CPUOffloadPolicy) -> None:
 
 def _pairs(model: nn.Module):
     """(name, sharded parameter, FSDPParam) of every parameter."""
-    from torchdefer.distributed.module import _fsdp2_params
+    from torchdefer.distributed._module import _fsdp2_params
 
     names = {id(p): n for n, p in model.named_parameters()}
     return sorted((names[id(f.sharded_param)], f.sharded_param, f) for f in _fsdp2_params(model))

@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import torchdefer
 import torchdefer.distributed as tdd
-from torchdefer.distributed import columns
+from torchdefer.distributed import _columns as columns
 from torchdefer.distributed.shard import observe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `bench`

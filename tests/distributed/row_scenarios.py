@@ -168,7 +168,7 @@ def tensor_parallel_colwise_rows_and_rowwise_columns_match_eager(rank: int, worl
         tdd.materialize_module(model)
     paths = {s.name: s for s in seen}
     # Colwise shards rows (the row path); rowwise shards columns: chunks of whole rows,
-    # never the full parameter (distributed/columns.py).
+    # never the full parameter (distributed/_columns.py).
     assert all(s.rows for s in seen), seen
     assert not paths["0.weight"].chunked and not paths["0.bias"].chunked, seen
     assert paths["2.weight"].chunked == (world > 1), seen

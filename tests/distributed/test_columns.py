@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.distributed import columns
-from torchdefer.distributed.columns import block_of_rows
+from torchdefer.distributed import _columns as columns
+from torchdefer.distributed._columns import block_of_rows
 from torchdefer.distributed.shard import observe, replay_local
-from torchdefer.recorder.graph import TensorMeta
+from torchdefer.recorder._graph import TensorMeta
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="needs torch.distributed"

@@ -1,7 +1,7 @@
 """HSDP, TP and TP+FSDP2 on 4 gloo ranks: bit for bit eager's, no parameter built whole.
 
 ``RowwiseParallel`` shards columns (``Shard(1)``); those shards, and the FSDP2
-shards of them, come from chunks of whole rows (``distributed/columns.py``)
+shards of them, come from chunks of whole rows (``distributed/_columns.py``)
 rather than from the whole parameter. See ``parallel_scenarios.py``.
 """
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchdefer
-from torchdefer.distributed.rows import RowReplay
+from torchdefer.distributed._rows import RowReplay
 from torchdefer.materialize import Replay, parallel
-from torchdefer.rng import chunks
+from torchdefer.rng import _chunks as chunks
 
 INITS = {
     "normal": lambda w: w.normal_(0.5, 2.0),

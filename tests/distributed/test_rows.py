@@ -21,7 +21,7 @@ from torch import nn
 
 import torchdefer
 from parity import trunc_normal_reads_data
-from torchdefer.distributed.rows import RowReplay
+from torchdefer.distributed._rows import RowReplay
 from torchdefer.materialize import Replay
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -253,7 +253,7 @@ def test_a_uniform_loop_shard_pays_its_own_rounds_from_its_own_rows(dtype):
 
 
 def test_a_uniform_loop_whose_decision_the_paths_round_differently_falls_back(monkeypatch):
-    from torchdefer.rng import uniform_rejection
+    from torchdefer.rng import _uniform_rejection as uniform_rejection
 
     if not trunc_normal_reads_data():
         pytest.skip("before torch 2.12 trunc_normal_ has no uniform loop")

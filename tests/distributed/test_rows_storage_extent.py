@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.distributed.rows import RowReplay
+from torchdefer.distributed._rows import RowReplay
 from torchdefer.materialize import Replay
 
 

@@ -187,8 +187,8 @@ def hsdp_replicas_are_written_once_by_the_first_replica(rank: int, world: int) -
 def each_rank_holds_one_local_tensor_at_a_time_while_writing(rank: int, world: int) -> None:
     """The storages of the tensors a rank makes are tracked by weak reference: with no
     slack, the ones alive plus the next never exceed the rank's largest local tensor."""
-    from torchdefer.checkpoint import write
-    from torchdefer.distributed import save
+    from torchdefer.checkpoint import _write as write
+    from torchdefer.distributed import _save as save
 
     model = _fsdp2(_deferred())
     largest = max(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes

@@ -1,6 +1,6 @@
 """Tensors recorded on the meta device have the meta kernels' layouts, as eager's do.
 
-``fake/layout.py`` restrides the meta kernels' outputs to what the CPU and
+``fake/_layout.py`` restrides the meta kernels' outputs to what the CPU and
 CUDA kernels give (size-1 strides of elementwise ops, ``empty_like``,
 batch norm, convolution...). For a tensor that *is* on meta, eager runs the
 meta kernels themselves: ``torch.zeros(1, 5, device="meta").t() * 1`` has

@@ -1,6 +1,6 @@
 """Ops mixing devices raise where eager PyTorch raises, and only there.
 
-Eager's rule (see ``fake/_devices.py``): an accelerator kernel's dispatcher
+Eager's rule (see ``fake/_cross_device.py``): an accelerator kernel's dispatcher
 wrapper wants every tensor argument on one device unless the op says
 ``device_check: NoCheck``; TensorIterator ops take CPU 0-dim inputs along;
 copies, shape-only ops and indexing with CPU indices mix freely. This host has

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import torchdefer
+from torchdefer.fake import _mode as fake_mode_module
 from torchdefer.fake import _pinned
-from torchdefer.fake import mode as fake_mode_module
 from torchdefer.fake._pinned import PinnedMemoryError
-from torchdefer.recorder import record
+from torchdefer.recorder import _record as record
 
 FACTORIES = {
     "empty": lambda pin=True: torch.empty(3, pin_memory=pin),

@@ -146,7 +146,7 @@ def test_the_tables_are_what_sweeping_the_installed_torch_proves():
             proved[rule].add(_named(op))
     assert proved["iterated"] == set(ITERATED_NAMES)
     assert proved["with_scalar"] == set(WITH_SCALAR_NAMES)
-    # clone is laid out by the empty_like rule of fake/layout.py already
+    # clone is laid out by the empty_like rule of fake/_layout.py already
     assert proved["like_input"] - {"clone"} == set(LIKE_INPUT_NAMES)
 
 

@@ -18,6 +18,7 @@ from test_pointwise_layouts import LAYOUTS, _aten_overloads, _named
 
 import torchdefer
 from torchdefer.fake._iterator import iterator_strides
+from torchdefer.fake._layout import non_overlapping_and_dense, suggest_memory_format
 from torchdefer.fake._pointwise import (
     BY_DTYPE,
     BY_DTYPE_NAMES,
@@ -28,7 +29,6 @@ from torchdefer.fake._pointwise import (
     ITERATED_OPERANDS_NAMES,
     dtype_kind,
 )
-from torchdefer.fake.layout import non_overlapping_and_dense, suggest_memory_format
 
 # torch before 2.9 (2.8 checked) corrupts its heap in some backward kernels given an
 # expanded grad; the sweep leaves those cases out there only.

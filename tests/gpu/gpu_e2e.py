@@ -8,7 +8,7 @@ values the same code gives run with ``device="cuda"``), recorded on CUDA and
 materialized on the CPU, and sharded by FSDP2 on a one-GPU group. It also
 checks the CUDA generator after ``deferred_init`` (where eager leaves it) and
 after materialization (untouched), and that 2**30 CUDA normals per dtype stay
-within the limit ``rng.bounds`` takes from the kernels' source. Used by ``gpu_probe.py`` and
+within the limit ``rng._bounds`` takes from the kernels' source. Used by ``gpu_probe.py`` and
 ``test_gpu_parity.py``; needs CUDA.
 """
 
@@ -203,7 +203,7 @@ def check_normal_limit(device: torch.device) -> list[Check]:
     limit is 6.76): it catches a kernel whose uniforms are coarser than the
     source read says, not one that is off in the last digits.
     """
-    from torchdefer.rng import bounds
+    from torchdefer.rng import _bounds as bounds
 
     results = []
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):

@@ -169,7 +169,7 @@ def test_tensors_held_by_plain_objects_slots_and_partials_materialize_like_eager
 
 
 def test_reached_tensors_names_paths_into_objects_and_visits_a_shared_object_once():
-    from torchdefer.recorder.reach import reached_tensors
+    from torchdefer.recorder._reach import reached_tensors
 
     class Shared(nn.Module):
         def __init__(self):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.recorder.ties import BrokenTieWarning
+from torchdefer.recorder._ties import BrokenTieWarning
 
 
 class Tied(nn.Module):

@@ -236,10 +236,10 @@ def test_within_one_materialize_module_call_a_buffer_reads_the_parameter_from_th
     eager = M()
     torch.manual_seed(0)
     lazy = torchdefer.deferred_init(M)
-    graph = torchdefer.recorder.tensor.graph_of((lazy.weight,), {})
+    graph = torchdefer.recorder._tensor.graph_of((lazy.weight,), {})
     assert graph not in torchdefer.materialize.cache._caches  # nothing materialized yet
     replayed = []
-    from torchdefer.materialize import replay as replay_module
+    from torchdefer.materialize import _replay as replay_module
 
     run_node = replay_module.Replay._run_node
 

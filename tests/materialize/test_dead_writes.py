@@ -15,9 +15,9 @@ from torch import nn
 
 import torchdefer
 from parity import build_both
+from torchdefer.materialize._plan import make_plan
 from torchdefer.materialize.cache import cache_for
-from torchdefer.materialize.plan import make_plan
-from torchdefer.recorder.graph import NodeKind
+from torchdefer.recorder._graph import NodeKind
 
 A = torch.arange(6.0).reshape(2, 3)
 B = -torch.arange(6.0).reshape(2, 3)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import torchdefer
 from torchdefer.materialize import parallel
-from torchdefer.rng import chunks
+from torchdefer.rng import _chunks as chunks
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -50,7 +50,7 @@ def _like(fn, **kwargs):
 
 # (name, build, dtypes, splits): every op of rng.draws' families, in the forms
 # PyTorch's Python API reaches them. `splits`: whether a call of >= 2 chunks
-# is drawn on threads (False: run whole, by design: see rng/chunks.py).
+# is drawn on threads (False: run whole, by design: see rng/_chunks.py).
 CASES = [
     ("normal_", _inplace("normal_", 0.5, 2.0), FLOATS, True),
     ("randn", _factory(torch.randn), FLOATS, True),

@@ -12,10 +12,10 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_module, assert_same_tensor
+from torchdefer.errors import ThreadsError
 from torchdefer.materialize import parallel
-from torchdefer.materialize.errors import ThreadsError
-from torchdefer.materialize.value import replay_value
-from torchdefer.rng import chunks
+from torchdefer.materialize._value import replay_value
+from torchdefer.rng import _chunks as chunks
 
 
 class _Big(nn.Module):
@@ -151,7 +151,7 @@ def test_bad_threads_are_refused_naming_the_call(threads):
 
 def test_a_failing_chunk_fails_the_call_after_every_chunk_ended():
     state = torch.Generator().manual_seed(0).get_state()
-    from torchdefer.rng.ranges import ElementModel
+    from torchdefer.rng._ranges import ElementModel
 
     out = torch.zeros(4 * 624)
     ended = []
@@ -189,7 +189,7 @@ def test_factory_output_is_eager_layout():
 )
 def test_factories_draw_chunks_straight_into_their_output(build, monkeypatch, split_count):
     """No chunk-sized temporary (peak stays the output's): the out= overload draws."""
-    from torchdefer.materialize.local_call import LocalCall
+    from torchdefer.materialize._local_call import LocalCall
 
     copied = []
     real = LocalCall.run

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torchdefer
-from torchdefer.distributed.rows import RowReplay
+from torchdefer.distributed._rows import RowReplay
 from torchdefer.materialize import Replay, parallel
 from torchdefer.materialize import rng as replay_rng
 

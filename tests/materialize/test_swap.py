@@ -1,4 +1,4 @@
-"""References taken before materialization see the real tensors (materialize/swap.py)."""
+"""References taken before materialization see the real tensors (materialize/_swap.py)."""
 
 import weakref
 

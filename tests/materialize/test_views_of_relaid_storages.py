@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torchdefer
-from torchdefer.materialize.errors import ReplayError
+from torchdefer.errors import ReplayError
 
 
 def _abs_of_a_permuted_size_1_view():
@@ -65,7 +65,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.fixture
 def unknown_layout(monkeypatch):
     """Fake convolutions report the meta kernel's layout, not eager's."""
-    from torchdefer.fake import layout
+    from torchdefer.fake import _layout as layout
 
     monkeypatch.setattr(layout, "_convolution", lambda args, kwargs, out, device: out)
 
@@ -130,7 +130,7 @@ def test_a_view_no_chain_leads_to_shares_when_only_size_1_strides_differed(monke
 
 def test_same_elements_ignores_only_strides_of_size_1_dimensions():
     from torchdefer.materialize._derive import same_elements
-    from torchdefer.recorder.graph import TensorMeta
+    from torchdefer.recorder._graph import TensorMeta
 
     def meta(size, stride, offset=0):
         return TensorMeta(size, stride, offset, torch.float32, torch.device("cpu"))

@@ -5,7 +5,7 @@ import torch
 
 import torchdefer
 from parity import check_program
-from torchdefer.materialize.errors import UntaggedRandomOpError
+from torchdefer.errors import UntaggedRandomOpError
 
 
 @torch.library.custom_op("tdtest::noisy_", mutates_args=("t",))

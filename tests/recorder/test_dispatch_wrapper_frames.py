@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchdefer
 from torchdefer import _compat
 from torchdefer.fake._source import is_library_code
-from torchdefer.recorder import mode
+from torchdefer.recorder import _mode as mode
 from torchdefer.recorder._entries import ENTRIES
 
 

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import torchdefer
-from torchdefer.errors import TorchdeferError
-from torchdefer.materialize.errors import ReplayError
+from torchdefer.errors import ReplayError, TorchdeferError
 
 BIG = (300, 300)  # more elements than the stand-ins keep
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import torchdefer
 from parity import check_program
-from torchdefer.recorder import record
-from torchdefer.recorder.graph import Value
+from torchdefer.recorder import _record as record
+from torchdefer.recorder._graph import Value
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
            torch.complex64, torch.bool]

@@ -16,7 +16,7 @@ from torch import nn
 
 import torchdefer
 from torchdefer.materialize.cache import cache_for
-from torchdefer.recorder.graph import Graph, NodeKind, Placement, SourceLocation
+from torchdefer.recorder._graph import Graph, NodeKind, Placement, SourceLocation
 from torchdefer.recorder.rng import RngRecorder
 
 SRC = pathlib.Path(torchdefer.__file__).parent
@@ -39,7 +39,7 @@ def _calls_and_stores():
 
 def test_nodes_are_made_only_by_graph_add_node_and_their_kind_is_never_reassigned():
     calls, stores = _calls_and_stores()
-    assert [file for file, _ in calls] == ["recorder/graph.py"]  # inside add_node
+    assert [file for file, _ in calls] == ["recorder/_graph.py"]  # inside add_node
     assert stores == []
 
 

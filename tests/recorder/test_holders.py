@@ -7,7 +7,7 @@ import gc
 import torch
 
 from parity import check_program
-from torchdefer.recorder.graph import Holders
+from torchdefer.recorder._graph import Holders
 
 
 class _Tensorish:

@@ -19,7 +19,7 @@ from torch import nn
 import torchdefer
 from parity import assert_same_tensor, build_both
 from parity import check_program as check
-from torchdefer.recorder.graph import SourceLocation
+from torchdefer.recorder._graph import SourceLocation
 
 
 def test_a_generator_argument_is_drawn_from_after_the_ops_facts_are_cached():

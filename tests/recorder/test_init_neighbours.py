@@ -16,7 +16,7 @@ from torch import nn
 import torchdefer
 from parity import check_program
 from torchdefer._hooks import CALL_RUNNER
-from torchdefer.recorder.composite import Composite
+from torchdefer.recorder._composite import Composite
 
 
 # timm.layers.weight_init (timm is not installed here), as written there.

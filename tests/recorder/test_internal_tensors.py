@@ -13,8 +13,11 @@ from torch import nn
 import torchdefer
 from parity import trunc_normal_reads_data
 from torchdefer.recorder import _trunc_normal
-from torchdefer.recorder.composite import _reads_data
-from torchdefer.rng import bounds, draws, mt19937, ranges, rejection
+from torchdefer.recorder._composite import _reads_data
+from torchdefer.rng import _bounds as bounds
+from torchdefer.rng import _ranges as ranges
+from torchdefer.rng import _rejection as rejection
+from torchdefer.rng import draws, mt19937
 
 
 def _forget_every_probe():

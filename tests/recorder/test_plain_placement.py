@@ -1,4 +1,4 @@
-"""``rng.ledger.RngLedger.try_place_plain``: the common random op placed in one step, and every way out of it.
+"""``rng._ledger.RngLedger.try_place_plain``: the common random op placed in one step, and every way out of it.
 
 Each program mixes plain ``normal_``/``uniform_`` calls (the one-step case)
 with what must send a call back to the general placement: a reseed, a
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from parity import check_program
-from torchdefer.rng import ledger
+from torchdefer.rng import _ledger as ledger
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The module walk (recorder/reach.py): what it reaches, in which order, at what cost."""
+"""The module walk (recorder/_reach.py): what it reaches, in which order, at what cost."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
+from torchdefer.recorder._reach import GRAD, PARAMETER, reached_tensors
 
 
 class _Block(nn.Module):

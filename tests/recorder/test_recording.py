@@ -11,7 +11,7 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_tensor, build_both
-from torchdefer.materialize.errors import ExternalTensorModifiedError
+from torchdefer.errors import ExternalTensorModifiedError
 from torchdefer.recorder import RecordingError
 
 

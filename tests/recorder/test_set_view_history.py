@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torchdefer
-from torchdefer.fake.tensor import FakeTensorError
+from torchdefer.fake._tensor import FakeTensorError
 
 
 def _stale_view_then(use):

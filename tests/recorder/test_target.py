@@ -1,4 +1,4 @@
-"""The door on deferred tensors (recorder/target.py): what one stands for, marking it real."""
+"""The door on deferred tensors (recorder/_target.py): what one stands for, marking it real."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 import torchdefer
 from torchdefer.errors import TorchdeferError
 from torchdefer.materialize import Replay
-from torchdefer.materialize.plan import make_plan, recorded_slice
+from torchdefer.materialize._plan import make_plan, recorded_slice
 from torchdefer.recorder import RecordingError, Target, mark_materialized, target_of
 
 PACKAGE = Path(torchdefer.__file__).parent

@@ -9,7 +9,7 @@ from torch import nn
 import torchdefer
 from parity import check_module_parity, check_program, trunc_normal_reads_data
 from torchdefer.recorder import NodeKind, _trunc_normal
-from torchdefer.recorder.composite import _reads_data
+from torchdefer.recorder._composite import _reads_data
 
 # What is specific to the rejection loop (torch >= 2.12: before, trunc_normal_ is
 # erfinv of a uniform, recorded op by op); parity with eager is checked on every torch.
@@ -201,7 +201,7 @@ def test_meta_tensors_are_left_alone_as_eager_does():
 
 @needs_loop
 def test_data_dependent_calls_are_stepped_in_chunks_not_run_at_deferral(monkeypatch):
-    from torchdefer.recorder.composite import Composite
+    from torchdefer.recorder._composite import Composite
 
     def build():
         w = torch.empty(300, 7)
@@ -244,7 +244,7 @@ def test_leaving_deferral_after_a_large_three_sigma_call_holds_no_tensor_of_its_
 @pytest.mark.parametrize("shape", [(1,), (5, 7), (300, 7)], ids=["one", "under-16", "large"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_narrow_uniform_branch_is_stepped_not_run_at_deferral(monkeypatch, shape, dtype):
-    from torchdefer.recorder.composite import Composite
+    from torchdefer.recorder._composite import Composite
 
     def build():
         w = torch.empty(shape, dtype=dtype)

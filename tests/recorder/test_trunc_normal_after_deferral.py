@@ -12,7 +12,7 @@ import torchdefer
 from parity import check_program, trunc_normal_reads_data
 
 # The module (the package's `composite` is the decorator).
-composite = importlib.import_module("torchdefer.recorder.composite")
+composite = importlib.import_module("torchdefer.recorder._composite")
 
 needs_loop = pytest.mark.skipif(
     not trunc_normal_reads_data(), reason="before torch 2.12 trunc_normal_ is recorded op by op"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parity import trunc_normal_reads_data
-from torchdefer.rng import bounds
+from torchdefer.rng import _bounds as bounds
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # Bits of a uniform rounded to the dtype (its significand with the implicit one).

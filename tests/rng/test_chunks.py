@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchdefer.rng import chunks, mt19937
-from torchdefer.rng.ranges import BLOCK, ElementModel
+from torchdefer.rng import _chunks as chunks
+from torchdefer.rng import mt19937
+from torchdefer.rng._ranges import BLOCK, ElementModel
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,11 +15,11 @@ from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 from torch import nn
 
 import torchdefer
-from torchdefer.materialize.errors import DeviceUnavailableError
+from torchdefer.errors import DeviceUnavailableError
 from torchdefer.recorder.rng import NODE_READER, meta_call
 from torchdefer.rng import cuda_increments, philox
+from torchdefer.rng._stream import call_effect
 from torchdefer.rng.philox import DeviceShape
-from torchdefer.rng.stream import call_effect
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
@@ -244,7 +244,7 @@ def test_a_restore_inside_a_cpu_recording_placed_for_cuda_restores_there_and_war
     # markers, in the generator: a restore of one is still known as a restore.
     import threading
 
-    from torchdefer.rng.states import CrossDeviceRestoreWarning
+    from torchdefer.rng._states import CrossDeviceRestoreWarning
 
     release = threading.Event()
     waiter = threading.Thread(target=release.wait)

@@ -17,7 +17,7 @@ from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 
 import torchdefer
 from torchdefer.recorder.rng import NODE_READER
-from torchdefer.rng.stream import call_effect
+from torchdefer.rng._stream import call_effect
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torchdefer.rng.ledger import default_generator
+from torchdefer.rng._ledger import default_generator
 
 
 def test_cpu_draws_from_the_cpu_default_generator():

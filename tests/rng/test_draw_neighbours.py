@@ -36,7 +36,7 @@ def test_in_place_rrelu_draws_as_many_as_eager_when_only_a_later_draw_is_materia
 )
 def test_random_ops_without_a_meta_kernel_are_refused_at_the_users_line(op):
     """No meta kernel means no output to record: a clear error, not a guess."""
-    from torchdefer.recorder.errors import RecordingError
+    from torchdefer.errors import RecordingError
 
     with pytest.raises(RecordingError, match=r"cannot be recorded.*test_draw_neighbours\.py"):
         torchdefer.deferred_init(op)

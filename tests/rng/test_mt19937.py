@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from torchdefer.rng import gf2, mt19937
+from torchdefer.rng import _gf2 as gf2
+from torchdefer.rng import mt19937
 
 
 def _drawn_state(seed: int, warmup: int) -> torch.Tensor:

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchdefer.rng import draws, mt19937, ranges
+from torchdefer.rng import _ranges as ranges
+from torchdefer.rng import draws, mt19937
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 CALLS = {

@@ -6,7 +6,7 @@ from torch import nn
 
 from parity import trunc_normal_reads_data
 from torchdefer.recorder._trunc_normal import _normal_words
-from torchdefer.rng import rejection
+from torchdefer.rng import _rejection as rejection
 
 # Compared with torch's own loop, which exists since torch 2.12 (before: erfinv of a uniform).
 needs_loop = pytest.mark.skipif(

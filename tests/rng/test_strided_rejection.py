@@ -13,7 +13,9 @@ import torchdefer
 from parity import check_program, trunc_normal_reads_data
 from torchdefer.materialize.rng import RngReplay
 from torchdefer.recorder._trunc_normal import rejection_loop
-from torchdefer.rng import mt19937, rejection, uniform_rejection
+from torchdefer.rng import _rejection as rejection
+from torchdefer.rng import _uniform_rejection as uniform_rejection
+from torchdefer.rng import mt19937
 from torchdefer.rng.draws import TensorInfo
 
 pytestmark = pytest.mark.skipif(

@@ -11,7 +11,8 @@ from torch import nn
 
 from parity import trunc_normal_reads_data
 from torchdefer.recorder._trunc_normal import _mass, _uniform_words, rejection_end, rejection_loop
-from torchdefer.rng import mt19937, uniform_rejection
+from torchdefer.rng import _uniform_rejection as uniform_rejection
+from torchdefer.rng import mt19937
 from torchdefer.rng.draws import TensorInfo
 
 pytestmark = pytest.mark.skipif(

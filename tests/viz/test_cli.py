@@ -14,7 +14,7 @@ import pytest
 import torch
 from viz_models import Stack
 
-from torchdefer.cli import main
+from torchdefer._cli import main
 from torchdefer.viz._format import fmt_bytes
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,

@@ -12,7 +12,7 @@ from viz_models import Stack, ViewsMutatedAfterTaken, Zoo
 
 import torchdefer
 from torchdefer.viz import GraphvizNotFoundError, render, to_dot, to_networkx, write_graph
-from torchdefer.viz.style import EDGE_STYLES, NODE_STYLES
+from torchdefer.viz._style import EDGE_STYLES, NODE_STYLES
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
                                reason="Graphviz's dot program is not installed")

@@ -11,8 +11,8 @@ from viz_models import Stack, ViewsMutatedAfterTaken, Zoo
 
 import torchdefer
 from parity import build_both
+from torchdefer.materialize._plan import make_plan
 from torchdefer.materialize.cache import ReplayCache
-from torchdefer.materialize.plan import make_plan
 
 TIMES = "\u00d7"
 

@@ -93,7 +93,7 @@ AMBIENT_GETTERS: tuple[Any, ...] = (
     getattr(torch._C, "_get_float32_matmul_precision", torch.get_float32_matmul_precision),
     torch.is_inference_mode_enabled,
 )
-"""The readers of ``recorder.ambient.Ambient``'s settings, in its field order: the C
+"""The readers of ``recorder._ambient.Ambient``'s settings, in its field order: the C
 functions the public getters wrap (read for every recorded op; the public
 Python wrappers, and ``torch.utils.deterministic``'s module property, cost as
 much again), the public ones where a torch lacks them."""
@@ -115,7 +115,7 @@ def descriptor_set(cls: type, name: str) -> Callable[[Any, Any], None]:
     setter: Callable[[Any, Any], None] = getattr(cls, name).__set__
     return setter
 # Batch and instance norms' base, whose _load_from_state_dict supplies an absent
-# num_batches_tracked for old checkpoints (checkpoint/module_rules.py).
+# num_batches_tracked for old checkpoints (checkpoint/_module_rules.py).
 NormBase = torch.nn.modules.batchnorm._NormBase
 """The class of ``torch.ops.<namespace>.<op>.<overload>`` objects (what dispatch hands us)."""
 parse_to = torch._C._nn._parse_to

@@ -1,7 +1,7 @@
 """Every read of a ``torch.Generator``'s state, seen while a recording runs.
 
 While ``deferred_init`` records, a CPU generator may hold a *marker* state
-(``rng.ledger``: cheap to set, unlike the exact state, which costs a
+(``rng._ledger``: cheap to set, unlike the exact state, which costs a
 jump-ahead). A marker must never reach user code: restored after the block,
 it would draw numbers no eager program draws. ``torch.get_rng_state`` is a
 Python function, but ``Generator.get_state`` and its neighbours are methods of

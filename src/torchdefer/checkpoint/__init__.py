@@ -5,30 +5,32 @@ safetensors file or directory (index honoured), a
 ``torch.distributed.checkpoint`` directory (metadata read through an
 allowlist). Nothing in a file is ever run, a damaged or mismatched file is
 refused with an error naming the file and key, and a refused load changes
-nothing. One module per noun: ``source`` (what a checkpoint declares),
-``safetensors_files`` / ``torch_save`` / ``dcp`` (the readers), ``targets``
-(the module's tensors), ``plan`` (validation), ``assign`` (preparing
-tensors), ``install`` (every change to the module, checked first, then made
-all together), ``load`` (the entry point). Writing: ``write`` (the
-entry point, :func:`save_state_dict`), ``write_plan`` (what is written under
-which names), ``write_errors``, and the private format writers.
+nothing. One internal module per noun: ``_source`` (what a checkpoint
+declares), ``_safetensors_files`` / ``_torch_save`` / ``_dcp`` (the readers),
+``_targets`` (the module's tensors), ``_plan`` (validation), ``_assign``
+(preparing tensors), ``_install`` (every change to the module, checked first,
+then made all together), ``_load`` (the entry point). Writing: ``_write`` (the
+entry point, :func:`save_state_dict`), ``_write_plan`` (what is written under
+which names), and the format writers. The error classes are in
+:mod:`torchdefer.errors`, re-exported here.
 """
 
-from torchdefer.checkpoint.errors import (
+from torchdefer.checkpoint._load import load_state_dict
+from torchdefer.checkpoint._plan import LoadResult
+from torchdefer.checkpoint._write import save_state_dict
+from torchdefer.errors import (
     CheckpointDeviceError,
     CheckpointError,
+    CheckpointExistsError,
     CheckpointFormatError,
     CheckpointKeyError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointRankError,
     CheckpointUsageError,
+    CheckpointWriteError,
     UnsafeCheckpointError,
 )
-from torchdefer.checkpoint.load import load_state_dict
-from torchdefer.checkpoint.plan import LoadResult
-from torchdefer.checkpoint.write import save_state_dict
-from torchdefer.checkpoint.write_errors import CheckpointExistsError, CheckpointWriteError
 
 __all__ = [
     "CheckpointDeviceError",

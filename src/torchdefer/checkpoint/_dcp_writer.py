@@ -5,7 +5,7 @@ storage writer. So the state dict given to it holds meta placeholders of the
 right shape and dtype (and the extra state as it is), and the storage writer
 here, a ``FileSystemWriter`` whose ``write_data`` is its own loop, takes each
 tensor from the pipeline, writes it under each of its names exactly as
-``FileSystemWriter`` writes an item (``_compat.checkpoint.dcp_write_item``),
+``FileSystemWriter`` writes an item (``_compat.serialization.dcp_write_item``),
 and lets it go before asking for the next. DCP's own file loop cannot do that:
 its loop variable and its per-file dict still reference the tensor it wrote
 while the next one is asked for, so two tensors would be alive at once.
@@ -34,11 +34,10 @@ from typing import Any
 import torch
 from torch.futures import Future
 
-from torchdefer._compat import checkpoint as compat
+from torchdefer._compat import serialization as compat
 from torchdefer.checkpoint._pipeline import Pipeline
-from torchdefer.checkpoint.write_errors import CheckpointWriteError
-from torchdefer.checkpoint.write_plan import Entry
-from torchdefer.errors import InternalError, UnsupportedError
+from torchdefer.checkpoint._write_plan import Entry
+from torchdefer.errors import CheckpointWriteError, InternalError, UnsupportedError
 
 __all__ = ["check_available", "placeholders", "streaming_writer", "write_dcp"]
 

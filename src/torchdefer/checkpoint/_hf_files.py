@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from torchdefer.checkpoint.write_errors import CheckpointWriteError
-from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.checkpoint._write_plan import Entry
+from torchdefer.errors import CheckpointWriteError
 
 if TYPE_CHECKING:  # an optional dependency: the models these functions get are its
     from transformers import PreTrainedModel

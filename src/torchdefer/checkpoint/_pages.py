@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 import torch
 
-from torchdefer.recorder.mode import suspended
+from torchdefer.recorder._mode import suspended
 
 __all__ = ["PageMapper", "map_pages"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchdefer.checkpoint.write_plan import Entry
+from torchdefer.checkpoint._write_plan import Entry
 from torchdefer.errors import InternalError
 from torchdefer.materialize.progress import Progress
 

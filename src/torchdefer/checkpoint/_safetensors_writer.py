@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 
 from torchdefer.checkpoint._pipeline import Pipeline
-from torchdefer.checkpoint.write_errors import CheckpointWriteError
-from torchdefer.checkpoint.write_plan import Entry
-from torchdefer.errors import InternalError
+from torchdefer.checkpoint._write_plan import Entry
+from torchdefer.errors import CheckpointWriteError, InternalError
 
 __all__ = ["Shard", "index_json", "layout", "parse_size", "write_order", "write_shards"]
 

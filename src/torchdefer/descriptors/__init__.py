@@ -14,25 +14,26 @@ every call::
     torchdefer.save_program(program, "model.tdp"); torchdefer.load_program("model.tdp")
 
 Each module's docstring says how its part works and why. Modules import only
-those before them in this order: ``errors``, ``_call``, ``_expr``,
-``meta_tensor_type``, ``object_of``, ``tree``, ``checker``, ``weights``, ``outputs``,
-``_conflict``, the backends, ``program``, ``archive``, ``describe``. The
+those before them in this order: ``_call``, ``_expr``, ``_meta_tensor_type``,
+``_object_of``, ``_tree``, ``_checker``, ``_weights``, ``_outputs``, ``_conflict``,
+the backends, ``_program``, ``_archive``, ``_describe`` (the error classes are
+in :mod:`torchdefer.errors`). The
 private torch APIs they use (export's serializer, ShapeEnv, dynamo) come
 from the project's compat package, ``torchdefer._compat.export``.
 """
 
-from torchdefer.descriptors.archive import load, load_program, save, save_program
-from torchdefer.descriptors.describe import describe
-from torchdefer.descriptors.errors import (
+from torchdefer.descriptors._archive import load, load_program, save, save_program
+from torchdefer.descriptors._describe import describe
+from torchdefer.descriptors._meta_tensor_type import MetaTensorType
+from torchdefer.descriptors._object_of import ObjectOf
+from torchdefer.descriptors._program import Program, script
+from torchdefer.descriptors._tree import Descriptor
+from torchdefer.errors import (
     DescriptorConflict,
     DescriptorMismatch,
     MissingGraph,
     ProgramFileError,
 )
-from torchdefer.descriptors.meta_tensor_type import MetaTensorType
-from torchdefer.descriptors.object_of import ObjectOf
-from torchdefer.descriptors.program import Program, script
-from torchdefer.descriptors.tree import Descriptor
 
 __all__ = ["Descriptor", "DescriptorConflict", "DescriptorMismatch", "MetaTensorType",
            "MissingGraph", "ObjectOf", "Program", "ProgramFileError", "describe", "load",

@@ -21,7 +21,7 @@ from typing import Any
 import sympy
 
 from torchdefer._compat import export as compat
-from torchdefer.descriptors.checker import show_key
+from torchdefer.descriptors._checker import show_key
 from torchdefer.fake._source import is_library_code
 
 __all__ = ["conflict"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import zipfile
 
-from torchdefer.descriptors.errors import ProgramFileError
+from torchdefer.errors import ProgramFileError
 
 __all__ = ["INFLATED_LIMIT", "checked_members", "checked_size", "nested_members"]
 

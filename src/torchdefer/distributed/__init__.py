@@ -40,10 +40,10 @@ if not torch.distributed.is_available():  # pragma: no cover - builds without di
         "(the default wheels from pytorch.org on Linux)."
     )
 
-from torchdefer.distributed.checkpoint import load_state_dict
-from torchdefer.distributed.dtensor import materialize_dtensor
-from torchdefer.distributed.fsdp1 import fsdp1_deferred_init, param_init_fn
-from torchdefer.distributed.module import materialize_module
+from torchdefer.distributed._dtensor import materialize_dtensor
+from torchdefer.distributed._fsdp1 import fsdp1_deferred_init, param_init_fn
+from torchdefer.distributed._load import load_state_dict
+from torchdefer.distributed._module import materialize_module
 
 __all__ = [
     "fsdp1_deferred_init",

@@ -1,8 +1,8 @@
 """The calls of a row replay: a storage's creator and a random op, on part of their elements.
 
-Helpers of :mod:`torchdefer.distributed.rows`, which decides what to compute;
+Helpers of :mod:`torchdefer.distributed._rows`, which decides what to compute;
 here a recorded call is rebuilt to produce only elements ``[s, e)`` (a random
-call through :class:`torchdefer.materialize.local_call.LocalCall`).
+call through :class:`torchdefer.materialize._local_call.LocalCall`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdefer.materialize import parallel
-from torchdefer.materialize.local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
+from torchdefer.materialize._local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.graph import Node, NodeKind, TensorMeta, Value
+from torchdefer.recorder._graph import Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder.rng import NODE_READER, meta_call
-from torchdefer.rng import chunks, draws, ranges
-from torchdefer.rng.stream import Position, call_effect
+from torchdefer.rng import _chunks as chunks
+from torchdefer.rng import _ranges as ranges
+from torchdefer.rng import draws
+from torchdefer.rng._stream import Position, call_effect
 
 if TYPE_CHECKING:
-    from torchdefer.distributed.rows import RowReplay, Span, Step
+    from torchdefer.distributed._rows import RowReplay, Span, Step
 
 __all__ = ["NotSliceable", "composite_step", "contiguous_range", "creator_step", "random_step"]
 
@@ -147,7 +149,7 @@ def composite_rows(node: Node) -> Any:
 
 def composite_step(rows: RowReplay, node: Node, n: int, s: int, e: int, at: int) -> Step:
     """Elements ``[s, e)`` of a composite that writes ``n`` elements in order (a
-    rejection loop whose elements keep their own draws: ``rng.rejection``)."""
+    rejection loop whose elements keep their own draws: ``rng._rejection``)."""
     loop = composite_rows(node)
     if loop is None or loop.n != n:
         raise NotSliceable(node, "its elements depend on each other's draws")

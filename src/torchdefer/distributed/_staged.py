@@ -1,4 +1,4 @@
-"""A sharded load's changes, staged in an :class:`~torchdefer.checkpoint.install.Installation`,
+"""A sharded load's changes, staged in an :class:`~torchdefer.checkpoint._install.Installation`,
 and the vote that makes every rank commit them or none.
 
 A shard is installed by pointing the DTensor (and FSDP2's flat shard) at a
@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchdefer.checkpoint.errors import CheckpointError, CheckpointRankError
-from torchdefer.checkpoint.install import Installation
-from torchdefer.distributed.module import _dtensors, _fsdp2_params, _parameter_names
+from torchdefer.checkpoint._install import Installation
+from torchdefer.distributed._module import _dtensors, _fsdp2_params, _parameter_names
 from torchdefer.distributed.shard import compact, replay_local, same_recording
+from torchdefer.errors import CheckpointError, CheckpointRankError
 from torchdefer.recorder import DeferredTensor, mark_materialized, target_of
 
 __all__ = ["Vote", "stage_missing_shards", "stage_shard"]

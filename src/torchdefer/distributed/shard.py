@@ -5,11 +5,11 @@ the full parameter (its factory, its init ops), slice it (``chunk``,
 ``narrow``), and copy the slice into the shard's own storage. When the slice
 is a contiguous range of the parameter's elements (``Shard(0)``: whole rows)
 and every op of the parameter allows it, the replay computes only those
-elements (``torchdefer.distributed.rows``): random ops draw just the shard's
+elements (``torchdefer.distributed._rows``): random ops draw just the shard's
 numbers from generator states reached by jump-ahead, elementwise ops run on
 the shard. A block of columns (``Shard(1)``: ``RowwiseParallel``, and FSDP2's
 shard of it under TP+FSDP2) is computed the same way from chunks of whole rows
-of the parameter, keeping its columns (``torchdefer.distributed.columns``).
+of the parameter, keeping its columns (``torchdefer.distributed._columns``).
 Otherwise (``orthogonal_``, ``trunc_normal_``'s narrow uniform branch, a CUDA
 generator) the slice of the graph is replayed as
 recorded: the full parameter is built, sliced and freed when the replay ends.
@@ -37,9 +37,9 @@ from typing import TypeGuard
 
 import torch
 
-from torchdefer.distributed.columns import ColumnRows
+from torchdefer.distributed._columns import ColumnRows
 from torchdefer.materialize import Replay, ReplayError
-from torchdefer.materialize.errors import with_context
+from torchdefer.materialize._error_context import with_context
 from torchdefer.recorder import DeferredTensor, Value, mark_materialized, target_of
 
 __all__ = ["ShardReplay", "compact", "observe", "owns_only_itself", "replay_local",

@@ -30,10 +30,10 @@ from torchdefer.fake._grad import (
     runs_on_twins,
     touches_missing_device,
 )
+from torchdefer.fake._output_device import device_available
 from torchdefer.fake._source import user_frame
 from torchdefer.fake._state import STATE
-from torchdefer.fake.device import device_available
-from torchdefer.fake.tensor import FakeTensor, FakeTensorError, flat_tensors
+from torchdefer.fake._tensor import FakeTensor, FakeTensorError, flat_tensors
 
 __all__ = ["GUARDED", "call_grad_safe", "set_refusing_lost_view_history"]
 
@@ -255,7 +255,7 @@ def _as_to(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
 
 def _to_missing_device(func, args: tuple, kwargs: dict):
     """``t.to(...)``/``t.cuda()`` from or to a device this host lacks, as ``_to_copy``."""
-    from torchdefer.fake.device import normalize
+    from torchdefer.fake._output_device import normalize
 
     self, rest = args[0], args[1:]
     kwargs = dict(kwargs)

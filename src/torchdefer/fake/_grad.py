@@ -24,9 +24,9 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from torchdefer import _compat
+from torchdefer.fake._layout import meta_twin
+from torchdefer.fake._output_device import device_available, normalize
 from torchdefer.fake._outside import no_fake_modes
-from torchdefer.fake.device import device_available, normalize
-from torchdefer.fake.layout import meta_twin
 
 __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "fix_inference_mode_grads",
            "leafness", "runs_on_twins", "touches_missing_device"]

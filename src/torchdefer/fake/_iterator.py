@@ -8,7 +8,7 @@ same strides; otherwise (``compute_strides``, ``reorder_dimensions``,
 ``allocate_or_resize_outputs``) the dimensions sorted by the inputs' strides,
 broadcast dimensions (stride 0) skipped, ties broken by size, the first input
 deciding first. Used for the few ops whose Python meta kernels lay out
-otherwise in more than size-1 dimensions (``fake/layout.py``).
+otherwise in more than size-1 dimensions (``fake/_layout.py``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ installed torch). The overloads that neither rule predicts have their own
 
 Composite functions (``ldexp``, ``mvlgamma``, ``logsigmoid``, ``isclose``,
 ``conj_physical``...) decompose before a fake tensor sees them, into ops these
-rules cover; ``rrelu`` in training draws (``fake/layout.py``'s row-major rule).
+rules cover; ``rrelu`` in training draws (``fake/_layout.py``'s row-major rule).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ special_xlog1py.self_scalar special_zeta.other_scalar special_zeta.self_scalar s
 xlogy.Scalar_Other xlogy.Scalar_Self
 """.split()
 
-# clone is laid out so too, by the _PRESERVING rule of fake/layout.py
+# clone is laid out so too, by the _PRESERVING rule of fake/_layout.py
 LIKE_INPUT_NAMES = "_conj_physical deg2rad frexp.Tensor hardtanh nan_to_num rad2deg relu6".split()
 
 # ldexp.Tensor is not TensorIterator's (a composite of mul and pow)

@@ -3,14 +3,14 @@
 Loading checkpoints lives in :mod:`torchdefer.checkpoint`.
 """
 
-from torchdefer.materialize.api import materialize_module, materialize_tensor
-from torchdefer.materialize.errors import (
+from torchdefer.errors import (
     DeviceUnavailableError,
     ExternalTensorModifiedError,
     ReplayError,
     SwapError,
 )
-from torchdefer.materialize.replay import Replay
+from torchdefer.materialize._replay import Replay
+from torchdefer.materialize.api import materialize_module, materialize_tensor
 
 __all__ = [
     "DeviceUnavailableError",

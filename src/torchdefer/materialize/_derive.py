@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from torchdefer.recorder._args import flatten_out, unflatten_call
-from torchdefer.recorder.graph import NodeKind, TensorMeta, Value
+from torchdefer.recorder._graph import NodeKind, TensorMeta, Value
 
 __all__ = ["ValueKey", "same_elements", "through_views", "value_key"]
 

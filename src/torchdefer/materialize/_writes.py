@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchdefer.materialize.errors import ReplayError
-from torchdefer.recorder.graph import Node, Value
+from torchdefer.errors import ReplayError
+from torchdefer.recorder._graph import Node, Value
 
 __all__ = ["call_watching_writes"]
 

@@ -14,19 +14,19 @@ from torch import nn
 from torchdefer import _compat
 from torchdefer._hooks import SHARDED_MATERIALIZER, VALUE_READER
 from torchdefer.errors import UsageTypeError
-from torchdefer.fake.device import device_available
+from torchdefer.fake._output_device import device_available
 from torchdefer.materialize import concurrent, parallel
+from torchdefer.materialize._convert import cast, check_dtype
+from torchdefer.materialize._replay import Replay
+from torchdefer.materialize._swap import real_tensor, recorded_inference, swap_in
 from torchdefer.materialize.cache import cache_for
-from torchdefer.materialize.convert import cast, check_dtype
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.materialize.replay import Replay
-from torchdefer.materialize.swap import real_tensor, recorded_inference, swap_in
-from torchdefer.recorder.graph import Value
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.reach import GRAD, PARAMETER, reached_tensors
-from torchdefer.recorder.target import Target, mark_materialized, target_of
-from torchdefer.recorder.tensor import DeferredTensor, holds_deferred
-from torchdefer.recorder.ties import warn_broken_ties
+from torchdefer.recorder._graph import Value
+from torchdefer.recorder._mode import suspended
+from torchdefer.recorder._reach import GRAD, PARAMETER, reached_tensors
+from torchdefer.recorder._target import Target, mark_materialized, target_of
+from torchdefer.recorder._tensor import DeferredTensor, holds_deferred
+from torchdefer.recorder._ties import warn_broken_ties
 
 __all__ = ["deferred_reached", "mark_replayed", "materialize_module", "materialize_tensor",
            "replay_tensors"]

@@ -21,9 +21,9 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchdefer import _compat
+from torchdefer.errors import ReplayError
 from torchdefer.materialize._derive import ValueKey, same_elements, through_views, value_key
-from torchdefer.materialize.errors import ReplayError
-from torchdefer.recorder.graph import Graph, NodeKind, TensorMeta, Value
+from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 
 __all__ = ["ReplayCache", "cache_for", "keep_loaded", "rebuild"]
 

@@ -33,7 +33,7 @@ Which tensor runs where (the rule the docs state):
   borrows the device's one default generator, under a lock) or on meta, and
   one whose replay meets a node recorded under other process-wide settings
   than the caller's (a default dtype, deterministic mode, matmul precision:
-  ``recorder.ambient``; switching them would change what the other threads
+  ``recorder._ambient``; switching them would change what the other threads
   compute). That last kind is found while it replays on a worker: the replay
   stops there (nothing of it is kept but exact values), the workers finish,
   and it runs again alone.
@@ -73,7 +73,7 @@ import torch
 
 from torchdefer.errors import InternalError
 from torchdefer.materialize import parallel
-from torchdefer.recorder.ambient import Ambient, current_ambient
+from torchdefer.recorder._ambient import Ambient, current_ambient
 from torchdefer.rng import mt19937
 
 __all__ = ["Job", "NeedsAlone", "budget", "check_ambient", "is_alone", "on_worker",
@@ -156,7 +156,7 @@ def check_ambient(ambient: Ambient | None) -> None:
     """On a worker, refuse a node recorded under other process-wide settings than now.
 
     Inference mode is per thread, and the replay switches it on its own
-    thread; the other settings of :class:`~torchdefer.recorder.ambient.Ambient`
+    thread; the other settings of :class:`~torchdefer.recorder._ambient.Ambient`
     are the process's: a worker must not switch them under the others.
     """
     if ambient is None:

@@ -5,7 +5,7 @@
 call of the replay in up to ``N`` chunks, each on its own thread from its own
 generator state reached by jump-ahead, into a view of the output. The bits
 are eager's, and the generator state after the call is the one the whole call
-leaves: ``rng.chunks`` says which calls split where and why the others do
+leaves: ``rng._chunks`` says which calls split where and why the others do
 not. Everything else in a replay runs as before, one op after the other.
 
 ``threads`` defaults to ``torch.get_num_threads()`` (what torch's intra-op
@@ -29,11 +29,13 @@ from typing import Any, cast
 
 import torch
 
+from torchdefer.errors import ThreadsError
 from torchdefer.materialize._overwrites import writes_first_argument
-from torchdefer.materialize.errors import ThreadsError
 from torchdefer.materialize.rng import NodeWithOverload, draw, generator_overload, takes_generator
-from torchdefer.recorder.graph import Node
-from torchdefer.rng import chunks, mt19937, ranges
+from torchdefer.recorder._graph import Node
+from torchdefer.rng import _chunks as chunks
+from torchdefer.rng import _ranges as ranges
+from torchdefer.rng import mt19937
 from torchdefer.rng.draws import NORMAL_BLOCKS
 
 _aten = torch.ops.aten
@@ -87,7 +89,7 @@ def current_threads() -> int:
 
 
 def chunk_floor() -> int:
-    """The fewest elements a chunk may have here (``rng.chunks.MIN_CHUNK`` unless lowered)."""
+    """The fewest elements a chunk may have here (``rng._chunks.MIN_CHUNK`` unless lowered)."""
     return _min_chunk.get()
 
 
@@ -114,7 +116,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
     """Draw random ``node`` in chunks on threads: ``(output, state after)``; None if whole.
 
     Only CPU calls into a contiguous tensor of at least two chunks, whose
-    class of call ``rng.ranges`` has checked slices on this torch, and which
+    class of call ``rng._ranges`` has checked slices on this torch, and which
     draw from a private generator (one borrowed default generator cannot
     serve two threads).
     """
@@ -135,7 +137,7 @@ def split_draw(node: Any, stream: Any, device: torch.device, state: torch.Tensor
         node = generator_overload(node)
         if node is None:  # one borrowed default generator cannot serve two threads
             return None
-    from torchdefer.materialize.local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
+    from torchdefer.materialize._local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
 
     packet = getattr(node.op, "overloadpacket", None)
     if packet not in PER_ELEMENT and packet not in BLOCKS and packet not in _PAIRS:

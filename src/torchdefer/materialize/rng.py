@@ -1,6 +1,6 @@
 """Replaying random ops from exact private generator states; the global RNG is untouched.
 
-Each random node starts from the state ``rng.states`` computes for its
+Each random node starts from the state ``rng._states`` computes for its
 position (jumping over the draws of everything not materialized), and the
 state it ends in is remembered as the start of the next call of its stream,
 so materializing in recording order draws each number once and jumps never.
@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from torchdefer._compat.generator import get_state
-from torchdefer.materialize.errors import DeviceUnavailableError, UntaggedRandomOpError
+from torchdefer.errors import DeviceUnavailableError, UntaggedRandomOpError
 from torchdefer.recorder._args import unflatten_call
-from torchdefer.recorder.composite import Composite
-from torchdefer.recorder.graph import Node, TensorMeta, Value
+from torchdefer.recorder._composite import Composite
+from torchdefer.recorder._graph import Node, TensorMeta, Value
+from torchdefer.rng._ledger import default_generator
+from torchdefer.rng._stream import Model, Stream, model_of
 from torchdefer.rng.draws import TRUSTED_NAMESPACES
-from torchdefer.rng.ledger import default_generator
-from torchdefer.rng.stream import Model, Stream, model_of
 
 if TYPE_CHECKING:
-    from torchdefer.materialize.replay import Replay
+    from torchdefer.materialize._replay import Replay
 
 __all__ = ["NodeWithOverload", "RngReplay", "call_checking_draws", "draw", "generator_overload",
            "on_eager_devices", "takes_generator"]
@@ -301,7 +301,7 @@ def _sibling_of(op: Any) -> Any:
 def call_checking_draws(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run a node recorded as deterministic; refuse if it drew from a default generator.
 
-    Ops of other libraries are recorded as random (``recorder.record``); what
+    Ops of other libraries are recorded as random (``recorder._record``); what
     is left here is a Python function marked ``composite(random=False)``
     that draws after all: replay would feed it whatever state the global
     generator has now, a value eager code never saw.

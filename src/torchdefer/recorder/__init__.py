@@ -1,18 +1,18 @@
 """The recorder: every op on fake tensors, with storages, versions and RNG positions."""
 
+from torchdefer.errors import RecordingError
 from torchdefer.recorder import _entries
+from torchdefer.recorder._api import deferred_init
+from torchdefer.recorder._composite import composite, library_call_asking_is_meta
+from torchdefer.recorder._context import deferred
 from torchdefer.recorder._copy import deepcopy_deferred, shallow_copy_deferred
-from torchdefer.recorder.api import deferred_init
-from torchdefer.recorder.composite import composite, library_call_asking_is_meta
-from torchdefer.recorder.context import deferred
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
-from torchdefer.recorder.mode import RecordingMode
-from torchdefer.recorder.reach import is_deferred
-from torchdefer.recorder.record import data_read, record_call, record_data_set
-from torchdefer.recorder.subclasses import detach_for_parameter, make_parameter
-from torchdefer.recorder.target import Target, mark_materialized, target_of
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.recorder._graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder._mode import RecordingMode
+from torchdefer.recorder._reach import is_deferred
+from torchdefer.recorder._record import data_read, record_call, record_data_set
+from torchdefer.recorder._subclasses import detach_for_parameter, make_parameter
+from torchdefer.recorder._target import Target, mark_materialized, target_of
+from torchdefer.recorder._tensor import DeferredTensor
 
 # Deferred tensors' calls reach the recorder through these (recorder/_entries.py).
 _entries.bind(

@@ -11,7 +11,7 @@ listed arguments still exist and are still unannotated); the kernels write
 these arguments in place without bumping their version counters, so replay
 cannot detect them afterwards.
 
-Which inputs its outputs alias is not read from the schema: ``recorder.record``
+Which inputs its outputs alias is not read from the schema: ``recorder._record``
 compares storages after the meta kernel ran, which also covers ops whose
 annotations say less than they do (``Tensor(a)[]`` returns, ``unsafe_split``).
 """

@@ -7,7 +7,7 @@ with the fix (``distribute_tensor(..., src_data_rank=None)`` when every rank
 builds the same model from the same seed, or materialize first).
 
 The other such call, an in-place write into a *real* tensor outside
-``deferred_init``, is answered by ``recorder.tensor`` (``write_real``).
+``deferred_init``, is answered by ``recorder._tensor`` (``write_real``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchdefer import _compat
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.source import user_frame
+from torchdefer.errors import RecordingError
+from torchdefer.fake._source import user_frame
 
 __all__ = ["collective_name", "refuse_collective"]
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdefer.recorder.mode import recording
-from torchdefer.recorder.subclasses import deferred_class, subclassing, user_class
-from torchdefer.recorder.tensor import PRIVATE_ATTRIBUTES, DeferredTensor
+from torchdefer.recorder._mode import recording
+from torchdefer.recorder._subclasses import deferred_class, subclassing, user_class
+from torchdefer.recorder._tensor import PRIVATE_ATTRIBUTES, DeferredTensor
 
 __all__ = ["deepcopy_deferred", "shallow_copy_deferred", "user_attributes"]
 

@@ -1,10 +1,10 @@
 """The recorder's answers to calls on deferred tensors: the recorder's one inversion.
 
-``recorder.record`` and its helpers build deferred tensors, so they import
-``recorder.tensor``; yet every op on a deferred tensor (and on the recording
+``recorder._record`` and its helpers build deferred tensors, so they import
+``recorder._tensor``; yet every op on a deferred tensor (and on the recording
 mode) is answered by them. Rather than import upward, :class:`DeferredTensor
-<torchdefer.recorder.tensor.DeferredTensor>` and
-:class:`~torchdefer.recorder.mode.RecordingMode` call through :data:`ENTRIES`,
+<torchdefer.recorder._tensor.DeferredTensor>` and
+:class:`~torchdefer.recorder._mode.RecordingMode` call through :data:`ENTRIES`,
 which ``recorder/__init__.py`` fills once (:func:`bind`) when the package is
 imported (importing any ``torchdefer`` module imports it first).
 """

@@ -17,11 +17,11 @@ out-of-range numbers, writes into inference tensors; factories with other
 keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 :data:`SLOW`, and the general path, with its checks and PyTorch's own errors,
 answers them. The meta kernel still makes a factory's or a detach's output,
-and ``rng.ledger`` still places each random call.
+and ``rng._ledger`` still places each random call.
 
 The fast paths are called by ``record_call`` alone: the user's line is looked
 for from ``record_call``'s caller up, past the recording mode's dispatch
-wrappers unwalked (``mode.DISPATCH_WRAPPERS``).
+wrappers unwalked (``_mode.DISPATCH_WRAPPERS``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
-from torchdefer.fake.tensor import run_on_meta
-from torchdefer.recorder import mode
+from torchdefer.fake._tensor import run_on_meta
+from torchdefer.recorder import _mode as mode
+from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
-from torchdefer.recorder._storage import write
-from torchdefer.recorder.graph import Graph, NodeKind, TensorMeta, Value
-from torchdefer.recorder.tensor import DATA_GET_CALL, DeferredTensor
+from torchdefer.recorder._storage_versions import write
+from torchdefer.recorder._tensor import DATA_GET_CALL, DeferredTensor
 
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 

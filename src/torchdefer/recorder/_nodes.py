@@ -1,8 +1,8 @@
 """A recorded node's tensors: its arguments as deferred tensors, its new outputs.
 
 What ``record_call``, its fast paths (``recorder._fast``) and composites
-(``recorder.composite``) share around :meth:`Graph.add_node
-<torchdefer.recorder.graph.Graph.add_node>`: a real tensor among the
+(``recorder._composite``) share around :meth:`Graph.add_node
+<torchdefer.recorder._graph.Graph.add_node>`: a real tensor among the
 arguments becomes an ``EXTERNAL`` node, checked for changes at replay; a new
 output becomes a deferred tensor over its :class:`Value`.
 """
@@ -15,15 +15,15 @@ from typing import Any
 import torch
 
 from torchdefer import _compat
-from torchdefer.fake.layout import meta_twin
-from torchdefer.fake.tensor import FakeTensor
-from torchdefer.recorder._storage import write
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.external import ExternalRef
-from torchdefer.recorder.graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
-from torchdefer.recorder.mode import suspended
-from torchdefer.recorder.source import user_frame
-from torchdefer.recorder.tensor import DeferredTensor
+from torchdefer.errors import RecordingError
+from torchdefer.fake._layout import meta_twin
+from torchdefer.fake._source import user_frame
+from torchdefer.fake._tensor import FakeTensor
+from torchdefer.recorder._external import ExternalRef
+from torchdefer.recorder._graph import Graph, Node, NodeKind, Storage, TensorMeta, Value
+from torchdefer.recorder._mode import suspended
+from torchdefer.recorder._storage_versions import write
+from torchdefer.recorder._tensor import DeferredTensor
 
 __all__ = ["as_deferred", "external", "generator_of", "new_output", "record_writes", "where",
            "written_tensors"]

@@ -52,8 +52,8 @@ from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
 from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import EagerRefusalError
-from torchdefer.recorder.ambient import current_ambient
-from torchdefer.recorder.mode import suspended
+from torchdefer.recorder._ambient import current_ambient
+from torchdefer.recorder._mode import suspended
 
 __all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
            "refuse_as_eager", "writes_inference"]
@@ -122,7 +122,7 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
 
 def writes_inference(written: Sequence[Any]) -> bool:
     """Whether a call writes an inference tensor (outside inference mode, autograd
-    refuses it after the kernel ran: see ``recorder.ambient.in_inference_mode``).
+    refuses it after the kernel ran: see ``recorder._ambient.in_inference_mode``).
 
     Read from the recording, without a torch call: a deferred tensor is an
     inference tensor when its storage was made under inference mode.

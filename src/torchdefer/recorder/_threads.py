@@ -9,7 +9,7 @@ another) is deterministic, and must stay so when one of them records:
   (``Generator.get_state`` and its neighbours, so ``torch.get_rng_state()``
   and ``fork_rng`` too: ``_compat.generator``), ``threading.Thread.start``
   and ``os.fork`` (so ``multiprocessing``'s fork) first put the exact state
-  in the generators, where a lazy marker may stand (``rng.ledger``); other
+  in the generators, where a lazy marker may stand (``rng._ledger``); other
   threads never see a marker, since markers are only used while the
   recording thread is alone.
 * ``torch.set_default_dtype`` and ``torch.set_default_tensor_type`` called by
@@ -47,8 +47,8 @@ from torchdefer import _compat
 from torchdefer._compat import generator as _generator
 from torchdefer._compat.patch import PatchStack, SharedPatches, attribute, patched
 from torchdefer.fake._calls import set_refusing_lost_view_history
-from torchdefer.fake.tensor import FakeTensor
-from torchdefer.recorder.record import record_data_set
+from torchdefer.fake._tensor import FakeTensor
+from torchdefer.recorder._record import record_data_set
 
 __all__ = ["dtype_log", "reads_seen", "recording_thread"]
 

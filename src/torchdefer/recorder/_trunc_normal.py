@@ -1,13 +1,13 @@
 """``nn.init.trunc_normal_`` whose bounds no value can reach: recorded as its one ``normal_``.
 
 torch >= 2.12 draws ``normal_(mean, std)`` and redraws while a value lies
-outside ``[a, b]`` (cast to the tensor's dtype). When ``rng.bounds`` proves
+outside ``[a, b]`` (cast to the tensor's dtype). When ``rng._bounds`` proves
 that no value ``normal_`` can produce leaves ``[a, b]``, the loop draws exactly
 once, and the call *is* that ``normal_``: recorded as it, it is in the draw
 model, reached by jump-ahead, sliced by rows, skipped when overwritten, and
 never run while deferring. Every other call stays a composite, whose draws
 are stepped in bounded memory where :func:`rejection_loop` knows the loop
-(``rng.rejection``, ``rng.uniform_rejection``), else run to learn how far it
+(``rng._rejection``, ``rng._uniform_rejection``), else run to learn how far it
 moves the generator.
 
 What this module assumes of torch's function is checked on the installed torch
@@ -27,8 +27,11 @@ from typing import Any
 
 import torch
 
-from torchdefer.recorder.mode import suspended
-from torchdefer.rng import bounds, draws, mt19937, rejection, uniform_rejection
+from torchdefer.recorder._mode import suspended
+from torchdefer.rng import _bounds as bounds
+from torchdefer.rng import _rejection as rejection
+from torchdefer.rng import _uniform_rejection as uniform_rejection
+from torchdefer.rng import draws, mt19937
 
 __all__ = ["one_normal", "rejection_end", "rejection_loop"]
 
@@ -78,7 +81,7 @@ def rejection_loop(
     *, run: Callable[..., Any] | None = None,
 ) -> rejection.NormalRejection | uniform_rejection.UniformRejection | None:
     """The rejection loop ``trunc_normal_`` runs on ``tensor``, where it is known to be
-    stepped exactly (``rng.rejection``, ``rng.uniform_rejection``); None: run it.
+    stepped exactly (``rng._rejection``, ``rng._uniform_rejection``); None: run it.
 
     Covers both branches (``normal_`` for ``p > 0.3``, uniforms for ``p <= 0.3``)
     on any number of elements laid out without overlap, contiguous or strided

@@ -1,4 +1,4 @@
-"""Random ops of a recording in their generator's stream (``rng.ledger`` does the accounting).
+"""Random ops of a recording in their generator's stream (``rng._ledger`` does the accounting).
 
 Recording never draws (kernels run on meta), yet eager code would have moved
 the generator by every draw. The ledger gives each random node its position
@@ -27,14 +27,14 @@ from typing import Any
 import torch
 
 from torchdefer._compat.generator import get_state
+from torchdefer.errors import RecordingError
 from torchdefer.recorder._args import unflatten_call
+from torchdefer.recorder._graph import Value
 from torchdefer.recorder._threads import reads_seen, recording_thread
-from torchdefer.recorder.errors import RecordingError
-from torchdefer.recorder.graph import Value
 from torchdefer.rng import kept_threads
+from torchdefer.rng._ledger import RngLedger, cuda_states
+from torchdefer.rng._stream import CallReader
 from torchdefer.rng.draws import TensorInfo
-from torchdefer.rng.ledger import RngLedger, cuda_states
-from torchdefer.rng.stream import CallReader
 
 __all__ = ["NODE_READER", "RngRecorder", "meta_call"]
 
@@ -96,7 +96,7 @@ class RngRecorder(RngLedger):
     """The ledger of one recording, with the recording's rules for markers."""
 
     def __init__(self) -> None:
-        from torchdefer.recorder.mode import suspended
+        from torchdefer.recorder._mode import suspended
 
         # The states kept here are written in place later, maybe outside the
         # inference mode a recording began in: never inference tensors.
@@ -124,7 +124,7 @@ class RngRecorder(RngLedger):
 
     def place_plain(self, node: Any, device: torch.device, key: tuple[Any, ...]) -> None:
         """:meth:`place` of a call on ``device``'s default generator that ``key`` describes
-        wholly (``rng.stream.plain_cpu_effect``); its common case in one step
+        wholly (``rng._stream.plain_cpu_effect``); its common case in one step
         (``RngLedger.try_place_plain``), the rest by :meth:`place`.
 
         ``device`` is not meta.
@@ -140,7 +140,7 @@ class RngRecorder(RngLedger):
             self.place(node, None, device)
 
     def sync(self, generator: torch.Generator | None = None) -> None:
-        from torchdefer.recorder.mode import suspended
+        from torchdefer.recorder._mode import suspended
 
         if generator is not None and not self.tracks(generator):
             return  # a generator no recorded op drew from (torchdefer's own, often)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchdefer.rng import gf2
+from torchdefer.rng import _gf2 as gf2
 
 __all__ = ["main"]
 

@@ -75,7 +75,7 @@ The source lines each row rests on:
   at size 1), ``reorder_dimensions``, ``coalesce_dimensions``, ``fast_set_up``.
 
 ``run`` rows are not counted: their positions are reached by running them
-(``rng.states``). ``make test-gpu`` measures them too, so that a GPU run
+(``rng._states``). ``make test-gpu`` measures them too, so that a GPU run
 can turn one into a counted row.
 """
 

@@ -32,7 +32,7 @@ import torch
 
 from torchdefer._compat.patch import patched, setting
 from torchdefer.errors import UsageError
-from torchdefer.rng.gf2 import DEGREE, x_power_mod
+from torchdefer.rng._gf2 import DEGREE, x_power_mod
 
 __all__ = [
     "STATE_BYTES",

@@ -5,9 +5,9 @@ never import it. ``graphviz`` (the Python package, and Graphviz's ``dot``
 program to render) is needed only for pictures.
 """
 
-from torchdefer.viz.dot import GraphvizNotFoundError, render, to_dot, write_graph
-from torchdefer.viz.nx import to_networkx
-from torchdefer.viz.provenance import explain
+from torchdefer.viz._dot import GraphvizNotFoundError, render, to_dot, write_graph
+from torchdefer.viz._nx import to_networkx
+from torchdefer.viz._provenance import explain
 
 __all__ = [
     "GraphvizNotFoundError",

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from torchdefer.errors import InternalError
-from torchdefer.recorder.graph import Node, NodeKind, SourceLocation, TensorMeta, Value
+from torchdefer.recorder._graph import Node, NodeKind, SourceLocation, TensorMeta, Value
 
 __all__ = [
     "DASH",

@@ -193,7 +193,8 @@ def run_on_meta(
     return out, device
 
 
-# id(op) -> (op, whether its schema takes a `device` keyword); the op is kept so its id stays its own.
+# id(op) -> (op, whether its schema takes a `device` keyword); the op is kept
+# so that its id stays its own.
 _device_takers: dict[int, tuple[Any, bool]] = {}
 
 

@@ -235,3 +235,42 @@ def test_draws_on_cpu_and_cpu_0_share_the_default_generators_stream_as_in_eager(
         return out
 
     check(lambda defer: defer(build))
+
+
+def test_shared_tensor_metas_are_told_apart_by_every_field():
+    """TensorMeta.of shares one object per distinct layout: tensors that differ only in
+    stride, offset, dtype, device, conj or neg bits keep their own, and replay as eager."""
+
+    def build():
+        base = torch.empty(4, 6)
+        z = torch.empty(4, 6, dtype=torch.complex64)
+        out = [torch.empty(4, 6), torch.empty(4, 6, dtype=torch.float64), base.t(),
+               base[1:], base.view(6, 4), z.conj()]
+        for t in (out[0], out[1], base, z):
+            t.normal_()
+        out += [base, z, z.conj().imag, z._neg_view()]
+        return out
+
+    check(lambda defer: defer(build))
+    model = torchdefer.deferred_init(build)
+    metas = [t._value.meta for t in model]
+    seen: dict = {}
+    for meta in metas:  # equal metadata is one object; different metadata is not
+        assert seen.setdefault(meta, meta) is meta
+    from torchdefer.recorder._graph import TensorMeta
+    with torchdefer.fake_mode():
+        a, b = torch.empty(2, 3), torch.empty(2, 3, device="cuda")
+    assert TensorMeta.of(a, a.device) is TensorMeta.of(a, a.device)
+    assert TensorMeta.of(b, b.device) != TensorMeta.of(a, a.device)
+    assert TensorMeta.of(b, b.device).device == torch.device("cuda", 0)
+
+
+def test_tensor_meta_sharing_is_bounded(monkeypatch):
+    from torchdefer.recorder import _graph as graph
+
+    monkeypatch.setattr(graph, "_METAS_KEPT", 8)
+    with torchdefer.fake_mode():
+        for n in range(1, 40):
+            t = torch.empty(n)
+            assert graph.TensorMeta.of(t, t.device).size == (n,)
+    assert len(graph._metas) <= 8

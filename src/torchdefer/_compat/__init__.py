@@ -34,6 +34,7 @@ __all__ = [
     "CONV_MEMORY_FORMAT",
     "FAKE_MODE_KEY",
     "DisableTorchDispatch",
+    "DisableTorchFunction",
     "DisableTorchFunctionSubclass",
     "DynamicOutputShapeException",
     "NormBase",
@@ -72,6 +73,8 @@ TensorBase = torch._C.TensorBase
 """The C tensor class: its slot descriptors (``is_leaf``, ``data``) skip ``__torch_function__``."""
 DisableTorchFunctionSubclass = torch._C.DisableTorchFunctionSubclass
 DisableTorchDispatch = torch._C._DisableTorchDispatch
+DisableTorchFunction = torch._C.DisableTorchFunction
+"""No ``__torch_function__`` at all inside, of subclasses or modes."""
 FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
 """The dispatch-mode slot torchdefer's modes occupy, as PyTorch's FakeTensorMode does."""
 get_dispatch_mode = torch._C._get_dispatch_mode

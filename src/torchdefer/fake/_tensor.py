@@ -30,7 +30,7 @@ from torchdefer.fake._output_device import (
 from torchdefer.fake._questions import ANSWERS
 from torchdefer.fake._state import STATE
 
-__all__ = ["FakeTensor", "FakeTensorError", "is_fake", "run_on_meta"]
+__all__ = ["FakeTensor", "FakeTensorError", "factory_on_meta", "is_fake", "run_on_meta"]
 
 
 _MAKE_SUBCLASS = _compat.TensorBase._make_subclass
@@ -163,7 +163,9 @@ def run_on_meta(
 
         check_devices(func, args, kwargs, device_of)
     device = output_device(kwargs, tensors)
-    if "device" in kwargs:
+    if "device" in kwargs or (not tensors and _takes_device(func)):
+        # A factory called as an OpOverload without `device` (torch.ops.aten.zeros.default([n]))
+        # is eager's CPU call: on meta too, or its kernel would allocate it for real.
         kwargs = {**kwargs, "device": _META}
     device = normalize(device)
     if id(func) in _FULL_IDS and kwargs.get("dtype") is None:
@@ -188,6 +190,59 @@ def run_on_meta(
         _compat.meta_registrations.device_hint = hint
         STATE.in_kernel = False
         _compat.set_meta_in_tls_dispatch_include(previous)
+    return out, device
+
+
+# id(op) -> (op, whether its schema takes a `device` keyword); the op is kept
+# so that its id stays its own.
+_device_takers: dict[int, tuple[Any, bool]] = {}
+
+
+def _takes_device(func: Any) -> bool:
+    """Whether ``func`` (an op overload, or another callable) takes a ``device`` keyword."""
+    known = _device_takers.get(id(func))
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        takes = schema is not None and any(
+            a.name == "device" and a.kwarg_only for a in schema.arguments)
+        known = _device_takers[id(func)] = (func, takes)
+    return known[1]
+
+
+# Factories whose meta call may go through torch's Python binding: the same
+# aten overload, but an OpOverload call matches its arguments against the
+# schema in C++ (~4 µs more a call), and a model makes one per parameter.
+_FACTORY_BINDINGS: dict[int, Callable[..., torch.Tensor]] = {
+    id(torch.ops.aten.empty.memory_format): torch.empty,
+    id(torch.ops.aten.ones.default): torch.ones,
+    id(torch.ops.aten.zeros.default): torch.zeros,
+}
+_FACTORY_KEYS = frozenset({"dtype", "device", "pin_memory"})
+
+
+def factory_on_meta(func: Any, sizes: list[int], kwargs: dict) -> tuple[torch.Tensor, torch.device]:
+    """``run_on_meta(func, (sizes,), kwargs)`` for ``empty``/``ones``/``zeros`` of plain sizes.
+
+    Through the op's Python binding where the call has no keywords but
+    ``dtype``, ``device`` and ``pin_memory=False`` (what a module's
+    ``torch.empty(out, in, dtype=, device=)`` passes); any other call, through
+    :func:`run_on_meta`. No Python code runs inside (no torch-function or
+    dispatch modes, and these factories have no Python meta kernel), so the
+    fake-kernel state ``run_on_meta`` sets for meta kernels is not needed.
+
+    >>> out, device = factory_on_meta(torch.ops.aten.zeros.default, [2, 3],
+    ...                               {"device": torch.device("cuda")})
+    >>> out.device, out.shape, device.type
+    (device(type='meta'), torch.Size([2, 3]), 'cuda')
+    """
+    binding = _FACTORY_BINDINGS.get(id(func))
+    if (binding is None or not kwargs.keys() <= _FACTORY_KEYS
+            or kwargs.get("pin_memory", False) is not False):
+        return run_on_meta(func, (sizes,), kwargs)
+    explicit = kwargs.get("device")
+    device = _CPU if explicit is None else normalize(torch.device(explicit))  # output_device's rule
+    with _compat.DisableTorchDispatch(), _compat.DisableTorchFunction():
+        out = binding(sizes, dtype=kwargs.get("dtype"), device=_META)
     return out, device
 
 

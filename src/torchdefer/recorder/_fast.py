@@ -32,7 +32,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
-from torchdefer.fake._tensor import run_on_meta
+from torchdefer.fake._tensor import factory_on_meta
 from torchdefer.recorder import _mode as mode
 from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
@@ -47,6 +47,8 @@ SLOW = object()
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
 _FILL_ = torch.ops.aten.fill_.Scalar
+_DETACH = torch.ops.aten.detach.default
+_TENSOR_DETACH = _compat.TensorBase.detach
 # NodeKind's members, read once: on Python 3.11 a member lookup costs ~0.1 µs
 # (EnumType.__getattr__), and these are read for every recorded op.
 _RANDOM, _INPLACE, _VIEW, _DATA_GET, _FACTORY = (
@@ -144,11 +146,20 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _on_meta(func: Any, t: torch.Tensor) -> torch.Tensor:
     """``func(t)`` on the meta kernel, for an op of one fake tensor argument
-    whose output layout is the kernel's (what ``fake.run_on_meta`` does for it)."""
+    whose output layout is the kernel's (what ``fake.run_on_meta`` does for it).
+
+    ``detach`` goes through the tensor method's binding: the same aten op, where
+    an OpOverload call matches its arguments against the schema (~4 µs more,
+    once per parameter); with no ``__torch_function__`` (of the subclass or a
+    mode) on the way.
+    """
     previous = _compat.meta_in_tls_dispatch_include()
     STATE.in_kernel = True
     _compat.set_meta_in_tls_dispatch_include(True)
     try:
+        if func is _DETACH:
+            with _compat.DisableTorchDispatch(), _compat.DisableTorchFunction():
+                return _TENSOR_DETACH(t)
         with _compat.DisableTorchDispatch():
             return func(t)
     finally:
@@ -164,7 +175,8 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
 
     Only the keywords a plain ``torch.empty(*sizes, dtype=, device=)`` passes
     (``pin_memory=False``); the meta kernel still makes the output
-    (``run_on_meta``: its device and layout rules stay in one place).
+    (``fake.factory_on_meta``: ``run_on_meta``'s device rule, through the op's
+    Python binding).
     """
     if len(args) != 1 or type(args[0]) is not list or not kwargs.keys() <= _FACTORY_KEYS:
         return SLOW
@@ -175,7 +187,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         if type(n) is not int:
             return SLOW
     try:
-        out, device = run_on_meta(func, args, kwargs, [])
+        out, device = factory_on_meta(func, sizes, kwargs)
     except Exception:  # nothing recorded yet: the general path raises it,
         return SLOW  # in eager's words where they differ (record.eager_error)
     leaves = [*sizes, *kwargs.values()]

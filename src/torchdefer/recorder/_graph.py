@@ -93,16 +93,24 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor, device: torch.device) -> TensorMeta:
-        # Filled through the slots: the frozen __init__'s seven
-        # object.__setattr__ calls cost as much again, once per recorded output.
-        meta = _new_meta(TensorMeta)
-        _set_size(meta, tuple(t.shape))
-        _set_stride(meta, t.stride())
-        _set_offset(meta, t.storage_offset())
-        _set_dtype(meta, t.dtype)
-        _set_device(meta, device)
-        _set_conj(meta, t.is_conj())
-        _set_neg(meta, t.is_neg())
+        """``t``'s metadata as seen on ``device``; one shared object per distinct value.
+
+        Shared because a model records the same few layouts over and over (80
+        identical layers in a 70B Llama): each object a recording keeps is
+        scanned by the cyclic GC, and a new one per output (with its size and
+        stride tuples) was three of them. Sharing is safe: it is frozen and
+        compares by value, and nothing asks whether two are the same object.
+        """
+        key = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, device, t.is_conj(),
+               t.is_neg())
+        try:
+            meta = _metas.get(key)
+        except TypeError:  # an unhashable size (a symbolic one): not shared
+            return _filled(key)
+        if meta is None:
+            if len(_metas) >= _METAS_KEPT:  # bounded: a long process sees many shapes
+                _metas.clear()
+            meta = _metas[key] = _filled(key)
         return meta
 
 
@@ -119,7 +127,9 @@ class Storage:
     writers: list[Node] = field(default_factory=list)
     # (version, size before it) for each write that grew the storage, oldest
     # first: whether a write covers the whole storage depends on its size then.
-    grown: list[tuple[int, int]] = field(default_factory=list)
+    # A tuple, replaced on the rare growth: a list per storage would be one more
+    # object the cyclic GC scans, for every factory of a model.
+    grown: tuple[tuple[int, int], ...] = ()
     # Set by materialization once the storage is real; later writes are refused.
     materialized: bool = False
     # Made by a pinning call (t.pin_memory(), pin_memory=True): eager's storage
@@ -299,12 +309,24 @@ class Graph:
         return Storage(next(self._storage_ids), creator, nbytes)
 
 
-# TensorMeta.of's direct slot setters.
+# TensorMeta.of's direct slot setters, in the order of its key.
 _META_FIELDS = ("size", "stride", "offset", "dtype", "device", "conj", "neg")
 if tuple(TensorMeta.__dataclass_fields__) != _META_FIELDS:  # TensorMeta.of fills these
     raise InternalError("TensorMeta.of does not fill every field of TensorMeta; this is a bug "
                         "in torchdefer, please report it")
 _new_meta = object.__new__
-_set_size, _set_stride, _set_offset, _set_dtype, _set_device, _set_conj, _set_neg = (
-    getattr(TensorMeta, name).__set__ for name in _META_FIELDS
-)
+_META_SETTERS = tuple(getattr(TensorMeta, name).__set__ for name in _META_FIELDS)
+
+
+def _filled(values: tuple[Any, ...]) -> TensorMeta:
+    """A new TensorMeta of ``values`` (in ``_META_FIELDS``' order), filled through the
+    slots: the frozen ``__init__``'s seven ``object.__setattr__`` calls cost as much again."""
+    meta = _new_meta(TensorMeta)
+    for setter, value in zip(_META_SETTERS, values):
+        setter(meta, value)
+    return meta
+
+
+# The field values (in _META_FIELDS' order) -> the TensorMeta holding them.
+_metas: dict[tuple[Any, ...], TensorMeta] = {}
+_METAS_KEPT = 4096

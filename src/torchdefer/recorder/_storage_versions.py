@@ -84,7 +84,7 @@ def record_growth(node: Node, tensors: list[DeferredTensor], before: dict[int, i
         if id(storage) not in written:
             written.add(id(storage))
             writes.append(write(node, storage))
-        storage.grown.append((storage.version, storage.nbytes))
+        storage.grown = (*storage.grown, (storage.version, storage.nbytes))
         storage.nbytes = nbytes
     return tuple(writes)
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from torchdefer.rng import _chunks as chunks
@@ -16,6 +16,7 @@ from torchdefer.rng._ranges import BLOCK, ElementModel
 
 
 @settings(max_examples=300, deadline=None)
+@example(n=8113, blocks=True, words=1, threads=14, floor=1, lead=0)
 @given(
     n=st.integers(0, 10**7),
     blocks=st.booleans(),
@@ -38,8 +39,11 @@ def test_chunks_start_on_whole_refills_and_whole_blocks(n, blocks, words, thread
             assert n - starts[-2] >= BLOCK  # the tail rule stays in the last chunk
         sizes = [e - s for s, e in itertools.pairwise(starts)]
         # The first chunk (no jump) is the largest: by at most the lead and a step.
+        # The last may exceed it by a tail of under one block, which the tail rule
+        # keeps in the last chunk (n=8113 on 14 threads: 12 x 624 and 625).
         step = mt19937.N // math.gcd(mt19937.N, words) * (BLOCK if blocks else 1)
-        assert sizes[0] >= max(sizes[1:])
+        assert sizes[0] >= max(sizes[1:-1], default=0)
+        assert sizes[-1] <= sizes[0] + (BLOCK - 1 if blocks else 0)
         if len(sizes) > 2:  # the last chunk may be a remainder
             assert sizes[0] - sizes[1] <= lead + step
         assert starts == chunks.bounds(n, ElementModel(blocks, words), threads, floor, lead)

@@ -10,11 +10,10 @@ model from the bench zoo (``bench/models.py``; default ``llama-1b``, Llama 3.2
   ``materialize_module(model, threads=T)`` timed (the ``uniform_`` hidden by the
   ``normal_`` after it is never drawn; each large fill is drawn in ``T``
   chunks, each from its own jumped generator state, and the smaller tensors
-  are replayed up to ``T`` at a time: ``materialize.concurrent.side_by_side()``
-  on, which is off by default);
+  are replayed up to ``T`` at a time (``materialize.concurrent``, the
+  default);
 - ``threads=T serial`` (``--threads T-serial``): the same with one tensor at
-  a time (side by side off: what ``materialize_module(threads=T)`` does by
-  default).
+  a time (``materialize.concurrent.budget(0)``).
 
 Every case fingerprints its weights bit for bit (``bench/fingerprint.py``) and
 the report says whether all equal eager's. Peak = the kernel's RSS high-water
@@ -91,9 +90,9 @@ def _case(case: str, model_name: str, result: str) -> None:
 
         model = torchdefer.deferred_init(fn, *args)
         threads, _, serial = case.split("=")[1].partition(" ")
-        # "threads=T serial": one tensor at a time (side by side off, the default);
-        # "threads=T": tensors side by side turned on (materialize.concurrent).
-        one_at_a_time = contextlib.nullcontext() if serial else concurrent.side_by_side()
+        # "threads=T serial": one tensor at a time (concurrent.budget(0));
+        # "threads=T": tensors side by side (materialize.concurrent, the default).
+        one_at_a_time = concurrent.budget(0) if serial else contextlib.nullcontext()
         base = _METER.reset()
         cpu, start = _cpu(), time.perf_counter()
         with one_at_a_time:

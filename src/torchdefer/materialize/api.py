@@ -131,10 +131,10 @@ def materialize_module(
             per tensor instead.
         threads: threads that draw each large CPU random fill (``normal_``,
             ``uniform_`` ... of a million elements or more), each a chunk of
-            it from its own jumped generator state, into the tensor (and,
-            inside :func:`torchdefer.materialize.concurrent.side_by_side`,
-            an experiment off by default, that replay small independent
-            tensors side by side); the bits and the generator states are
+            it from its own jumped generator state, into the tensor, and
+            that replay small independent tensors side by side
+            (:mod:`torchdefer.materialize.concurrent`; ``concurrent.budget(0)``
+            keeps one tensor in flight); the bits and the generator states are
             eager's (see :mod:`torchdefer.materialize.parallel`). None:
             ``torch.get_num_threads()``; 1: every call drawn whole.
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import multiprocessing as mp
 import sys
 import threading
@@ -66,7 +67,7 @@ def _build_both(seed: int = 0):
 
 @pytest.fixture(autouse=True)
 def on():
-    """Side by side is off by default: these tests turn it on (the default budget)."""
+    """Side by side with the default budget, also where a caller set another."""
     with concurrent.side_by_side():
         yield
 
@@ -476,12 +477,20 @@ def test_a_jump_beside_other_threads_leaves_the_intra_op_setting_alone():
     assert (alone, beside) == (1, 2)
 
 
-def test_side_by_side_is_off_by_default(worker_threads):
-    token = concurrent._budget.set(0)  # as outside side_by_side()
-    try:
+def test_budget_zero_keeps_one_tensor_in_flight(worker_threads):
+    with concurrent.budget(0):
         eager, deferred, _, _ = _build_both()
         torchdefer.materialize_module(deferred, threads=4)
-    finally:
-        concurrent._budget.reset(token)
     assert_same_module(deferred, eager)
     assert not worker_threads
+
+
+def test_side_by_side_is_the_default(worker_threads):
+    def materialize():  # in a fresh context: every setting at its default
+        eager, deferred, _, _ = _build_both()
+        torchdefer.materialize_module(deferred, threads=4)
+        return eager, deferred
+
+    eager, deferred = contextvars.Context().run(materialize)
+    assert_same_module(deferred, eager)
+    assert worker_threads

@@ -10,6 +10,9 @@ it; the spy checks that the one-step case was taken where it applies.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -116,15 +119,25 @@ def _after_threaded_materialization():
     return [torch.empty(64, 32).normal_(), torch.empty(64, 32).uniform_()]
 
 
+_FRESH = "TORCHDEFER_TEST_FRESH_PROCESS"
+
+
 def test_markers_stand_again_after_a_threaded_materialization_keeps_its_threads(taken):
     import torchdefer
     from torchdefer.rng import kept_threads
 
+    if threading.active_count() > 1 + kept_threads() and not os.environ.get(_FRESH):
+        # Threads of earlier tests (a progress bar's monitor, a pool) are alive:
+        # the case needs a process where torchdefer's are the only ones.
+        test = f"{__file__}::{sys._getframe().f_code.co_name}"
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            env={**os.environ, _FRESH: "1"}, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return
     big = torchdefer.deferred_init(lambda: torch.empty(1 << 22).normal_())
     torchdefer.materialize_tensor(big, threads=2)  # split: its draw threads are kept
-    if threading.active_count() - 1 != kept_threads():
-        pytest.skip("another thread than torchdefer's kept draw threads runs here")
-    assert kept_threads() >= 1
+    assert threading.active_count() - 1 == kept_threads() >= 1
     check_program(lambda defer: defer(_after_threaded_materialization))
     assert taken[True] >= 1  # not every op moved the generator at once (a jump each)
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torchdefer
+from test_compat import _dotted  # one reading of dotted names for both AST checks
 from torchdefer._compat.patch import KEEP, MISSING, SharedPatches, attribute, patched, setting
 
 PACKAGE = Path(torchdefer.__file__).parent
@@ -154,14 +155,6 @@ ALLOWED = {
 }
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return ".".join([node.id, *reversed(parts)])
-    return None
 
 
 def test_torch_and_threading_are_patched_only_through_the_helper():

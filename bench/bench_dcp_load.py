@@ -57,12 +57,12 @@ def _load(model, path: str) -> None:
 
 
 class _Draws:
-    """Counts the random calls replay makes (``materialize.rng.draw``, which both full
+    """Counts the random calls replay makes (``materialize._rng_replay.draw``, which both full
     and row replay call) and the elements they produce."""
 
     def __init__(self) -> None:
         import torchdefer.materialize._local_call as local_call
-        import torchdefer.materialize.rng as replay_rng
+        import torchdefer.materialize._rng_replay as replay_rng
 
         self.ops = self.numbers = 0
         self._modules = (replay_rng, local_call)

@@ -177,7 +177,7 @@ def _jump_costs() -> dict:
 def _threshold(sizes: list[int], repeat: int) -> list[dict]:
     """One normal_ of n float32 elements, materialized with 1 and 2 threads, split at any size."""
     import torchdefer
-    from torchdefer.materialize import parallel
+    from torchdefer.materialize import _parallel as parallel
 
     rows = []
     for n in sizes:

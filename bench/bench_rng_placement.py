@@ -39,7 +39,7 @@ import gc, json, sys, time
 import torch
 import torchdefer
 from torch import nn
-from torchdefer.recorder.rng import RngRecorder
+from torchdefer.recorder._rng_placement import RngRecorder
 
 gc.disable()
 spent = [0.0, 0]

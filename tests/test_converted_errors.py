@@ -60,7 +60,7 @@ def test_materialize_module_argument_errors_are_usage_type_errors(kwargs, match)
 
 
 def test_a_random_op_without_a_default_generator_is_a_device_unavailable_error(monkeypatch):
-    import torchdefer.materialize.rng as replay_rng
+    import torchdefer.materialize._rng_replay as replay_rng
 
     def dropped() -> torch.Tensor:  # native_dropout takes no generator=
         return torch.ops.aten.native_dropout.default(torch.ones(8), 0.5, True)[0]

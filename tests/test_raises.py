@@ -58,7 +58,7 @@ SIGNALS = {
     "torchdefer.materialize.concurrent.NeedsAlone":
         "caught by the concurrent scheduler (_Flight.take), which replays that tensor alone",
     "torchdefer.materialize._local_call.NotSliceable":
-        "caught by row replay (distributed.rows, materialize.parallel), which falls back to "
+        "caught by row replay (distributed.rows, materialize._parallel), which falls back to "
         "whole tensors",
 }
 

@@ -46,10 +46,11 @@ _add("", "cli:")
 _add("_compat", "checkpoint:serialization")
 _add("fake", "device:_output_device _devices:_cross_device layout: meta: mode: "
      "storage:_storage_objects tensor:")
-_add("recorder", "_storage:_storage_versions ambient: api: composite: context: external: graph: "
+_add("recorder", "_storage:_storage_versions rng:_rng_placement ambient: api: composite: context: external: graph: "
      "mode: reach: record: subclasses: target: tensor: ties: "
      "errors:torchdefer.errors source:torchdefer.fake._source")
-_add("materialize", "errors:_error_context convert: local_call: plan: replay: swap: value:")
+_add("materialize", "errors:_error_context convert: local_call: plan: replay: swap: value: "
+     "api: cache: parallel: rng:_rng_replay")
 _add("checkpoint", "assign: dcp: install: load: module_rules: plan: safetensors_files: source: "
      "targets: torch_save: write: write_plan: "
      "errors:torchdefer.errors write_errors:torchdefer.errors")

@@ -7,10 +7,10 @@ call is a :class:`Hook` here, installed by the package that can answer it
 (hook: who calls it; who installs it):
 
 * ``VALUE_READER``: the recorder, for ``.item()`` / ``.tolist()`` while
-  building; ``materialize.api``, on import.
+  building; ``materialize._api``, on import.
 * ``CALL_RUNNER``: ``rng._states``, for an anchor after a call the draw model
   cannot count; ``materialize._replay``, on import.
-* ``SHARDED_MATERIALIZER``: ``materialize.api``; ``torchdefer/__init__.py``
+* ``SHARDED_MATERIALIZER``: ``materialize._api``; ``torchdefer/__init__.py``
   (``distributed.materialize_module``, imported on first use).
 * ``DISTRIBUTED_LOADER``: ``checkpoint._load``; ``torchdefer/__init__.py``
   (``distributed._load``).

@@ -139,7 +139,7 @@ def test_a_replay_failing_for_a_missing_tensor_changes_nothing(monkeypatch):
 
 
 def test_an_injected_replay_failure_of_the_last_missing_tensor_changes_nothing(monkeypatch):
-    import torchdefer.materialize.api as api
+    import torchdefer.materialize._api as api
 
     model = _deferred()
     before = snapshot(model)

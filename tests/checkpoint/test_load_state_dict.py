@@ -228,7 +228,7 @@ def test_deferred_init_of_from_pretrained_matches_from_pretrained(tmp_path):
 
 def test_a_new_head_costs_only_its_own_draws(monkeypatch):
     """With exact generator positions, nothing of the loaded model's init is replayed."""
-    from torchdefer.materialize.rng import RngReplay
+    from torchdefer.materialize._rng_replay import RngReplay
 
     drawn = []
     run = RngReplay.run

@@ -30,7 +30,7 @@ import torchdefer.checkpoint._install as install_module
 import torchdefer.distributed
 import torchdefer.distributed._load as checkpoint_module
 import torchdefer.distributed._staged as staged_module
-import torchdefer.materialize.api as api_module
+import torchdefer.materialize._api as api_module
 from torchdefer.checkpoint import CheckpointFormatError, CheckpointRankError
 from torchdefer.distributed._module import _fsdp2_params
 

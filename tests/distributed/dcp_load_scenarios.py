@@ -27,7 +27,7 @@ from torch.distributed.tensor import Shard
 import torchdefer
 import torchdefer.distributed as tdd
 import torchdefer.materialize._local_call as local_call
-import torchdefer.materialize.rng as replay_rng
+import torchdefer.materialize._rng_replay as replay_rng
 from torchdefer.distributed.shard import observe
 
 ALL = [

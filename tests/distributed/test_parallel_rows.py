@@ -18,7 +18,8 @@ from torch import nn
 
 import torchdefer
 from torchdefer.distributed._rows import RowReplay
-from torchdefer.materialize import Replay, parallel
+from torchdefer.materialize import Replay
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.rng import _chunks as chunks
 
 INITS = {

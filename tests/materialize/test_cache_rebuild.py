@@ -237,7 +237,7 @@ def test_within_one_materialize_module_call_a_buffer_reads_the_parameter_from_th
     torch.manual_seed(0)
     lazy = torchdefer.deferred_init(M)
     graph = torchdefer.recorder._tensor.graph_of((lazy.weight,), {})
-    assert graph not in torchdefer.materialize.cache._caches  # nothing materialized yet
+    assert graph not in torchdefer.materialize._cache._caches  # nothing materialized yet
     replayed = []
     from torchdefer.materialize import _replay as replay_module
 

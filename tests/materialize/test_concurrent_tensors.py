@@ -19,7 +19,8 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_module
-from torchdefer.materialize import concurrent, parallel
+from torchdefer.materialize import _parallel as parallel
+from torchdefer.materialize import concurrent
 
 
 @torchdefer.composite
@@ -163,7 +164,7 @@ def test_a_failure_leaves_the_module_as_the_serial_path(threads):
     external.add_(1)
     with pytest.raises(torchdefer.errors.ExternalTensorModifiedError, match="after it was recorded"):
         torchdefer.materialize_module(deferred, threads=threads)
-    order = [name for name, _ in torchdefer.materialize.api.deferred_reached(deferred)[0].items()]
+    order = [name for name, _ in torchdefer.materialize._api.deferred_reached(deferred)[0].items()]
     deferred_now = {name for name, t in _reached(deferred).items() if torchdefer.is_fake(t)}
     failed = order.index("ext")
     assert deferred_now == set(order[failed:])

@@ -15,8 +15,8 @@ from torch import nn
 
 import torchdefer
 from parity import build_both
+from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._plan import make_plan
-from torchdefer.materialize.cache import cache_for
 from torchdefer.recorder._graph import NodeKind
 
 A = torch.arange(6.0).reshape(2, 3)

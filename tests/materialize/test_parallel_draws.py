@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchdefer
-from torchdefer.materialize import parallel
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.rng import _chunks as chunks
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -13,7 +13,7 @@ from torch import nn
 import torchdefer
 from parity import assert_same_module, assert_same_tensor
 from torchdefer.errors import ThreadsError
-from torchdefer.materialize import parallel
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.materialize._value import replay_value
 from torchdefer.rng import _chunks as chunks
 

@@ -20,8 +20,8 @@ import torchdefer
 from torchdefer.distributed.shard import replay_local
 from torchdefer.fake import _pinned
 from torchdefer.fake._pinned import PinnedMemoryError
+from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._plan import make_plan
-from torchdefer.materialize.cache import cache_for
 from torchdefer.recorder._graph import NodeKind
 
 

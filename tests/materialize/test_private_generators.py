@@ -16,8 +16,9 @@ import torch
 
 import torchdefer
 from torchdefer.distributed._rows import RowReplay
-from torchdefer.materialize import Replay, parallel
-from torchdefer.materialize import rng as replay_rng
+from torchdefer.materialize import Replay
+from torchdefer.materialize import _parallel as parallel
+from torchdefer.materialize import _rng_replay as replay_rng
 
 # Each builds a tensor through an overload that draws from the default generator.
 CALLS = {

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 import torchdefer
-from torchdefer.materialize.cache import cache_for
+from torchdefer.materialize._cache import cache_for
 from torchdefer.recorder._graph import Graph, NodeKind, Placement, SourceLocation
-from torchdefer.recorder.rng import RngRecorder
+from torchdefer.recorder._rng_placement import RngRecorder
 
 SRC = pathlib.Path(torchdefer.__file__).parent
 _WITH_NODES = ("recorder", "materialize", "distributed", "viz", "rng")

@@ -49,7 +49,7 @@ def _plain_run():
 
 
 def _alone() -> bool:
-    """Whether markers may stand (recorder.rng._lazy): no other Python thread, such as
+    """Whether markers may stand (recorder._rng_placement._lazy): no other Python thread, such as
     the draw threads an earlier test's threaded materialization keeps."""
     return threading.active_count() == 1
 

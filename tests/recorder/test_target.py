@@ -90,7 +90,7 @@ def test_materialize_module_marks_through_the_door():
 
 
 def test_recorded_slice_lists_what_an_empty_cache_plan_lists():
-    from torchdefer.materialize.cache import ReplayCache
+    from torchdefer.materialize._cache import ReplayCache
 
     lazy = torchdefer.deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
     for t in (lazy[0].weight, lazy[1].bias):
@@ -124,4 +124,4 @@ def test_viz_slices_without_materializes_cache():
     for path in (PACKAGE / "viz").rglob("*.py"):
         tree = ast.parse(path.read_text())
         names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert "torchdefer.materialize.cache" not in names, path
+        assert "torchdefer.materialize._cache" not in names, path

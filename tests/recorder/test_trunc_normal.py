@@ -268,7 +268,7 @@ def test_the_narrow_uniform_branch_is_stepped_not_run_at_deferral(monkeypatch, s
 
 @needs_loop
 def test_a_proven_call_overwritten_whole_is_never_drawn(monkeypatch):
-    import torchdefer.materialize.rng as replay_rng
+    import torchdefer.materialize._rng_replay as replay_rng
 
     def build():
         w = torch.empty(64, 32)

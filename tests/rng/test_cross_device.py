@@ -16,7 +16,7 @@ from torch import nn
 
 import torchdefer
 from torchdefer.errors import DeviceUnavailableError
-from torchdefer.recorder.rng import NODE_READER, meta_call
+from torchdefer.recorder._rng_placement import NODE_READER, meta_call
 from torchdefer.rng import cuda_increments, philox
 from torchdefer.rng._stream import call_effect
 from torchdefer.rng.philox import DeviceShape

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fake_cuda_properties import fake_cuda_properties_fixture  # noqa: F401
 
 import torchdefer
-from torchdefer.recorder.rng import NODE_READER
+from torchdefer.recorder._rng_placement import NODE_READER
 from torchdefer.rng._stream import call_effect
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

@@ -11,7 +11,7 @@ from torch import nn
 
 import torchdefer
 from parity import check_program, trunc_normal_reads_data
-from torchdefer.materialize.rng import RngReplay
+from torchdefer.materialize._rng_replay import RngReplay
 from torchdefer.recorder._trunc_normal import rejection_loop
 from torchdefer.rng import _rejection as rejection
 from torchdefer.rng import _uniform_rejection as uniform_rejection

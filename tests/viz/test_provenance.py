@@ -11,8 +11,8 @@ from viz_models import Stack, ViewsMutatedAfterTaken, Zoo
 
 import torchdefer
 from parity import build_both
+from torchdefer.materialize._cache import ReplayCache
 from torchdefer.materialize._plan import make_plan
-from torchdefer.materialize.cache import ReplayCache
 
 TIMES = "\u00d7"
 

@@ -46,9 +46,9 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.errors import CheckpointError, CheckpointUsageError
+from torchdefer.materialize._api import mark_replayed
+from torchdefer.materialize._cache import keep_loaded
 from torchdefer.materialize._swap import check_swap, exchange, shell_for, undo
-from torchdefer.materialize.api import mark_replayed
-from torchdefer.materialize.cache import keep_loaded
 from torchdefer.recorder._target import Target, target_of
 from torchdefer.recorder._tensor import DeferredTensor
 

@@ -61,8 +61,8 @@ from torchdefer.checkpoint._plan import (
 from torchdefer.checkpoint._source import CheckpointSource, Source, open_checkpoint
 from torchdefer.checkpoint._targets import tensor_groups
 from torchdefer.errors import CheckpointUsageError
+from torchdefer.materialize._api import deferred_reached, materialized_nbytes, replay_tensors
 from torchdefer.materialize._convert import check_dtype
-from torchdefer.materialize.api import deferred_reached, materialized_nbytes, replay_tensors
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder._target import target_of
 from torchdefer.recorder._tensor import DeferredTensor, holds_deferred

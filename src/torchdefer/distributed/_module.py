@@ -10,8 +10,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from torchdefer.distributed.shard import compact, replay_local, same_recording
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.materialize import materialize_module as materialize_plain
-from torchdefer.materialize import parallel
 from torchdefer.recorder import DeferredTensor
 
 __all__ = ["materialize_module"]
@@ -50,7 +50,7 @@ def materialize_module(module: nn.Module, *, threads: int | None = None) -> nn.M
             sharded with ``fully_shard`` or DTensor parameters.
         threads: threads of this rank that draw each large CPU random fill
             (its rows too), each a chunk from its own jumped generator state;
-            the bits are the same (see :mod:`torchdefer.materialize.parallel`).
+            the bits are the same (see :mod:`torchdefer.materialize._parallel`).
             None: ``torch.get_num_threads()``.
 
     Returns:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdefer.materialize import parallel
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.materialize._local_call import BLOCKS, PER_ELEMENT, LocalCall, NotSliceable
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder._graph import Node, NodeKind, TensorMeta, Value
-from torchdefer.recorder.rng import NODE_READER, meta_call
+from torchdefer.recorder._rng_placement import NODE_READER, meta_call
 from torchdefer.rng import _chunks as chunks
 from torchdefer.rng import _ranges as ranges
 from torchdefer.rng import draws

@@ -9,8 +9,8 @@ from torchdefer.errors import (
     ReplayError,
     SwapError,
 )
+from torchdefer.materialize._api import materialize_module, materialize_tensor
 from torchdefer.materialize._replay import Replay
-from torchdefer.materialize.api import materialize_module, materialize_tensor
 
 __all__ = [
     "DeviceUnavailableError",

@@ -15,11 +15,12 @@ from torchdefer import _compat
 from torchdefer._hooks import SHARDED_MATERIALIZER, VALUE_READER
 from torchdefer.errors import UsageTypeError
 from torchdefer.fake._output_device import device_available
-from torchdefer.materialize import concurrent, parallel
+from torchdefer.materialize import _parallel as parallel
+from torchdefer.materialize import concurrent
+from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._convert import cast, check_dtype
 from torchdefer.materialize._replay import Replay
 from torchdefer.materialize._swap import real_tensor, recorded_inference, swap_in
-from torchdefer.materialize.cache import cache_for
 from torchdefer.materialize.progress import Progress, ProgressSpec
 from torchdefer.recorder._graph import Value
 from torchdefer.recorder._mode import suspended
@@ -57,7 +58,7 @@ def materialize_tensor(
             ``t.to(dtype)`` would; other tensors keep theirs.
         threads: threads that draw a large CPU random fill, each a chunk of
             it from its own jumped generator state (same bits; see
-            :mod:`torchdefer.materialize.parallel`); None: ``torch.get_num_threads()``.
+            :mod:`torchdefer.materialize._parallel`); None: ``torch.get_num_threads()``.
 
     Returns:
         The real tensor, with the values eager construction would have given:
@@ -135,7 +136,7 @@ def materialize_module(
             that replay small independent tensors side by side
             (:mod:`torchdefer.materialize.concurrent`; ``concurrent.budget(0)``
             keeps one tensor in flight); the bits and the generator states are
-            eager's (see :mod:`torchdefer.materialize.parallel`). None:
+            eager's (see :mod:`torchdefer.materialize._parallel`). None:
             ``torch.get_num_threads()``; 1: every call drawn whole.
 
     Returns:

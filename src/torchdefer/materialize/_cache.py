@@ -214,7 +214,7 @@ def rebuild(meta: TensorMeta, storage: torch.UntypedStorage) -> torch.Tensor:
 def cache_for(graph: Graph) -> ReplayCache:
     """The replay cache of ``graph``, made at its first materialization.
 
-    Threads materialize at once (``materialize.parallel``): the first two
+    Threads materialize at once (``materialize._parallel``): the first two
     asking for a graph's cache must get the same one.
     """
     cache = _caches.get(graph)

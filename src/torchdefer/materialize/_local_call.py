@@ -1,7 +1,7 @@
 """A random node's call rebuilt to draw part of its elements: the piece both chunked
 draws and row replay need.
 
-:mod:`torchdefer.materialize.parallel` draws one large CPU fill in chunks, each
+:mod:`torchdefer.materialize._parallel` draws one large CPU fill in chunks, each
 from its own jumped state; the row replay of sharded ranks
 (:mod:`torchdefer.distributed._rows`) draws only a shard's elements. Both rebuild
 a recorded random call to draw into a 1-D tensor of any length
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from torchdefer.materialize._overwrites import writes_first_argument
-from torchdefer.materialize.rng import draw
+from torchdefer.materialize._rng_replay import draw
 from torchdefer.recorder._args import unflatten_call
 from torchdefer.recorder._graph import Node, Value
 from torchdefer.rng import draws

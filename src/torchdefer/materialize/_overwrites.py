@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from torchdefer.recorder._graph import Node, NodeKind, Storage, TensorMeta, Value
-from torchdefer.recorder.rng import meta_call
+from torchdefer.recorder._rng_placement import meta_call
 
 __all__ = ["COPY", "FILLS", "Ranges", "live_writers", "sets_regardless", "writes_first_argument",
            "writes_in_place"]

@@ -31,7 +31,12 @@ import torch
 
 from torchdefer.errors import ThreadsError
 from torchdefer.materialize._overwrites import writes_first_argument
-from torchdefer.materialize.rng import NodeWithOverload, draw, generator_overload, takes_generator
+from torchdefer.materialize._rng_replay import (
+    NodeWithOverload,
+    draw,
+    generator_overload,
+    takes_generator,
+)
 from torchdefer.recorder._graph import Node
 from torchdefer.rng import _chunks as chunks
 from torchdefer.rng import _ranges as ranges

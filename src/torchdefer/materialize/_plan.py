@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torchdefer.materialize._cache import ReplayCache
 from torchdefer.materialize._overwrites import (
     COPY,
     FILLS,
@@ -29,7 +30,6 @@ from torchdefer.materialize._overwrites import (
     writes_first_argument,
     writes_in_place,
 )
-from torchdefer.materialize.cache import ReplayCache
 from torchdefer.recorder._graph import Node, NodeKind, Storage, Value
 
 # COPY, FILLS, Ranges, sets_regardless, writes_first_argument: what a substitute

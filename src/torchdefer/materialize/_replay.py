@@ -26,17 +26,17 @@ from torchdefer.errors import DeviceUnavailableError, ExternalTensorModifiedErro
 from torchdefer.fake import _pinned
 from torchdefer.fake._output_device import device_available
 from torchdefer.materialize import concurrent
+from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._error_context import with_context
+from torchdefer.materialize._parallel import split_draw
 from torchdefer.materialize._plan import Substitute, make_plan
+from torchdefer.materialize._rng_replay import RngReplay, call_checking_draws
 from torchdefer.materialize._writes import call_watching_writes
-from torchdefer.materialize.cache import cache_for
-from torchdefer.materialize.parallel import split_draw
-from torchdefer.materialize.rng import RngReplay, call_checking_draws
 from torchdefer.recorder._ambient import AmbientSwitch
 from torchdefer.recorder._args import flatten_out, unflatten_call
 from torchdefer.recorder._graph import Graph, Node, NodeKind, TensorMeta, Value
 from torchdefer.recorder._mode import suspended
-from torchdefer.recorder.rng import meta_call
+from torchdefer.recorder._rng_placement import meta_call
 from torchdefer.rng._stream import Model
 
 __all__ = ["Replay"]

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from torchdefer.errors import ReplayError
-from torchdefer.materialize import parallel
+from torchdefer.materialize import _parallel as parallel
+from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._replay import Replay
 from torchdefer.materialize._swap import recorded_inference
-from torchdefer.materialize.cache import cache_for
 from torchdefer.recorder._target import target_of
 from torchdefer.recorder._tensor import DeferredTensor
 
@@ -41,7 +41,7 @@ def replay_value(tensor: DeferredTensor, name: str, *, threads: int | None = Non
     the result: the deferred tensor stays deferred (and later materializes as
     usual). ``name`` is the tensor's path, for error messages. ``threads``
     draw each large CPU random fill in chunks (see
-    :mod:`torchdefer.materialize.parallel`); None: ``torch.get_num_threads()``.
+    :mod:`torchdefer.materialize._parallel`); None: ``torch.get_num_threads()``.
     """
     threads = parallel.check_threads(threads, "replay_value")
     if replays_on_meta(tensor):

@@ -6,7 +6,7 @@ the time of one tensor at a time, on the same machine busy with other work
 it was slower (``docs/DECISIONS.md``).
 
 ``materialize_module(model, threads=N)`` replays each large random fill in up
-to ``N`` chunks (:mod:`torchdefer.materialize.parallel`); the tensors too
+to ``N`` chunks (:mod:`torchdefer.materialize._parallel`); the tensors too
 small to split (norms, biases, a 125M model's projections) are replayed on
 up to ``N`` worker threads at once, each drawn whole. The results are
 swapped in on the caller's thread, in the order the serial path uses, so the
@@ -73,7 +73,7 @@ from typing import Any
 import torch
 
 from torchdefer.errors import InternalError
-from torchdefer.materialize import parallel
+from torchdefer.materialize import _parallel as parallel
 from torchdefer.recorder._ambient import Ambient, current_ambient
 from torchdefer.rng import mt19937
 

@@ -29,10 +29,10 @@ from torchdefer.errors import RecordingError
 from torchdefer.recorder._composite import library_composites
 from torchdefer.recorder._graph import Graph
 from torchdefer.recorder._mode import RecordingMode
+from torchdefer.recorder._rng_placement import RngRecorder
 from torchdefer.recorder._subclasses import subclassing
 from torchdefer.recorder._threads import dtype_log
 from torchdefer.recorder._ties import watching_registrations
-from torchdefer.recorder.rng import RngRecorder
 
 __all__ = ["deferred"]
 

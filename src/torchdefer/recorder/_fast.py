@@ -84,7 +84,7 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _draw_key(func: Any, args: tuple, meta: TensorMeta) -> tuple[Any, ...]:
-    """All that decides a plain fill's draws (``recorder.rng._signature``'s fields:
+    """All that decides a plain fill's draws (``recorder._rng_placement._signature``'s fields:
     the spec follows from the number of arguments, the output's metadata is
     self's), flat: the arity is the key's length, each number comes with its type."""
     if len(args) == 3:

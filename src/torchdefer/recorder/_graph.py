@@ -31,7 +31,7 @@ from torchdefer.recorder._args import unflatten_call
 from torchdefer.rng._stream import Placement
 
 if TYPE_CHECKING:  # made by the recorder, which builds on this module (recorder.context)
-    from torchdefer.recorder.rng import RngRecorder
+    from torchdefer.recorder._rng_placement import RngRecorder
 
 __all__ = [
     "Graph",
@@ -289,7 +289,7 @@ class Graph:
                 now (``recorder._ambient``); False: it has none.
             ambient: the settings to replay it under, where not those in force now.
 
-        >>> from torchdefer.recorder.rng import RngRecorder
+        >>> from torchdefer.recorder._rng_placement import RngRecorder
         >>> g = Graph(RngRecorder())
         >>> n = g.add_node(NodeKind.FACTORY, torch.ops.aten.zeros.default, [[2]], None, (), ())
         >>> n.seq, n.kind, n.graph is g, g.op_count

@@ -8,7 +8,7 @@ DataLoader worker) has none of the parent's threads: it starts its own.
 
 The kept threads run only inside :func:`run_pieces`, which returns after all
 its pieces ended; :func:`kept_threads` counts them, so that a recording can
-tell them from threads that may draw while it records (``recorder.rng``).
+tell them from threads that may draw while it records (``recorder._rng_placement``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ meta tensor) is what lets in-place metadata ops such as ``q.t_()`` in
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -356,14 +357,8 @@ def is_fake(tensor: object) -> bool:
 
 
 def flat_tensors(args: tuple, kwargs: dict):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    for a in kwargs.values():
+    """The tensor arguments in order: positional, then keyword, one list level deep."""
+    for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):

@@ -28,7 +28,9 @@ test: $(STAMP)
 # probe of the CUDA offset model (tests/gpu/gpu_probe.py: one table and a verdict;
 # the report goes to bench/results/gpu-probe.md). Without CUDA both skip cleanly.
 CUDA_TESTS = tests/gpu tests/rng tests/materialize/test_errors.py \
-	tests/materialize/test_rows.py tests/distributed/test_api.py
+	tests/materialize/test_order_and_devices.py tests/materialize/test_concurrent_tensors.py \
+	tests/distributed/test_rows.py tests/distributed/test_api.py \
+	tests/fake/test_fake_mode.py tests/checkpoint/test_writer.py
 GPU_REPORT ?= bench/results/gpu-probe.md
 
 test-gpu: $(STAMP)

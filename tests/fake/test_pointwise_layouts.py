@@ -140,7 +140,11 @@ def test_the_tables_are_what_sweeping_the_installed_torch_proves():
     assert len(ITERATED) == len(ITERATED_NAMES) and len(LIKE_INPUT) == len(LIKE_INPUT_NAMES)
     assert len(WITH_SCALAR) == len(WITH_SCALAR_NAMES)
     proved = {"iterated": set(), "with_scalar": set(), "like_input": set()}
-    for op in _one_tensor_pointwise_overloads():
+    swept = set(_one_tensor_pointwise_overloads())
+    # an op of the tables that this torch does not tag pointwise (leaky_relu before
+    # 2.12) is swept all the same: its layout must still be what the table says
+    tabled = ITERATED | WITH_SCALAR | LIKE_INPUT
+    for op in sorted(swept | tabled, key=str):
         rule = _rule_of(op)
         if rule:
             proved[rule].add(_named(op))
@@ -193,8 +197,12 @@ def _iterator_predicts(op):
 
 def test_the_binary_table_is_what_sweeping_the_installed_torch_proves():
     assert len(BINARY_ITERATED) == len(BINARY_ITERATED_NAMES)
-    proved = {_named(op) for op in _two_tensor_pointwise_overloads() if _iterator_predicts(op)}
-    assert proved == set(BINARY_ITERATED_NAMES)
+    crashing = set()
+    if torch.__version__ < "2.12":  # torch 2.8's gelu_backward corrupts the heap on these layouts
+        crashing.add(torch.ops.aten.gelu_backward.default)
+    proved = {_named(op) for op in _two_tensor_pointwise_overloads()
+              if op not in crashing and _iterator_predicts(op)}
+    assert proved == set(BINARY_ITERATED_NAMES) - {_named(op) for op in crashing}
 
 
 def _three_tensor_pointwise_overloads():

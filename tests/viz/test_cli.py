@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -17,8 +18,10 @@ from viz_models import Stack
 from torchdefer._cli import main
 from torchdefer.viz._format import fmt_bytes
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="Graphviz's dot program is not installed")
+needs_graphviz = pytest.mark.skipif(importlib.util.find_spec("graphviz") is None,
+                                    reason="needs the graphviz Python package (torchdefer[viz])")
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None or not importlib.util.find_spec("graphviz"),
+                               reason="Graphviz's dot program or Python package is not installed")
 TIMES, DASH = "\u00d7", "\u2013"
 LLAMA_70B = {
     "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -63,6 +66,7 @@ def test_inspect_prints_bytes_per_device_and_dtype_counting_tied_storage_once():
     assert fmt_bytes(nbytes) in row
 
 
+@needs_graphviz
 def test_inspect_writes_the_dot_source_and_explains_a_parameter(tmp_path):
     path = tmp_path / "stack.dot"
     status, out = run("inspect", "viz_models:Stack", "--dot", str(path),
@@ -107,6 +111,7 @@ def test_inspect_mistakes_exit_2_with_a_message_that_says_what_to_change(argv, m
     assert message in capsys.readouterr().err
 
 
+@needs_graphviz
 def test_rendering_without_dot_fails_with_the_install_hint(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     status, _ = run("inspect", "viz_models:Stack", "--dot", str(tmp_path / "g.svg"))
@@ -149,6 +154,7 @@ def test_inspect_a_70b_llama_end_to_end(tmp_path):
     assert "down_proj (Linear)" in text and "Legend" in text
 
 
+@needs_graphviz
 def test_no_collapse_and_max_nodes_reach_the_picture(tmp_path):
     path = tmp_path / "stack.dot"
     status, out = run("inspect", "viz_models:Stack", "--dot", str(path), "--no-collapse")
@@ -185,6 +191,7 @@ def _graph_counts(line: str) -> dict[str, int]:
     return found
 
 
+@needs_graphviz
 @pytest.mark.parametrize("extra", [[], ["--no-collapse"], ["--max-nodes", "20"]])
 def test_graph_counts_add_up_to_the_recorded_ops_of_the_build_line(tmp_path, extra):
     config = json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
@@ -199,6 +206,7 @@ def test_graph_counts_add_up_to_the_recorded_ops_of_the_build_line(tmp_path, ext
     assert sum(counts.values()) == recorded, (counts, recorded)
 
 
+@needs_graphviz
 def test_clusters_are_drawn_in_definition_order(tmp_path):
     class Model(torch.nn.Module):
         def __init__(self):

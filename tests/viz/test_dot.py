@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -14,8 +15,10 @@ import torchdefer
 from torchdefer.viz import GraphvizNotFoundError, render, to_dot, to_networkx, write_graph
 from torchdefer.viz._style import EDGE_STYLES, NODE_STYLES
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="Graphviz's dot program is not installed")
+needs_graphviz = pytest.mark.skipif(importlib.util.find_spec("graphviz") is None,
+                                    reason="needs the graphviz Python package (torchdefer[viz])")
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None or not importlib.util.find_spec("graphviz"),
+                               reason="Graphviz's dot program or Python package is not installed")
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -24,6 +27,7 @@ def svg_titles(svg: bytes) -> set[str]:
     return {t.text for t in ET.fromstring(svg).iter(f"{SVG}title") if t.text}
 
 
+@needs_graphviz
 def test_each_node_kind_has_its_own_style_and_a_legend_entry():
     source = to_dot(torchdefer.deferred_init(Zoo)).source
     styles = [tuple(sorted(attrs.items())) for attrs, _ in NODE_STYLES.values()]
@@ -35,6 +39,7 @@ def test_each_node_kind_has_its_own_style_and_a_legend_entry():
     assert "legend_edge_mutation_a -> legend_edge_mutation_b" in source
 
 
+@needs_graphviz
 def test_mutation_edges_are_drawn_dashed_red_with_storage_and_version():
     m = torchdefer.deferred_init(ViewsMutatedAfterTaken)
     g = to_networkx(m)
@@ -47,6 +52,7 @@ def test_mutation_edges_are_drawn_dashed_red_with_storage_and_version():
             assert f"color=\"{mutation_style['color']}\"" in line and "dashed" in line
 
 
+@needs_graphviz
 def test_clusters_follow_module_paths_and_repeats_are_marked_with_their_count():
     m = torchdefer.deferred_init(Stack)
     source = to_dot(m).source
@@ -58,6 +64,7 @@ def test_clusters_follow_module_paths_and_repeats_are_marked_with_their_count():
     assert all(f"label=\"{i} (Block)\"" in expanded for i in range(len(m.layers)))
 
 
+@needs_graphviz
 def test_collapsed_picture_draws_only_the_first_of_each_run():
     m = torchdefer.deferred_init(Stack)
     drawn = to_networkx(m, collapse_repeats=True)
@@ -86,6 +93,7 @@ def test_png_is_written_by_extension(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@needs_graphviz
 def test_dot_file_is_written_and_rendering_explains_install_without_dot(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` anywhere
     m = torchdefer.deferred_init(nn.Linear, 3, 3)
@@ -100,6 +108,7 @@ def test_dot_file_is_written_and_rendering_explains_install_without_dot(tmp_path
     assert not (tmp_path / "linear.svg").exists()
 
 
+@needs_graphviz
 def test_unknown_extension_is_refused_with_the_formats_that_work(tmp_path):
     m = torchdefer.deferred_init(nn.Linear, 3, 3)
     with pytest.raises(ValueError, match=r"use \.svg, \.png, \.pdf or \.dot"):
@@ -108,6 +117,7 @@ def test_unknown_extension_is_refused_with_the_formats_that_work(tmp_path):
         write_graph(m, tmp_path / "graph")
 
 
+@needs_graphviz
 def test_labels_name_op_shapes_storage_and_source_line():
     m = torchdefer.deferred_init(ViewsMutatedAfterTaken)
     source = to_dot(m).source

@@ -12,6 +12,7 @@ from torch import nn
 
 import torchdefer
 from parity import assert_same_module, assert_same_tensor, build_both, check_module_parity
+from torchdefer.errors import RecordingError
 from torchdefer.recorder._alias import UNANNOTATED_WRITES
 
 
@@ -111,3 +112,119 @@ def test_an_op_writing_an_input_it_does_not_declare_is_refused_at_replay():
     out, _ = torchdefer.deferred_init(build)
     with pytest.raises(torchdefer.materialize.ReplayError, match=r"scale_and_bump.*'counter'.*mutates_args"):
         torchdefer.materialize_tensor(out)
+
+
+def _aten_overloads():
+    for full in sorted(torch._C._dispatch_get_all_op_names()):
+        namespace, _, name = full.partition("::")
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload or "default", None)
+        if namespace == "aten" and isinstance(op, torch._ops.OpOverload):
+            yield op
+
+
+# Overloads that take running statistics or a dropout state and only read them.
+_READERS = ("backward", "no_update", "no_training", "functional")
+
+
+def test_every_overload_with_an_unannotated_state_argument_is_listed_or_a_reader():
+    """The ``.out`` overloads write the running statistics as the functional ones do
+    (``native_batch_norm.out`` was once missing: its statistics replayed stale)."""
+    missing = []
+    for op in _aten_overloads():
+        for a in op._schema.arguments:
+            if a.name not in ("running_mean", "running_var", "dropout_state"):
+                continue
+            if a.alias_info is not None and a.alias_info.is_write:
+                continue  # declared: the schema says it
+            if op not in UNANNOTATED_WRITES and not any(r in str(op) for r in _READERS):
+                missing.append(str(op))
+    assert not missing, f"add these to UNANNOTATED_WRITES, or to _READERS if they only read: {missing}"
+
+
+def test_the_out_overload_of_native_batch_norm_updates_the_running_stats_as_eager():
+    def build():
+        x, mean, var = torch.randn(4, 3), torch.zeros(3), torch.ones(3)
+        out, save_mean, save_invstd = torch.empty(4, 3), torch.empty(3), torch.empty(3)
+        torch.ops.aten.native_batch_norm.out(x, None, None, mean, var, True, 0.1, 1e-5,
+                                             out=out, save_mean=save_mean, save_invstd=save_invstd)
+        return mean, var, out, save_mean, save_invstd
+
+    eager, deferred = build_both(build)
+    for i in range(len(eager)):
+        assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")
+
+
+def _fuzz_20261212():
+    """Fuzz seed 20261212: running_mean is a view of the input's own storage."""
+    t3 = F.batch_norm(torch.eye(5), torch.zeros(5), torch.ones(5), training=True)
+    t9 = t3[1].view(-1)
+    return F.batch_norm(t3.t(), t9, t9.abs() + 1, training=True, momentum=0.3)
+
+
+def _stats_are_the_input():
+    x = torch.randn(3, 3)
+    return F.batch_norm(x, x[1], torch.ones(3), training=True)
+
+
+def _stats_are_one_tensor():
+    s = torch.ones(3)
+    return F.batch_norm(torch.randn(4, 3), s, s, training=True)
+
+
+def _weight_is_the_running_mean():
+    s = torch.ones(3)
+    return F.batch_norm(torch.randn(4, 3), s, torch.ones(3), weight=s, training=True)
+
+
+def _bias_overlaps_the_running_var():
+    buf = torch.ones(5)
+    return F.batch_norm(torch.randn(4, 3), torch.zeros(3), buf[:3], bias=buf[2:], training=True)
+
+
+def _native_out_overload():
+    x = torch.randn(3, 3)
+    out, a, b = torch.empty(3, 3), torch.empty(3), torch.empty(3)
+    return torch.ops.aten.native_batch_norm.out(x, None, None, x[0], torch.ones(3), True, 0.1,
+                                                1e-5, out=out, save_mean=a, save_invstd=b)
+
+
+def _legit_declared_write():
+    x = torch.randn(3, 3) + 2
+    return torch.ops.aten._native_batch_norm_legit(x.t(), None, None, x[1], torch.ones(3), True,
+                                                   0.3, 1e-5)
+
+
+@pytest.mark.parametrize("build,written,read", [
+    (_fuzz_20261212, "running_mean", "input"),
+    (_stats_are_the_input, "running_mean", "input"),
+    (_stats_are_one_tensor, "running_mean", "running_var"),
+    (_weight_is_the_running_mean, "running_mean", "weight"),
+    (_bias_overlaps_the_running_var, "running_var", "bias"),
+    (_native_out_overload, "running_mean", "input"),
+    (_legit_declared_write, "running_mean", "input"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_a_write_into_memory_another_argument_reads_is_refused_at_the_call(build, written, read):
+    """Eager's kernel reads the input after it updated the running statistics (or
+    not, by layout and device): replay gave other values with no error (fuzz seed
+    20261212). Refused at the call, naming both arguments."""
+    build()  # eager runs it
+    with pytest.raises(RecordingError,
+                       match=rf"writes its argument '{written}' in place.*reading its argument "
+                             rf"'{read}', which shares memory with it.*\.clone\(\)"):
+        torchdefer.deferred_init(build)
+
+
+@pytest.mark.parametrize("columns", [False, True], ids=["rows", "interleaved"])
+def test_running_stats_sharing_a_storage_without_overlap_match_eager(columns):
+    """One buffer holding both statistics (a flat parameter store): no element shared."""
+    def build():
+        stats = torch.zeros(3, 2) if columns else torch.zeros(2, 3)
+        mean, var = (stats[:, 0], stats[:, 1]) if columns else (stats[0], stats[1])
+        var.fill_(1)
+        y = F.batch_norm(torch.randn(4, 3), mean, var, training=True, momentum=0.3)
+        return stats, y
+
+    eager, deferred = build_both(build)
+    for i in range(len(eager)):
+        assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")

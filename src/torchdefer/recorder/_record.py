@@ -14,7 +14,7 @@ from torchdefer.fake._output_device import output_device
 from torchdefer.fake._pinned import check_pinning, lifted_is_pinned
 from torchdefer.fake._source import user_frame
 from torchdefer.fake._tensor import run_on_meta
-from torchdefer.recorder._alias import schema_values, writes_of
+from torchdefer.recorder._alias import overlapping_write, schema_values, writes_of
 from torchdefer.recorder._ambient import current_ambient, in_inference_mode
 from torchdefer.recorder._args import flatten_call, flatten_out, unflatten_call
 from torchdefer.recorder._collectives import refuse_collective
@@ -109,6 +109,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
+        if writes and (plan.fresh_returns or plan.hidden):
+            _refuse_overlapping_write(func, plan, written, writes)
     targets: list[Any] = list(written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets} if targets else _NO_STORAGES
     # normal_/uniform_ answered without running anything (most of a model's
@@ -163,6 +165,25 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if kind is _RANDOM:
         graph.rng.place(node, generator, device)
     return out
+
+
+def _refuse_overlapping_write(func: Any, plan: Any, values: list[Any],
+                              writes: tuple[int, ...]) -> None:
+    """Refuse a call that writes memory another of its arguments reads while it
+    computes (``recorder._alias.overlapping_write``)."""
+    pair = overlapping_write(plan, values, writes)
+    if pair is None:
+        return
+    written, read = pair
+    stats = written in ("running_mean", "running_var")
+    why = " (batch norm updates its running statistics in training mode)" if stats else ""
+    raise RecordingError(
+        f"{func} at {where(1)} writes its argument '{written}' in place{why} while "
+        f"reading its argument '{read}', which shares memory with it. Eager's result "
+        "then depends on the order in which the kernel reads and writes that memory, "
+        "which deferred replay does not reproduce, so the call is not recorded. Pass "
+        f"tensors that share no memory with '{written}' (.clone() one of them)."
+    )
 
 
 def _special_op(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:

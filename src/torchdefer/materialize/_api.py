@@ -22,7 +22,7 @@ from torchdefer.materialize._convert import cast, check_dtype
 from torchdefer.materialize._replay import Replay
 from torchdefer.materialize._swap import real_tensor, recorded_inference, swap_in
 from torchdefer.materialize.progress import Progress, ProgressSpec
-from torchdefer.recorder._graph import Value
+from torchdefer.recorder._graph import TensorMeta, Value
 from torchdefer.recorder._mode import suspended
 from torchdefer.recorder._reach import GRAD, PARAMETER, reached_tensors
 from torchdefer.recorder._target import Target, mark_materialized, target_of
@@ -242,9 +242,10 @@ def _each_replayed(
     ``side_by_side``: small independent tensors replay concurrently
     (:mod:`~torchdefer.materialize.concurrent`; the results come in order)."""
     items = list(found.items())
-    sizes = {name: materialized_nbytes(fake, dtype) for name, fake in items}
+    targets = [target_of(fake) for _, fake in items]  # one door crossing per tensor
+    sizes = {name: _nbytes(target.meta, dtype) for (name, _), target in zip(items, targets)}
     threads = parallel.current_threads() if side_by_side else 1
-    jobs = [_job(i, fake, device, threads) for i, (_, fake) in enumerate(items)]
+    jobs = [_job(i, target, device, threads) for i, target in enumerate(targets)]
 
     def run(job: concurrent.Job) -> torch.Tensor:
         name, fake = items[job.index]
@@ -257,8 +258,7 @@ def _each_replayed(
         # One call of each graph's cache: a tensor computed at construction from
         # one materialized earlier in this call reads it from the cache (nothing
         # is computed twice); the user changes neither before we are done.
-        graphs = (target_of(f).graph for f in found.values())
-        for graph in {id(g): g for g in graphs}.values():
+        for graph in {id(t.graph): t.graph for t in targets}.values():
             one_call.enter_context(cache_for(graph).call())
         for name, fake in items:  # on this thread: warnings are process-wide state
             warn_broken_ties(fake, name, module)
@@ -269,12 +269,11 @@ def _each_replayed(
                 bar.advance(name, sizes[name])
 
 
-def _job(index: int, fake: DeferredTensor, device: torch.device | None,
+def _job(index: int, target: Target, device: torch.device | None,
          threads: int) -> concurrent.Job:
-    target = target_of(fake)
     meta = target.meta
     numel = math.prod(meta.size)
-    return concurrent.Job(index=index, nbytes=materialized_nbytes(fake, None),
+    return concurrent.Job(index=index, nbytes=_nbytes(meta, None),
                           storage=(id(target.graph), target.storage.id),
                           alone=concurrent.is_alone(numel, device or meta.device, threads))
 
@@ -291,7 +290,10 @@ def materialized_nbytes(t: DeferredTensor, dtype: torch.dtype | None) -> int:
 
     From the recorded metadata: an UninitializedParameter refuses numel().
     """
-    meta = target_of(t).meta
+    return _nbytes(target_of(t).meta, dtype)
+
+
+def _nbytes(meta: TensorMeta, dtype: torch.dtype | None) -> int:
     numel = math.prod(meta.size)
     if dtype is not None and (meta.dtype.is_floating_point or meta.dtype.is_complex):
         return numel * dtype.itemsize

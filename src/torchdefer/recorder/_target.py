@@ -46,16 +46,11 @@ class Target:
     graph: Graph
     value: Value
     version: int
-
-    @property
-    def storage(self) -> Storage:
-        """The recorded storage the value lives in (shared by its views)."""
-        return self.value.storage
-
-    @property
-    def meta(self) -> TensorMeta:
-        """The value's recorded metadata (size, stride, dtype, reported device)."""
-        return self.value.meta
+    # The recorded storage the value lives in (shared by its views), and the
+    # value's recorded metadata (size, stride, dtype, reported device): plain
+    # fields, read per tensor by materialize without a call into the recorder.
+    storage: Storage
+    meta: TensorMeta
 
     @property
     def key(self) -> tuple[Value, int]:
@@ -82,7 +77,8 @@ def target_of(tensor: torch.Tensor) -> Target:
             "FSDP2 parameter wraps one: pass its local tensor."
         )
     value = tensor._value
-    return Target(tensor._graph, value, value.storage.version)
+    storage = value.storage
+    return Target(tensor._graph, value, storage.version, storage, value.meta)
 
 
 def mark_materialized(*targets: torch.Tensor | Target) -> Callable[[], None]:

@@ -24,6 +24,7 @@ For each: the stops, the distinct files, and the crossings between packages
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import threading
 from pathlib import Path
@@ -94,7 +95,8 @@ def _is_replay(name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="also list the stops after replay begins")
+    parser.add_argument("--all", action="store_true",
+                        help="also list the stops after replay begins")
     args = parser.parse_args(argv)
     walk, path = trace()
     first = next((i for i, (name, _) in enumerate(walk) if _is_replay(name)), len(walk))
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{i:3d} {name}:{func}")
     print(f"torch {torch.__version__}")
     for label, stops in (("walk", walk[:first]), ("path", path[:-1])):
-        crossings = sum(1 for (a, _), (b, _) in zip(stops, stops[1:])
+        crossings = sum(1 for (a, _), (b, _) in itertools.pairwise(stops)
                         if a.split("/")[0] != b.split("/")[0])
         print(f"{label}: {len(stops)} stops in {len(set(n for n, _ in stops))} files before "
               f"replay, {crossings} crossings between packages")

@@ -43,6 +43,8 @@ LAYOUTS = {
     "size0_permuted": lambda: _base(2, 0, 3).permute(1, 2, 0),
     "size0_transposed": lambda: _base(0, 3).t(),
     "expanded": lambda: _base(3, 1).expand(3, 4),
+    # strides (1, 0, 1): empty_like keeps the order (hardtanh; fuzz seed 20261214)
+    "expanded_moved": lambda: _base(7).expand(2, 7).unsqueeze(-1).movedim(-1, 0),
     "strided_columns": lambda: _base(4, 6)[:, ::2],
     "sliced_rows": lambda: _base(4, 6)[1:3],
     "channels_last": lambda: _base(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
@@ -188,8 +190,12 @@ def _iterator_predicts(op):
                     if not isinstance(out, torch.Tensor):
                         return False
                     ran = True
-                    want = iterator_strides([(tuple(a.shape), a.stride()),
-                                             (tuple(b.shape), b.stride())], tuple(out.shape))
+                    operands = (a, b)
+                    if op is torch.ops.aten.float_power.Tensor_Tensor:  # .to(double) first
+                        operands = tuple(x if x.dtype == out.dtype else
+                                         torch.empty_like(x, dtype=out.dtype) for x in operands)
+                    want = iterator_strides([(tuple(x.shape), x.stride()) for x in operands],
+                                            tuple(out.shape))
                     if out.stride() != want:
                         return False
     return ran or None

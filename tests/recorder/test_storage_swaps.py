@@ -183,3 +183,40 @@ def test_set_to_a_storage_no_deferred_tensor_holds_names_the_line_and_the_fix():
 
     with pytest.raises(RecordingError, match=r"set_.*no deferred tensor holds.*test_storage_swaps.py:\d+.*x.set_\(y\)"):
         torchdefer.deferred_init(build)
+
+
+def _relaid(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1) * 1  # reads the elements in the order the strides give
+
+
+@pytest.mark.parametrize("how", ["storage", "offset_and_size", "empty_stride", "tensor_offset",
+                                 "other_size", "given_stride"])
+def test_set_to_a_storage_with_the_same_sizes_keeps_the_strides_as_eager(how):
+    """CPU and CUDA ``set_`` with no strides keep a tensor's strides when its sizes stay
+    (resize_impl_ returns early); the meta kernel made them contiguous, so the deferred
+    tensor reported other strides than eager's (fuzz seed 20261214: a size-1 diagonal
+    whose stride 6 became 1)."""
+    def build():
+        keep = torch.arange(40.0)
+        s = keep.untyped_storage()
+        t = torch.arange(15.0).view(3, 5).t()[:, :2]  # (5, 2), strides (1, 5)
+        if how == "storage":
+            t = torch.arange(5.0).view(1, 5).diagonal()  # (1,), stride 6
+            c = t.clone()
+            t.set_(c.untyped_storage())
+        elif how == "offset_and_size":
+            t.set_(s, 0, (5, 2))
+        elif how == "empty_stride":
+            t.set_(s, 3, (5, 2), ())
+        elif how == "tensor_offset":
+            t.set_(keep, 1, (5, 2))
+        elif how == "other_size":
+            t.set_(s, 0, (2, 5))
+        else:
+            t.set_(s, 3, (5, 2), (2, 1))
+        return t, _relaid(t), t.stride()
+
+    eager, deferred = build_both(build)
+    assert deferred[2] == eager[2]
+    for i in (1, 0):
+        assert_same_tensor(torchdefer.materialize_tensor(deferred[i]), eager[i], f"output {i}")

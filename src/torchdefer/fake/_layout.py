@@ -143,6 +143,8 @@ def eager_layout(
         known = _restrided[id(func)] = (func, special)  # keeps func, so its id stays its own
     if not known[1]:
         return out
+    if func is _aten.float_power.Tensor_Tensor:
+        return _iterated(_converted(args[:2], out), 2, out)
     if func in _ITERATED:
         return _iterated(args, _ITERATED[func], out)
     if func in _UNARY:
@@ -210,6 +212,20 @@ def _iterated(args: tuple, count: int, out: Any) -> Any:
     if stride == out.stride():
         return out
     return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
+
+
+def _converted(args: tuple, out: Any) -> tuple:
+    """``args`` as ``float_power`` iterates them: each tensor of another dtype than
+    ``out`` first converted with ``.to(dtype)``, which lays it out as ``empty_like``
+    does (an expanded input becomes dense, in its dimensions' order)."""
+    if not isinstance(out, torch.Tensor):
+        return args
+    converted = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dtype != out.dtype:
+            a = torch.empty_like(meta_twin(a), dtype=out.dtype)
+        converted.append(a)
+    return tuple(converted)
 
 
 def _unary_rule(func: Any, args: tuple, kwargs: dict, device: Any) -> str:
@@ -287,9 +303,9 @@ def _unary(rule: str, args: tuple, kwargs: dict, out: Any) -> Any:
         wanted = iterator_strides([(size, stride), ((), ())], size)
     elif 0 in size or non_overlapping_and_dense(size, stride):
         wanted = stride
-    else:
-        fmt = suggest_memory_format(size, stride)
-        wanted = torch.empty(size, device="meta", memory_format=fmt).stride()
+    else:  # empty_like's own rule (infer_dense_strides: an expanded input's order kept)
+        twin = torch.empty_strided(size, stride, device="meta")
+        wanted = torch.empty_like(twin).stride()
     if isinstance(out, tuple):
         return tuple(_restrided_to(o, size, wanted) for o in out)
     return _restrided_to(out, size, wanted)

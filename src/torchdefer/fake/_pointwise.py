@@ -99,7 +99,9 @@ xlogy.Scalar_Other xlogy.Scalar_Self
 # clone is laid out so too, by the _PRESERVING rule of fake/_layout.py
 LIKE_INPUT_NAMES = "_conj_physical deg2rad frexp.Tensor hardtanh nan_to_num rad2deg relu6".split()
 
-# ldexp.Tensor is not TensorIterator's (a composite of mul and pow)
+# ldexp.Tensor is not TensorIterator's (a composite of mul and pow); float_power
+# converts its operands with .to(double) first (empty_like's layout), then iterates
+# them (fake/_layout.py)
 BINARY_ITERATED_NAMES = """
 __lshift__.Tensor __rshift__.Tensor __xor__.Tensor add.Tensor atan2 bitwise_and.Tensor
 bitwise_left_shift.Tensor bitwise_or.Tensor bitwise_right_shift.Tensor bitwise_xor.Tensor

@@ -180,11 +180,19 @@ def run_on_meta(
     # channels_last, fft) ask device_hint(), which knows only PyTorch's own
     # FakeTensor and says "cuda" for anything else on meta.
     _compat.meta_registrations.device_hint = _device_hint
+    # set_ onto a storage with the tensor's own sizes and no strides keeps its
+    # strides on CPU and CUDA (resize_impl_ returns early); the meta kernel
+    # makes them contiguous.
+    kept = None
+    if id(func) in _SET_IDS and device.type != "meta":
+        kept = _kept_layout(args, kwargs)
     try:
         with _compat.DisableTorchDispatch():
             out = _META_STAND_INS.get(func, func)(*args, **kwargs)
             if device.type != "meta":  # on meta, the meta kernels' layouts are eager's
                 out = eager_layout(func, args, kwargs, out, device)
+            if kept is not None and tuple(out.shape) == kept[0] and out.stride() != kept[1]:
+                out.as_strided_(kept[0], kept[1], out.storage_offset())
             if _compat.BCOMPLEX32 is not None:
                 out = _eager_complex(out, args, kwargs)
     finally:
@@ -278,6 +286,19 @@ def _nan_to_num_(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if self.is_complex():
         return self  # in place: the metadata stays
     return _aten.nan_to_num_.default(self, *args, **kwargs)
+
+
+_SET_IDS = frozenset(map(id, (_aten.set_.source_Storage, _aten.set_.source_Storage_storage_offset,
+                               _aten.set_.source_Tensor_storage_offset)))
+
+
+def _kept_layout(args: tuple, kwargs: dict) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``self``'s sizes and strides before a ``set_`` that gives no strides, else None."""
+    stride = args[4] if len(args) > 4 else kwargs.get("stride")
+    if stride:
+        return None
+    self = args[0]
+    return tuple(self.shape), self.stride()
 
 
 _META_STAND_INS: dict[Any, Callable[..., Any]] = {

@@ -96,3 +96,36 @@ def test_an_external_read_while_recording_is_still_checked_when_materialized(rea
     array += 1
     with pytest.raises(ExternalTensorModifiedError, match="numpy"):
         torchdefer.materialize_tensor(lazy)
+
+
+def test_an_inference_tensor_from_outside_is_referenced_and_its_writes_detected():
+    """An inference tensor keeps no version counter: reading it crashed the
+    recording (fuzz seed 20261215); a write to it shows in its digest."""
+    with torch.inference_mode():
+        external = torch.arange(3.0)
+    eager = external * 2
+    out = torchdefer.deferred_init(lambda: external * 2)
+    assert_same_tensor(torchdefer.materialize_tensor(out), eager)
+    out = torchdefer.deferred_init(lambda: external * 2)
+    with torch.inference_mode():
+        external.add_(1)  # no version bump to see
+    with pytest.raises(ExternalTensorModifiedError, match="without a version bump"):
+        torchdefer.materialize_tensor(out)
+
+
+def test_an_inference_tensor_made_under_a_meta_default_device_is_recorded():
+    """The fuzz program of seed 20261215: ``torch.tensor`` in inference mode with
+    ``torch.set_default_device('meta')``."""
+    def build():
+        torch.set_default_device("meta")
+        try:
+            with torch.inference_mode():
+                t = torch.tensor([0.0, 2.0, -0.5])
+            return torch.where(t > 0, t, torch.full((3,), 3.0))
+        finally:
+            torch.set_default_device(None)
+
+    eager = build()
+    out = torchdefer.deferred_init(build)
+    real = torchdefer.materialize_tensor(out)
+    assert real.device == eager.device and real.shape == eager.shape and real.dtype == eager.dtype

@@ -38,14 +38,14 @@ class ExternalRef:
     @staticmethod
     def of(tensor: torch.Tensor) -> ExternalRef:
         return ExternalRef(
-            tensor, tensor._version, _storage(tensor), _layout(tensor), _digest(tensor)
+            tensor, _version(tensor), _storage(tensor), _layout(tensor), _digest(tensor)
         )
 
     def changed(self) -> str | None:
         """What changed since recording, or None."""
         t = self.tensor
-        if t._version != self.version:
-            return f"modified in place (version {self.version} then, {t._version} now)"
+        if _version(t) != self.version:
+            return f"modified in place (version {self.version} then, {_version(t)} now)"
         if _storage(t) != self.storage or _layout(t) != self.layout:
             return "given other contents (torch.utils.swap_tensors, set_, or .data = ...)"
         if _digest(t) != self.digest:
@@ -54,6 +54,12 @@ class ExternalRef:
                 "numpy array behind torch.from_numpy)"
             )
         return None
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t._version``; -1 for an inference tensor, which keeps no version counter
+    (a write to it shows in its digest only)."""
+    return -1 if t.is_inference() else t._version
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -143,7 +143,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves, spec = _with_dtype(leaves, spec, out.dtype)
     op = StorageArgs(func) if owners else func
     ambient = current_ambient()
-    if targets and not ambient.inference and writes_inference(targets):
+    refused = bool(targets) and not ambient.inference and writes_inference(targets)
+    if refused:
         ambient = in_inference_mode(ambient)  # eager writes, then refuses
     outputs = _Outputs(out, tensors + owners if owners else tensors, before)
     kind = _kind(facts, bool(targets), outputs.aliased, not inputs, device)
@@ -164,7 +165,19 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             value.storage.pinned = True  # a new storage: eager's is page-locked
     if kind is _RANDOM:
         graph.rng.place(node, generator, device)
+    if refused:
+        # Eager's autograd refuses the write after the kernel ran. A deferred
+        # tensor's own TensorImpl may not be an inference tensor (a view taken
+        # outside inference mode of one that is), so the refusal is made here.
+        raise RuntimeError(_INFERENCE_WRITE)
     return out
+
+
+_INFERENCE_WRITE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a "
+    "clone to get a normal tensor before doing inplace update.See "
+    "https://github.com/pytorch/rfcs/pull/17 for more details."
+)
 
 
 def _refuse_overlapping_write(func: Any, plan: Any, values: list[Any],

@@ -229,21 +229,14 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
         return _sequence(array, blocks)[N * blocks :]
     coefficients = x_power_mod(N * blocks - 1)
     words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)
+    windows = words.unfold(0, N, 1)
     selected = _set_bits(coefficients)
-    # Two words at a time: a window starting at an even word is 312 int64 of
-    # the words, one starting at an odd word 312 int64 of the words shifted by
-    # one (XOR acts on each 32-bit half alike). In chunks: all ~10,000 selected
-    # windows at once would be 25 MB of temporaries, which page-fault on every
-    # jump under a low mmap threshold.
-    total = torch.zeros(N // 2, dtype=torch.int64, device="cpu")
-    for parity in (0, 1):
-        starts = selected[selected % 2 == parity] // 2
-        pairs = words[parity:].clone()
-        pairs = pairs[: pairs.numel() // 2 * 2].view(torch.int64)
-        windows = pairs.unfold(0, N // 2, 1)
-        for chunk in starts.split(_WINDOWS_PER_CHUNK):
-            total ^= _xor_rows(windows.index_select(0, chunk))
-    return total.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    # In chunks: all ~10,000 selected windows at once would be 25 MB of
+    # temporaries, which page-fault on every jump under a low mmap threshold.
+    total = torch.zeros(N, dtype=torch.int32, device="cpu")
+    for chunk in selected.split(_WINDOWS_PER_CHUNK):
+        total ^= _xor_rows(windows.index_select(0, chunk))
+    return total.to(torch.int64) & 0xFFFFFFFF
 
 
 def _set_bits(c: int) -> torch.Tensor:

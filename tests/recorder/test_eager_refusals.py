@@ -250,6 +250,54 @@ def test_a_view_of_an_inference_tensor_taken_outside_inference_mode_is_refused_a
             assert torch.equal(torchdefer.materialize_tensor(a), b)
 
 
+_DERIVED = {
+    "itself": lambda t: t,
+    "view": lambda t: t[1:],
+    "view_of_view": lambda t: t[1:].unsqueeze(0).t(),
+    "detach": lambda t: t.detach(),
+    "data": lambda t: t.data,
+    "view_of_data": lambda t: t.data[1:],
+    "data_of_view": lambda t: t[1:].data,
+    "alias": lambda t: torch.ops.aten.alias(t),
+    "clone": lambda t: t.clone(),
+}
+
+
+@pytest.mark.parametrize("derive", sorted(_DERIVED))
+@pytest.mark.parametrize("write", ["add_", "normal_", "data_add_"])
+def test_writes_to_tensors_derived_from_an_inference_tensor_are_refused_as_eager(derive, write):
+    """Eager refuses a write outside inference mode to a tensor without a version
+    counter (made in inference mode, or a view of one), after the kernel ran;
+    ``detach()`` and ``.data`` get a counter of their own and are written
+    (fuzz seeds 20261215, 20261216: ``t.data.add_(1)`` must stay allowed)."""
+    def build():
+        with torch.inference_mode():
+            base = torch.arange(6.0)
+        t = _DERIVED[derive](base)
+        try:
+            if write == "add_":
+                t.add_(1)
+            elif write == "normal_":
+                t.normal_()
+            else:
+                t.data.add_(1)
+            refused = False
+        except RuntimeError as e:
+            assert "Inplace update to inference tensor" in str(e)
+            refused = True
+        return refused, base * 1, t * 1
+
+    torch.manual_seed(0)
+    eager = build()
+    eager_next = torch.rand(3)
+    torch.manual_seed(0)
+    lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(3), eager_next)
+    assert lazy[0] == eager[0]
+    for a, b in zip(lazy[1:], eager[1:]):
+        assert torch.equal(torchdefer.materialize_tensor(a), b)
+
+
 def test_to_another_tensor_of_an_inference_tensor_is_recorded():
     def build():
         with torch.inference_mode():

@@ -33,6 +33,8 @@ from torchdefer.recorder._nodes import (
 from torchdefer.recorder._refusals import (
     dtypes_unasked,
     eager_error,
+    lacks_version_counter,
+    note_counterless_views,
     rare_dtypes,
     refuse_as_eager,
     writes_inference,
@@ -143,9 +145,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves, spec = _with_dtype(leaves, spec, out.dtype)
     op = StorageArgs(func) if owners else func
     ambient = current_ambient()
-    refused = bool(targets) and not ambient.inference and writes_inference(targets)
-    if refused:
-        ambient = in_inference_mode(ambient)  # eager writes, then refuses
+    inference = ambient.inference
+    refused = False
+    if targets and not inference and writes_inference(targets):
+        ambient = in_inference_mode(ambient)  # eager writes, then (maybe) refuses
+        refused = any(lacks_version_counter(t) for t in targets)
     outputs = _Outputs(out, tensors + owners if owners else tensors, before)
     kind = _kind(facts, bool(targets), outputs.aliased, not inputs, device)
     if (generator is not None or facts.untagged) and device.type != "meta":
@@ -160,15 +164,17 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if resizable:
         node.writes += record_growth(node, resizable, sizes)
     out = outputs.wrap(graph, node, device, same_meta=filled is not None)
+    if outputs.aliased and not inference:
+        note_counterless_views(func, tensors, outputs.outs)
     if pinned or func is _PIN_MEMORY:
         for value in node.outputs:
             value.storage.pinned = True  # a new storage: eager's is page-locked
     if kind is _RANDOM:
         graph.rng.place(node, generator, device)
     if refused:
-        # Eager's autograd refuses the write after the kernel ran. A deferred
-        # tensor's own TensorImpl may not be an inference tensor (a view taken
-        # outside inference mode of one that is), so the refusal is made here.
+        # Eager refuses the write after the kernel ran: the tensor keeps no
+        # version counter. A deferred view's own TensorImpl has one (a view taken
+        # outside inference mode of an inference tensor), so the refusal is made here.
         raise RuntimeError(_INFERENCE_WRITE)
     return out
 

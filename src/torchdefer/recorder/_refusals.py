@@ -41,7 +41,9 @@ reduction dim"): ``eager_error``.
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,8 +57,9 @@ from torchdefer.errors import EagerRefusalError
 from torchdefer.recorder._ambient import current_ambient
 from torchdefer.recorder._mode import suspended
 
-__all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses", "rare_dtypes",
-           "refuse_as_eager", "writes_inference"]
+__all__ = ["EagerRefusalError", "dtypes_unasked", "eager_error", "eager_refuses",
+           "lacks_version_counter", "note_counterless_views", "rare_dtypes", "refuse_as_eager",
+           "writes_inference"]
 
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
 _PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory"
@@ -118,6 +121,49 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
         if any(t.is_inference() for t in written) and not torch.is_inference_mode_enabled():
             return True
         return _refusal(fn, args, kwargs, written, random) is not None
+
+
+# Views, taken outside inference mode, of tensors without a version counter
+# (inference tensors): eager's share their base's missing counter, so a write
+# to one is refused; a deferred view's own TensorImpl has a counter.
+# id -> weak reference (a WeakSet compares tensors with ==, elementwise).
+_COUNTERLESS: dict[int, weakref.ref] = {}
+
+
+def lacks_version_counter(t: Any) -> bool:
+    """Whether eager's tensor for ``t`` keeps no version counter, so that a write to
+    it outside inference mode is refused (after the kernel ran): a tensor made in
+    inference mode, or a view of one. ``detach()`` and ``.data`` outside inference
+    mode get a counter of their own, in eager and on the fake tensor alike."""
+    ref = _COUNTERLESS.get(id(t))
+    if ref is not None and ref() is t:
+        return True
+    with DisableTorchFunctionSubclass():
+        try:
+            _ = t._version
+        except RuntimeError:  # "Inference tensors do not track version counter"
+            return True
+    return False
+
+
+def note_counterless_views(func: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """Remember the outputs of a view op (``func``, outside inference mode) that share
+    the storage of an inference tensor: eager makes such a view without a version
+    counter (also of ``t.data``, an inference tensor with a counter of its own)."""
+    if func is _aten.detach.default or not writes_inference(inputs):
+        return  # detach makes a counter; storages made outside inference mode have one
+    with DisableTorchFunctionSubclass():
+        bare = {id(x._value.storage) for x in inputs if x.is_inference()}
+    if not bare:
+        return
+    taken = {id(x) for x in inputs}
+    for o in outputs:
+        if hasattr(o, "_value") and id(o) not in taken and id(o._value.storage) in bare:
+            _COUNTERLESS[id(o)] = weakref.ref(o, functools.partial(_forget, id(o)))
+
+
+def _forget(key: int, _: weakref.ref) -> None:
+    _COUNTERLESS.pop(key, None)
 
 
 def writes_inference(written: Sequence[Any]) -> bool:

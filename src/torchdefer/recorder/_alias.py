@@ -121,8 +121,8 @@ _EXACT = 1 << 12
 
 def overlapping_write(plan: AliasPlan, values: list[Any], writes: tuple[int, ...]
                       ) -> tuple[str, str] | None:
-    """The names of a written argument and another argument sharing memory with it,
-    for an op that also returns new tensors or writes without saying so; else None.
+    """The names of a written argument and another argument sharing memory with it;
+    else None. Asked of ops that return new tensors or write without saying so.
 
     Such a call (``native_batch_norm`` whose ``running_mean`` is a view of its
     ``input``) reads memory while writing it, so what it computes depends on the
@@ -132,8 +132,6 @@ def overlapping_write(plan: AliasPlan, values: list[Any], writes: tuple[int, ...
     same memory as eager and are not asked; TensorIterator's own overlap
     refusals are eager's (``recorder._refusals``).
     """
-    if not (plan.fresh_returns or plan.hidden):
-        return None
     with torch._C.DisableTorchFunctionSubclass():  # plain metadata reads
         for i in writes:
             w = values[i]

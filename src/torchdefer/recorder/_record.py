@@ -111,7 +111,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     if plan.writes or plan.hidden:
         written = schema_values(plan, args, kwargs)
         writes = writes_of(plan, written)
-        if writes and (plan.fresh_returns or plan.hidden):
+        # new outputs computed while writing, or a hidden write in force
+        if writes and (plan.fresh_returns or len(writes) > len(plan.writes)):
             _refuse_overlapping_write(func, plan, written, writes)
     targets: list[Any] = list(written_tensors(written, writes)) if writes else []
     before = {id(t): _storage_id(t) for t in targets} if targets else _NO_STORAGES

@@ -123,10 +123,10 @@ def eager_refuses(fn: Any, args: tuple, kwargs: dict, written: list[torch.Tensor
         return _refusal(fn, args, kwargs, written, random) is not None
 
 
-# Views, taken outside inference mode, of tensors without a version counter
-# (inference tensors): eager's share their base's missing counter, so a write
-# to one is refused; a deferred view's own TensorImpl has a counter.
-# id -> weak reference (a WeakSet compares tensors with ==, elementwise).
+# Views, taken outside inference mode, of inference tensors: eager makes them
+# without a version counter, so a write to one is refused; a deferred view's own
+# TensorImpl has a counter. id -> weak reference (a WeakSet would compare
+# tensors with ==, elementwise).
 _COUNTERLESS: dict[int, weakref.ref] = {}
 
 

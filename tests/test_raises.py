@@ -42,6 +42,9 @@ ALLOWED = {
         "eager's 'Expected all tensors to be on the same device' (list ops)",
     "fake/_grad.py::leafness::RuntimeError":
         "eager's 'you can only change requires_grad flags of leaf variables'",
+    "recorder/_record.py::record_call::RuntimeError":
+        "eager's 'Inplace update to inference tensor outside InferenceMode' (no version "
+        "counter: a view of an inference tensor)",
     "recorder/_copy.py::_tensor_deepcopy::RuntimeError":
         "torch.Tensor.__deepcopy__'s error for a non-leaf tensor",
     "recorder/_subclasses.py::_lazy_torch_function::ValueError":

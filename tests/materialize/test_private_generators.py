@@ -64,7 +64,15 @@ def test_default_generator_calls_replay_on_private_generators(name, threads, n, 
         got = torchdefer.materialize_tensor(deferred, threads=threads)
     assert torch.equal(got, eager) and got.dtype == eager.dtype
     assert torch.equal(torch.default_generator.get_state(), after)  # never moved
-    assert borrowed == []
+    if _has_sibling(name):
+        assert borrowed == []
+    # else (the *_like ops before torch 2.12): no overload takes generator=, so the
+    # default generator is borrowed, under its lock; the bits above are eager's
+
+
+def _has_sibling(name: str) -> bool:
+    packet, overload = name.split(".")
+    return replay_rng._sibling_of(getattr(getattr(torch.ops.aten, packet), overload)) is not None
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -93,8 +101,9 @@ def test_the_generator_overload_is_the_sibling_with_the_same_other_arguments():
 
     aten = torch.ops.aten
     pairs = {aten.randn.default: aten.randn.generator, aten.randint.low: aten.randint.low_generator,
-             aten.randint_like.Tensor: aten.randint_like.Tensor_generator,
              aten.rand.out: aten.rand.generator_out}
+    if "Tensor_generator" in aten.randint_like.overloads():  # torch 2.12 on
+        pairs[aten.randint_like.Tensor] = aten.randint_like.Tensor_generator
     for op, sibling in pairs.items():
         assert replay_rng.generator_overload(Node(op)).op is sibling
     # Taking generator= already, or no sibling: nothing to switch to.

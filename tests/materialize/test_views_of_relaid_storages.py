@@ -107,6 +107,10 @@ def test_a_view_no_chain_of_views_leads_to_is_refused_not_copied(monkeypatch, un
     # layouts differ beyond size-1 dimensions, so a rebuilt view would address
     # other elements and a replayed one would not share storage.
     monkeypatch.setattr(_derive, "_source", lambda value: None)
+    x = torch.zeros(2, 3, 4, 4, device="meta").to(memory_format=torch.channels_last)
+    if F.conv2d(x, torch.ones(5, 3, 3, 3, device="meta")).is_contiguous(
+            memory_format=torch.channels_last):  # torch 2.8: meta's layout is eager's
+        pytest.skip("this torch's meta convolution lays out as eager: nothing is relaid")
     deferred = torchdefer.deferred_init(_conv_of_channels_last)
     torchdefer.materialize_tensor(deferred["base"])
     with pytest.raises(ReplayError, match="cannot be rebuilt as eager's view") as info:

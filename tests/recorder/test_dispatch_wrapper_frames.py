@@ -69,8 +69,15 @@ def _walked(monkeypatch, build):
         return _sources(torchdefer.deferred_init(build))
 
 
+def _needs_learned_wrappers() -> None:
+    torchdefer.deferred_init(_plain)  # enters the mode: its wrappers are learned then
+    if mode.DISPATCH_WRAPPERS is None:  # torch 2.8: every source is walked frame by frame
+        pytest.skip("this torch's dispatch wrapper frames are not learned: nothing is jumped")
+
+
 @pytest.mark.parametrize("build", [_plain, _under_user_mode, _nn_init])
 def test_fast_path_sources_are_those_of_the_frame_by_frame_walk(monkeypatch, build):
+    _needs_learned_wrappers()
     jumped = _sources(torchdefer.deferred_init(build))
     assert mode.DISPATCH_WRAPPERS is not None  # the jump was on
     assert jumped == _walked(monkeypatch, build)
@@ -97,7 +104,7 @@ def test_ops_after_deferred_init_name_the_users_line():
 
 
 def test_the_frames_jumped_over_are_library_code(monkeypatch):
-    torchdefer.deferred_init(_plain)  # enters the mode: its wrappers are in place
+    _needs_learned_wrappers()
     code, n = _compat.dispatch_wrapper_frames(mode.RecordingMode)
     record_call = ENTRIES.record_call
     jumped: list = []

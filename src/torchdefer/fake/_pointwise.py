@@ -99,13 +99,14 @@ xlogy.Scalar_Other xlogy.Scalar_Self
 # clone is laid out so too, by the _PRESERVING rule of fake/_layout.py
 LIKE_INPUT_NAMES = "_conj_physical deg2rad frexp.Tensor hardtanh nan_to_num rad2deg relu6".split()
 
-# ldexp.Tensor is not TensorIterator's (a composite of mul and pow); float_power
+# complex is TensorIterator's though not tagged pointwise (torch 2.8's meta kernel
+# lays it out row-major). ldexp.Tensor is not (a composite of mul and pow); float_power
 # converts its operands with .to(double) first (empty_like's layout), then iterates
 # them (fake/_layout.py)
 BINARY_ITERATED_NAMES = """
 __lshift__.Tensor __rshift__.Tensor __xor__.Tensor add.Tensor atan2 bitwise_and.Tensor
 bitwise_left_shift.Tensor bitwise_or.Tensor bitwise_right_shift.Tensor bitwise_xor.Tensor
-clamp_max.Tensor clamp_min.Tensor copysign.Tensor div.Tensor eq.Tensor fmax fmin
+clamp_max.Tensor clamp_min.Tensor complex copysign.Tensor div.Tensor eq.Tensor fmax fmin
 fmod.Tensor gcd ge.Tensor gelu_backward gt.Tensor heaviside hypot igamma igammac lcm
 float_power.Tensor_Tensor le.Tensor logaddexp logaddexp2 logical_and logical_or logical_xor
 logit_backward lt.Tensor

@@ -19,7 +19,7 @@ from torchdefer.errors import (
     CheckpointKeyError,
     CheckpointMismatchError,
 )
-from torchdefer.fake._output_device import device_available
+from torchdefer.fake._output_device import device_available, missing_device
 from torchdefer.recorder._target import target_of
 from torchdefer.recorder._tensor import DeferredTensor
 
@@ -113,11 +113,7 @@ def check_devices(groups: list[TensorGroup], loaded: set[int], device: torch.dev
             continue
         place = device or t.fake_device
         if not device_available(place):
-            if device is None:
-                where = f"was recorded on '{place}'"
-            else:  # the device asked for is missing, not the recorded one
-                where = (f"was recorded on '{t.fake_device}' and is to be loaded onto "
-                         f"'{place}' (device=)")
+            where = missing_device(t.fake_device, place, device is not None, "loaded onto")
             raise CheckpointDeviceError(
                 f"'{group.path}' {where}, which this process does not have. Pass a device "
                 "it has (e.g. torchdefer.load_state_dict(model, path, device='cpu')). "

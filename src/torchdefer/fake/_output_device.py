@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["device_available", "device_of", "first_conflict", "output_device"]
+__all__ = ["device_available", "device_of", "first_conflict", "missing_device", "output_device"]
 
 _CPU = torch.device("cpu")
 
@@ -62,6 +62,15 @@ def normalize(device: torch.device) -> torch.device:
         index = torch.cuda.current_device() if torch.cuda.is_available() else 0
         return torch.device("cuda", index)
     return device
+
+
+def missing_device(recorded: torch.device, place: torch.device, asked: bool, to_be: str) -> str:
+    """How an error names a device this process lacks: the recorded one, or (``asked``:
+    the caller's ``device=`` differs from it) the one asked for, ``to_be`` done there
+    (``"loaded onto"``, ``"materialized on"``)."""
+    if not asked:
+        return f"was recorded on '{place}'"
+    return f"was recorded on '{recorded}' and is to be {to_be} '{place}' (device=)"
 
 
 def device_available(device: torch.device) -> bool:

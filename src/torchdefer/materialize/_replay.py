@@ -24,7 +24,7 @@ import torch
 from torchdefer._hooks import CALL_RUNNER
 from torchdefer.errors import DeviceUnavailableError, ExternalTensorModifiedError, ReplayError
 from torchdefer.fake import _pinned
-from torchdefer.fake._output_device import device_available
+from torchdefer.fake._output_device import device_available, missing_device
 from torchdefer.materialize import concurrent
 from torchdefer.materialize._cache import cache_for
 from torchdefer.materialize._error_context import with_context
@@ -243,11 +243,8 @@ class Replay:
                 device = self.map_device(value.meta.device)
                 if device_available(device):
                     continue
-                if self.device is None or device == value.meta.device:
-                    where = f"was recorded on '{device}'"
-                else:  # the device asked for is missing, not the recorded one
-                    where = (f"was recorded on '{value.meta.device}' and is to be "
-                             f"materialized on '{device}' (device=)")
+                asked = self.device is not None and device != value.meta.device
+                where = missing_device(value.meta.device, device, asked, "materialized on")
                 raise DeviceUnavailableError(
                     f"{_describe(targets, names)} {where}, which this process does not "
                     f"have (first needed by {node.name} at {node.where()}). Pass a device "

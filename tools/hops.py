@@ -59,9 +59,6 @@ def trace() -> tuple[list[Stop], list[Stop]]:
     lock = threading.Lock()
 
     def profile(frame, event, arg):
-        record(frame, event)
-
-    def record(frame, event):
         if event != "call" or path:
             return
         name = _package_file(frame.f_code.co_filename, root)

@@ -36,6 +36,8 @@ def fake_cuda_properties_fixture(monkeypatch):
             max_threads_per_multi_processor=threads,
         )
 
+    if torch.cuda.is_available():  # a real GPU host: CUDA's own init reads the real properties
+        torch.cuda.init()
     monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return FAKE_DEVICES

@@ -25,3 +25,16 @@ def test_cuda_indices_this_host_lacks_have_no_generator_and_bare_cuda_is_the_cur
     assert default_generator(torch.device("cuda", 2)) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_generator(torch.device("cuda", 0)) is None
+
+
+def test_cuda_generators_are_found_before_cuda_is_initialized(monkeypatch):
+    # torch.cuda.default_generators is () until CUDA's lazy init (an H100 run:
+    # recording "cuda:0" first in a process raised a bare IndexError). Eager's
+    # first draw there initializes CUDA; so does looking its generator up.
+    generator = object()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "default_generators", ())
+    monkeypatch.setattr(torch.cuda, "init",
+                        lambda: monkeypatch.setattr(torch.cuda, "default_generators", (generator,)))
+    assert default_generator(torch.device("cuda", 0)) is generator

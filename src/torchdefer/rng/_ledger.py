@@ -70,7 +70,15 @@ def default_generator(device: torch.device) -> torch.Generator | None:
     if device.type == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device() if device.index is None else device.index
         if index < torch.cuda.device_count():  # cuda:1 on a one-GPU host has none
-            return torch.cuda.default_generators[index]
+            # torch.cuda.default_generators stays () until CUDA is initialized:
+            # a first draw on "cuda:0" in a fresh process found none. Eager's
+            # first draw there initializes CUDA too.
+            generators = torch.cuda.default_generators
+            if not generators:
+                torch.cuda.init()
+                generators = torch.cuda.default_generators
+            if index < len(generators):
+                return generators[index]
     return None
 
 

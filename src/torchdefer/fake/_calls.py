@@ -40,6 +40,9 @@ __all__ = ["GUARDED", "call_grad_safe", "set_refusing_lost_view_history"]
 # Autograd's own refusals about views and in-place ops: eager raises them too.
 _EAGER_AUTOGRAD_ERRORS = re.compile(
     r"in-place operation|modified inplace|view was created|custom Function|requires_grad flags")
+# Autograd rebuilding a view's grad_fn by replaying its view op (variable.cpp);
+# eager rebuilds with as_strided and never reaches it.
+_HISTORY_ASSERT = "new_fn INTERNAL ASSERT FAILED"
 
 # Python bindings that take a device guard for their tensor argument before
 # dispatching (python_variable_methods.cpp, python_variable_indexing.cpp). A
@@ -176,10 +179,15 @@ def _lost_view_history(error: Exception, func: Callable[..., Any], args: tuple,
     not one of autograd's own refusals, and the same call runs on meta twins,
     which have no such history.
     """
-    if isinstance(error, TorchdeferError) or _EAGER_AUTOGRAD_ERRORS.search(str(error)):
+    message = str(error)
+    if isinstance(error, TorchdeferError) or _EAGER_AUTOGRAD_ERRORS.search(message):
         return False
-    return any(t._is_view() for t in flat_tensors(args, kwargs)) and runs_on_twins(
-        func, args, kwargs)
+    if not any(t._is_view() for t in flat_tensors(args, kwargs)):
+        return False
+    # The twins cannot run an op with no meta kernel (unique, nonzero: their
+    # output size depends on the data); autograd's assert on the view's
+    # history, raised before the op runs, tells it there.
+    return _HISTORY_ASSERT in message or runs_on_twins(func, args, kwargs)
 
 
 def set_refusing_lost_view_history(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -214,11 +222,12 @@ def _view_history_error(func: Callable[..., Any], error: Exception) -> FakeTenso
         f"{getattr(func, '__name__', func)}{at}: PyTorch's autograd cannot rebuild the history "
         f"of a view passed to it on fake tensors ({first}). It is a view of a tensor that "
         "requires grad, used after an in-place change: its base changed shape or storage "
-        "(set_, resize_, .data = ...), or it was reshaped in place (unsqueeze_, t_, "
-        "as_strided_) under torch.no_grad() while being a view of a view. Eager rebuilds "
-        "the history with as_strided; on fake tensors (PyTorch's own FakeTensorMode too) "
-        "autograd replays the view's ops. Take the view again after the change, reshape "
-        "out of place (v = v.unsqueeze(0)), or clone() the tensor before requires_grad_()")
+        "(set_, resize_, .data = ...), or it is a view of a view and it was reshaped in "
+        "place (unsqueeze_, t_, as_strided_) or its base written (copy_, fill_) under "
+        "torch.no_grad(). Eager rebuilds the history with as_strided; on fake tensors "
+        "(PyTorch's own FakeTensorMode too) autograd replays the view's ops. Take the view "
+        "again after the change, change the tensor out of place (v = v.unsqueeze(0)), or "
+        "clone() the tensor before requires_grad_()")
 
 
 def _new_tensor(self: FakeTensor, data: Any, dtype=None, device=None, requires_grad=False, **kw):

@@ -6,6 +6,11 @@ real target with a deferred value reached PyTorch's ``set_data`` and failed
 a meta default device is a real meta tensor, as in eager, then
 ``t.data = deferred * 1``). A real meta target takes the deferred tensor's
 metadata, as eager's does; any other real target is refused with a clear error.
+
+``real_meta.set_(deferred.untyped_storage(), ...)`` ran as eager code (all its
+tensors real meta): the real tensor then aliased recorded memory, and after
+materialization it no longer shared the deferred tensor's storage as eager's
+does (fuzz seed 20261222). It is refused as a write to a real tensor.
 """
 
 import pytest
@@ -55,3 +60,42 @@ def test_the_setter_is_torchs_own_again_after_the_recording():
     t = torch.zeros(2)
     t.data = torch.ones(3)
     assert torch.equal(t, torch.ones(3))
+
+
+def _real_meta_set_to_a_deferred_storage(storage):
+    torch.set_default_device("meta")
+    try:
+        real = torch.tensor([3, 7, 7, 5, 4])  # a real meta tensor, as in eager
+        deferred = torch.arange(0, 16, 2).reshape(-1, 1)
+        real.chunk(2)[1].set_(*storage(deferred))
+        return real
+    finally:
+        torchdefer._compat.restore_default_device(None)
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+@pytest.mark.parametrize("storage", [
+    lambda t: (t.untyped_storage(), 6, (2,), (1,)),
+    lambda t: (t.untyped_storage(),),
+    lambda t: (t.storage(),),  # a TypedStorage (deprecated, still accepted)
+])
+def test_a_real_meta_tensor_set_to_a_deferred_tensors_storage_is_refused(storage):
+    _real_meta_set_to_a_deferred_storage(storage)  # eager runs it
+    with pytest.raises(torchdefer.TorchdeferError,
+                       match=r"set_.* at .*test_data_set_of_real.py:\d+.* writes in place to a real "
+                             r"tensor .*a real meta tensor"):
+        torchdefer.deferred_init(_real_meta_set_to_a_deferred_storage, storage)
+
+
+def test_real_meta_tensors_set_to_each_others_storage_still_run_as_in_eager():
+    def build():
+        with torch.device("meta"):
+            a, b = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0])
+            b.set_(a.untyped_storage(), 1, (2,), (1,))
+            return a, b
+
+    eager = build()
+    a, b = torchdefer.deferred_init(build)
+    assert not torchdefer.is_fake(a) and not torchdefer.is_fake(b)
+    assert b.untyped_storage()._cdata == a.untyped_storage()._cdata
+    assert _layout(b) == _layout(eager[1])

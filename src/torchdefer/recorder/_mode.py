@@ -9,6 +9,7 @@ import torch
 
 from torchdefer import _compat
 from torchdefer.fake._mode import FakeSlotMode, no_fake_modes
+from torchdefer.fake._storage_objects import storage_owner
 from torchdefer.fake._tensor import FakeTensor, reported_device
 from torchdefer.recorder._collectives import refuse_collective
 from torchdefer.recorder._entries import ENTRIES
@@ -41,7 +42,7 @@ class RecordingMode(FakeSlotMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
             return reported_device(args[0])
-        if not _any_fake(types) and _real_meta_only(args, kwargs):
+        if not _any_fake(types) and _real_meta_only(args, kwargs, self.graph):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
@@ -65,8 +66,11 @@ def _any_fake(types: Any) -> bool:
     return False
 
 
-def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
-    """Whether the call has tensor arguments and all of them are real meta tensors.
+def _real_meta_only(args: tuple, kwargs: dict | None, graph: Graph) -> bool:
+    """Whether the call has tensor arguments, all of them real meta tensors, and no
+    storage of a deferred tensor (``real_meta.set_(deferred.untyped_storage())``
+    would make a real tensor alias recorded memory: eager's tensors share a
+    storage there, the materialized ones would not).
 
     ATen arguments nest one level at most (a tensor list), so no pytree walk:
     this runs for every factory call.
@@ -78,7 +82,18 @@ def _real_meta_only(args: tuple, kwargs: dict | None) -> bool:
                 if not t.is_meta:
                     return False
                 seen = True
-    return seen
+    if not seen:
+        return False
+    for x in (*args, *(kwargs or {}).values()):
+        if isinstance(x, (torch.UntypedStorage, torch.TypedStorage)) and (
+            storage_owner(x) is not None or graph.holders.get(_untyped(x)._cdata) is not None
+        ):
+            return False
+    return True
+
+
+def _untyped(storage: Any) -> Any:
+    return storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
 
 
 def recording(graph: Graph) -> contextlib.AbstractContextManager[Any]:

@@ -94,8 +94,9 @@ def write(node: Node, storage: Storage) -> tuple[Storage, int]:
     if storage.creator.kind is _EXTERNAL:
         raise RecordingError(
             f"{node.op} at {node.where()} writes in place to a real tensor (one created "
-            "outside deferred_init, or one materialize_tensor/materialize_module returned "
-            "inside it); the write cannot be deferred. Clone it first (`t = t.clone()`), "
+            "outside deferred_init, one materialize_tensor/materialize_module returned "
+            "inside it, or a real meta tensor such as torch.tensor(...) under a meta "
+            "device); the write cannot be deferred. Clone it first (`t = t.clone()`), "
             "or do the update outside deferred_init."
         )
     if storage.materialized:

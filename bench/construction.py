@@ -21,12 +21,13 @@ without it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -102,13 +103,8 @@ def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
     probe.begin()
     for r in range(repeats):
         torch.manual_seed(0)
-        full.seconds = 0.0
-        gc.callbacks.append(full.callback)
-        try:
-            with probe.measure(f"build {r}") as phase:
-                model = build(fn, args)
-        finally:
-            gc.callbacks.remove(full.callback)
+        with probe.measure(f"build {r}") as phase, full.counting():  # after the probe's collect
+            model = build(fn, args)
         times.append(phase["seconds"])
         full_gc.append(full.seconds)
         if r == 0:
@@ -135,13 +131,22 @@ def run_case(case: dict[str, Any], probe) -> dict[str, Any]:
 
 
 class _FullCollections:
-    """A ``gc.callbacks`` entry summing the time of full (oldest-generation) passes."""
+    """The time of the collector's full (oldest-generation) passes inside :meth:`counting`."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self._start = 0.0
 
-    def callback(self, phase: str, info: dict[str, Any]) -> None:
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        self.seconds = 0.0
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if info.get("generation") != 2:
             return
         if phase == "start":

@@ -262,6 +262,13 @@ _DERIVED = {
     "data_of_view": lambda t: t[1:].data,
     "alias": lambda t: torch.ops.aten.alias(t),
     "clone": lambda t: t.clone(),
+    # view(dtype) makes a tensor with a counter of its own; eager writes it
+    # (fuzz seed 20261225: it was refused as a view of an inference tensor)
+    "view_dtype": lambda t: t.view(torch.complex64),
+    "view_dtype_of_view": lambda t: t[2:].view(torch.complex64),
+    "view_of_view_dtype": lambda t: t.view(torch.complex64)[1:].unsqueeze(0),
+    "view_as_real": lambda t: torch.view_as_real(t.view(torch.complex64)),
+    "view_as_complex": lambda t: torch.view_as_complex(t.view(3, 2)),
 }
 
 

@@ -166,7 +166,7 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
         node.writes += record_growth(node, resizable, sizes)
     out = outputs.wrap(graph, node, device, same_meta=filled is not None)
     if outputs.aliased and not inference:
-        note_counterless_views(func, tensors, outputs.outs)
+        note_counterless_views(func, args, kwargs, tensors, outputs.outs)
     if pinned or func is _PIN_MEMORY:
         for value in node.outputs:
             value.storage.pinned = True  # a new storage: eager's is page-locked

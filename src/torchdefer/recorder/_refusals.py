@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import is_lazy
+from torch.utils._pytree import tree_leaves, tree_map
 
-from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
+from torchdefer._compat import DisableTorchDispatch, DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
 from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import EagerRefusalError
@@ -146,20 +147,55 @@ def lacks_version_counter(t: Any) -> bool:
     return False
 
 
-def note_counterless_views(func: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+def note_counterless_views(func: Any, args: tuple, kwargs: dict, inputs: Sequence[Any],
+                           outputs: Sequence[Any]) -> None:
     """Remember the outputs of a view op (``func``, outside inference mode) that share
-    the storage of an inference tensor: eager makes such a view without a version
-    counter (also of ``t.data``, an inference tensor with a counter of its own)."""
+    the storage of an inference tensor and, as eager's, keep no version counter
+    (also of ``t.data``, an inference tensor with a counter of its own).
+
+    Eager's kernel decides, run on meta twins (an inference tensor's twin made
+    in inference mode): ``view(shape)``, ``t()`` and slicing keep no counter,
+    ``view(dtype)`` and ``view_as_real`` make one (fuzz seed 20261225: a write
+    through ``inference.view(torch.uint8)`` was refused where eager writes).
+    """
     if func is _aten.detach.default or not writes_inference(inputs):
         return  # detach makes a counter; storages made outside inference mode have one
     with DisableTorchFunctionSubclass():
         bare = {id(x._value.storage) for x in inputs if x.is_inference()}
-    if not bare:
+    if not bare or not _eager_view_keeps_no_counter(func, args, kwargs):
         return
     taken = {id(x) for x in inputs}
     for o in outputs:
         if hasattr(o, "_value") and id(o) not in taken and id(o._value.storage) in bare:
             _COUNTERLESS[id(o)] = weakref.ref(o, functools.partial(_forget, id(o)))
+
+
+def _eager_view_keeps_no_counter(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` outside inference mode, given inference tensors where the call
+    has them, returns a tensor without a version counter (True where it cannot tell:
+    a write to it is then refused, never let through)."""
+
+    def twin(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        with DisableTorchFunctionSubclass():
+            inference = x.is_inference()
+            size, stride, dtype = x.size(), x.stride(), x.dtype
+        with torch.inference_mode(inference):
+            return torch.empty_strided(size, stride, dtype=dtype, device="meta")
+
+    try:
+        with suspended(), DisableTorchDispatch():
+            out = func(*tree_map(twin, args), **tree_map(twin, kwargs))
+    except Exception:  # the twins cannot run it: keep the stricter answer
+        return True
+    for o in tree_leaves(out):
+        if isinstance(o, torch.Tensor):
+            try:
+                _ = o._version
+            except RuntimeError:  # "Inference tensors do not track version counter"
+                return True
+    return False
 
 
 def _forget(key: int, _: weakref.ref) -> None:

@@ -134,8 +134,9 @@ _COUNTERLESS: dict[int, weakref.ref] = {}
 def lacks_version_counter(t: Any) -> bool:
     """Whether eager's tensor for ``t`` keeps no version counter, so that a write to
     it outside inference mode is refused (after the kernel ran): a tensor made in
-    inference mode, or a view of one. ``detach()`` and ``.data`` outside inference
-    mode get a counter of their own, in eager and on the fake tensor alike."""
+    inference mode, or a view of one (:func:`note_counterless_views`). ``detach()``,
+    ``.data`` and dtype views outside inference mode get a counter of their own,
+    in eager and on the fake tensor alike."""
     ref = _COUNTERLESS.get(id(t))
     if ref is not None and ref() is t:
         return True

@@ -29,7 +29,7 @@ from torchdefer.fake._output_device import device_available, normalize
 from torchdefer.fake._outside import no_fake_modes
 
 __all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "fix_inference_mode_grads",
-           "leafness", "runs_on_twins", "touches_missing_device"]
+           "leafness", "on_twins", "runs_on_twins", "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
@@ -114,19 +114,16 @@ def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict,
     argument's twin is a view of its base's twin (inference mode gives a view
     the ``requires_grad`` of the base it views).
     """
-    def twins(tree: Any) -> Any:
-        return _twins(tree, _view_twin if keep_views else _twin)
-
-    with no_fake_modes():
+    twin = _view_twin if keep_views else _twin
+    try:
+        out = on_twins(func, args, kwargs, twin)
+    except Exception as error:
         try:
-            out = func(*twins(args), **twins(kwargs))
-        except Exception as error:
-            try:
-                with torch.no_grad():
-                    func(*twins(args), **twins(kwargs))
-            except Exception:
-                return None
-            raise error from None  # autograd's own refusal, as eager raises it
+            with torch.no_grad():
+                on_twins(func, args, kwargs, twin)
+        except Exception:
+            return None
+        raise error from None  # autograd's own refusal, as eager raises it
     return [(o.requires_grad, o.is_leaf) for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
 
 
@@ -149,6 +146,14 @@ def fix_inference_mode_grads(func: Callable[..., Any], args: tuple, kwargs: dict
     for o, (requires_grad, _) in zip(outs, grads, strict=True):
         if requires_grad and not o.requires_grad and not o.is_inference():
             o.requires_grad_(True)
+
+
+def on_twins(func: Callable[..., Any], args: tuple, kwargs: dict,
+             twin: Callable[[Any], Any] | None = None) -> Any:
+    """``func`` run as eager code on meta twins of its arguments (an inference
+    tensor's twin is one, whatever mode the call runs in); raises what they raise."""
+    with no_fake_modes():
+        return func(*_twins(args, twin), **_twins(kwargs, twin))
 
 
 def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:

@@ -44,8 +44,9 @@ class ExternalRef:
     def changed(self) -> str | None:
         """What changed since recording, or None."""
         t = self.tensor
-        if _version(t) != self.version:
-            return f"modified in place (version {self.version} then, {_version(t)} now)"
+        version = _version(t)
+        if version != self.version:
+            return f"modified in place (version {self.version} then, {version} now)"
         if _storage(t) != self.storage or _layout(t) != self.layout:
             return "given other contents (torch.utils.swap_tensors, set_, or .data = ...)"
         if _digest(t) != self.digest:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdefer import _compat
 from torchdefer.errors import InternalError
 from torchdefer.fake._source import SourceLocation, user_frame
 from torchdefer.recorder._ambient import Ambient, current_ambient
@@ -232,6 +233,13 @@ class Holders:
     def get(self, key: int) -> Any:
         ref = self._refs.get(key)
         return None if ref is None else ref()
+
+    def over(self, storage: Any) -> Any:
+        """The live deferred tensor over ``storage`` (an untyped or typed storage
+        object, one made in C++ too), or None."""
+        untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
+        held = self.get(untyped._cdata)
+        return held if held is not None and _compat.storage_id(held) == untyped._cdata else None
 
     def __len__(self) -> int:
         return sum(r() is not None for r in self._refs.values())

@@ -76,7 +76,8 @@ def _real_meta_only(args: tuple, kwargs: dict | None, graph: Graph) -> bool:
     this runs for every factory call.
     """
     seen = False
-    for x in (*args, *(kwargs or {}).values()):
+    arguments = (*args, *(kwargs or {}).values())
+    for x in arguments:
         for t in x if isinstance(x, (list, tuple)) else (x,):
             if isinstance(t, torch.Tensor):
                 if not t.is_meta:
@@ -84,16 +85,12 @@ def _real_meta_only(args: tuple, kwargs: dict | None, graph: Graph) -> bool:
                 seen = True
     if not seen:
         return False
-    for x in (*args, *(kwargs or {}).values()):
+    for x in arguments:
         if isinstance(x, (torch.UntypedStorage, torch.TypedStorage)) and (
-            storage_owner(x) is not None or graph.holders.get(_untyped(x)._cdata) is not None
+            storage_owner(x) is not None or graph.holders.over(x) is not None
         ):
             return False
     return True
-
-
-def _untyped(storage: Any) -> Any:
-    return storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
 
 
 def recording(graph: Graph) -> contextlib.AbstractContextManager[Any]:

@@ -49,12 +49,13 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import is_lazy
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
-from torchdefer._compat import DisableTorchDispatch, DisableTorchFunctionSubclass, OpOverload
+from torchdefer._compat import DisableTorchFunctionSubclass, OpOverload
 from torchdefer._compat.generator import get_state
 from torchdefer._hooks import VALUE_READER
 from torchdefer.errors import EagerRefusalError
+from torchdefer.fake._grad import on_twins
 from torchdefer.recorder._ambient import current_ambient
 from torchdefer.recorder._mode import suspended
 
@@ -138,8 +139,10 @@ def lacks_version_counter(t: Any) -> bool:
     ``.data`` and dtype views outside inference mode get a counter of their own,
     in eager and on the fake tensor alike."""
     ref = _COUNTERLESS.get(id(t))
-    if ref is not None and ref() is t:
-        return True
+    return (ref is not None and ref() is t) or _keeps_no_counter(t)
+
+
+def _keeps_no_counter(t: torch.Tensor) -> bool:
     with DisableTorchFunctionSubclass():
         try:
             _ = t._version
@@ -175,28 +178,11 @@ def _eager_view_keeps_no_counter(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether ``func`` outside inference mode, given inference tensors where the call
     has them, returns a tensor without a version counter (True where it cannot tell:
     a write to it is then refused, never let through)."""
-
-    def twin(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        with DisableTorchFunctionSubclass():
-            inference = x.is_inference()
-            size, stride, dtype = x.size(), x.stride(), x.dtype
-        with torch.inference_mode(inference):
-            return torch.empty_strided(size, stride, dtype=dtype, device="meta")
-
     try:
-        with suspended(), DisableTorchDispatch():
-            out = func(*tree_map(twin, args), **tree_map(twin, kwargs))
+        out = on_twins(func, args, kwargs)
     except Exception:  # the twins cannot run it: keep the stricter answer
         return True
-    for o in tree_leaves(out):
-        if isinstance(o, torch.Tensor):
-            try:
-                _ = o._version
-            except RuntimeError:  # "Inference tensors do not track version counter"
-                return True
-    return False
+    return any(_keeps_no_counter(o) for o in tree_leaves(out) if isinstance(o, torch.Tensor))
 
 
 def _forget(key: int, _: weakref.ref) -> None:

@@ -40,10 +40,7 @@ def owner_of(storage: Any, graph: Graph, func: Any, where: str) -> torch.Tensor:
     """
     owner = storage_owner(storage)
     if owner is None:
-        untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
-        held = graph.holders.get(untyped._cdata)
-        if held is not None and _compat.storage_id(held) == untyped._cdata:
-            owner = held
+        owner = graph.holders.over(storage)
     if owner is None:
         raise RecordingError(
             f"{func} got a storage object that no deferred tensor holds (a storage of a "

@@ -88,6 +88,33 @@ def test_in_place_write_into_a_real_tensor_still_refused_after_many_recorded_one
     assert torch.equal(real, torch.full((3,), 3.0))
 
 
+def test_in_place_writes_remembered_while_recording_are_recorded_and_refused_into_real_tensors():
+    # nn.init's functions and in-place methods skip __torch_function__'s special
+    # cases while a recording is active, once seen: they still draw as eager, and a
+    # write into a real tensor is still refused by the recorder, not run.
+    def build():
+        layers = [nn.Linear(4, 4) for _ in range(3)]
+        for layer in layers:
+            nn.init.normal_(layer.weight, std=0.02)
+            nn.init.ones_(layer.bias)
+            with torch.no_grad():
+                layer.weight.fill_(0.5).uniform_(-1, 1)
+        return layers, torch.randn(3)
+
+    check(lambda defer: defer(build))
+    real = torch.zeros(4)
+
+    def writes_real():
+        deferred = torch.ones(4)
+        for _ in range(3):
+            deferred.copy_(torch.ones(4))
+        real.copy_(deferred)  # not a write of eager's kind here: refused
+
+    with pytest.raises(torchdefer.TorchdeferError, match="real tensor"):
+        torchdefer.deferred_init(writes_real)
+    assert torch.equal(real, torch.zeros(4))
+
+
 def test_errors_name_the_users_line_after_the_frame_cache_is_warm():
     pytest.importorskip("torch.distributed._functional_collectives")
 

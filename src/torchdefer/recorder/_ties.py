@@ -47,9 +47,11 @@ def watching_registrations() -> Iterator[None]:
 
 
 def _registered(module: nn.Module, name: str, param: torch.Tensor | None) -> None:
-    if isinstance(param, DeferredTensor):
-        homes = param.__dict__.setdefault(HOMES, [])
-        if not any(m() is module and n == name for m, n in homes):
+    if isinstance(param, DeferredTensor):  # every parameter of a model: the first home at once
+        homes = param.__dict__.get(HOMES)
+        if homes is None:
+            param.__dict__[HOMES] = [(weakref.ref(module), name)]
+        elif not any(m() is module and n == name for m, n in homes):
             homes.append((weakref.ref(module), name))
 
 

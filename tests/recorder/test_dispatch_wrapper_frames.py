@@ -1,7 +1,7 @@
 """The fast paths find the user's line past the recording mode's dispatch wrappers unwalked.
 
-``recorder._fast`` asks ``user_frame`` to jump over the frames between the
-dispatcher and ``RecordingMode.__torch_dispatch__`` (``mode.DISPATCH_WRAPPERS``);
+``recorder._fast`` asks ``user_frame`` to jump over ``RecordingMode.__torch_dispatch__``
+and the frames between it and the dispatcher (``mode.DISPATCH_FRAMES``);
 the answer must be the frame-by-frame walk's, also where user code sits
 between the op and the recording (a user's dispatch mode, a user's
 ``__torch_function__`` subclass) and after ``deferred_init`` returned.
@@ -62,24 +62,18 @@ def _sources(out):
 
 
 def _walked(monkeypatch, build):
-    """The sources when every frame is walked (no jump)."""
+    """The sources when every frame is walked (no jump: DISPATCH_FRAMES is 0)."""
     with monkeypatch.context() as m:
-        m.setattr(_compat, "dispatch_wrapper_frames", lambda cls: None)
-        m.setattr(mode, "DISPATCH_WRAPPERS", None)
-        return _sources(torchdefer.deferred_init(build))
-
-
-def _needs_learned_wrappers() -> None:
-    torchdefer.deferred_init(_plain)  # enters the mode: its wrappers are learned then
-    if mode.DISPATCH_WRAPPERS is None:  # torch 2.8: every source is walked frame by frame
-        pytest.skip("this torch's dispatch wrapper frames are not learned: nothing is jumped")
+        m.setattr(_compat, "dispatch_wrapper_frames", lambda cls: -1)
+        sources = _sources(torchdefer.deferred_init(build))
+        assert mode.DISPATCH_FRAMES == 0
+    return sources
 
 
 @pytest.mark.parametrize("build", [_plain, _under_user_mode, _nn_init])
 def test_fast_path_sources_are_those_of_the_frame_by_frame_walk(monkeypatch, build):
-    _needs_learned_wrappers()
     jumped = _sources(torchdefer.deferred_init(build))
-    assert mode.DISPATCH_WRAPPERS is not None  # the jump was on
+    assert mode.DISPATCH_FRAMES >= 1  # the jump was on: the mode's own frame at least
     assert jumped == _walked(monkeypatch, build)
     assert all(source is not None and source.file == __file__ for _, _, source in jumped)
 
@@ -104,20 +98,25 @@ def test_ops_after_deferred_init_name_the_users_line():
 
 
 def test_the_frames_jumped_over_are_library_code(monkeypatch):
-    _needs_learned_wrappers()
-    code, n = _compat.dispatch_wrapper_frames(mode.RecordingMode)
+    attribute = mode.RecordingMode.__dict__["__torch_dispatch__"]
+    code = getattr(attribute, "__wrapped__", attribute).__code__
     record_call = ENTRIES.record_call
     jumped: list = []
+    counts: set = set()
 
-    def spy(graph, func, args, kwargs):
+    def spy(graph, func, args, kwargs, above=0):
         frame = sys._getframe(1)  # the mode's own __torch_dispatch__
         assert frame.f_code is code
-        for _ in range(n):
+        jumped.append(code)
+        for _ in range(above - 1):
             frame = frame.f_back
             jumped.append(frame.f_code)
-        return record_call(graph, func, args, kwargs)
+        counts.add(above)
+        return record_call(graph, func, args, kwargs, above)
 
     monkeypatch.setattr(ENTRIES, "record_call", spy)
     torchdefer.deferred_init(_nn_init)
-    assert n >= 1 and jumped
+    assert counts == {mode.DISPATCH_FRAMES}
+    if hasattr(attribute, "__wrapped__"):  # torch wraps it (2.12+): its wrappers too
+        assert mode.DISPATCH_FRAMES >= 2
     assert all(is_library_code(c) for c in jumped)

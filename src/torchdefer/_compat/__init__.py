@@ -210,22 +210,22 @@ def skip_dynamo_disable_when_not_compiling(mode_class: type) -> None:
     raw._torchdefer_fast = True
 
 
-def dispatch_wrapper_frames(mode_class: type) -> tuple[Any, int] | None:
-    """``(code, n)``: the code of ``mode_class``'s own ``__torch_dispatch__``, and
-    how many Python frames at least sit between it and the dispatcher that
-    calls it (the wrappers of its class attribute); None if unknown.
+def dispatch_wrapper_frames(mode_class: type) -> int:
+    """How many Python frames at least sit between ``mode_class``'s own
+    ``__torch_dispatch__`` and the dispatcher that calls it (the wrappers of
+    its class attribute).
 
     After :func:`skip_dynamo_disable_when_not_compiling`, the attribute is
     torch's ``inner``, which calls ``dispatch`` (or, under a compiled
     function, dynamo's disabled function), which calls the function itself:
-    two frames or more. A wrapper of another make: one, itself.
+    two frames or more. A Python wrapper of another make: one, itself; none
+    (or one written in C): none.
     """
     wrapper = mode_class.__dict__.get("__torch_dispatch__")
     raw = getattr(wrapper, "__wrapped__", None)
-    code = getattr(raw, "__code__", None)
-    if code is None or getattr(wrapper, "__code__", None) is None:
-        return None
-    return code, 2 if getattr(raw, "_torchdefer_fast", False) else 1
+    if raw is None or getattr(wrapper, "__code__", None) is None:
+        return 0
+    return 2 if getattr(raw, "_torchdefer_fast", False) else 1
 
 
 BCOMPLEX32 = getattr(torch, "bcomplex32", None)

@@ -66,19 +66,16 @@ _CODES_KEPT = 1 << 16  # code made at run time (exec, dataclasses) could grow it
 _LINES_KEPT = 1 << 12  # instruction offsets kept per code object
 
 
-def user_frame(skip: int = 1, past: tuple[CodeType, int] | None = None
-               ) -> SourceLocation | None:
-    """The location of the innermost frame outside torch and torchdefer.
+def user_frame(skip: int = 1) -> SourceLocation | None:
+    """The location of the innermost frame outside torch and torchdefer, from the
+    frame ``skip`` frames above the caller's on.
 
-    ``past = (code, n)``: if the frame at ``skip`` runs ``code``, the ``n``
-    frames above it are library code every call of it passes through (the
-    wrappers a dispatch mode's ``__torch_dispatch__`` is called by), and
-    ``sys._getframe`` jumps over them: each frame walked with ``f_back`` is
-    made a Python object (~0.2 µs), which is most of this function's cost.
+    The frames below ``skip`` are jumped over by ``sys._getframe``; each frame
+    walked with ``f_back`` is made a Python object (~0.2 µs), which is most of
+    this function's cost: callers skip what they know to be library code (the
+    recording mode's dispatch wrappers, ``recorder._mode.DISPATCH_FRAMES``).
     """
     frame: FrameType | None = sys._getframe(skip)
-    if past is not None and frame is not None and frame.f_code is past[0]:
-        frame = sys._getframe(skip + 1 + past[1])
     known = _known_codes
     while frame is not None:
         code = frame.f_code

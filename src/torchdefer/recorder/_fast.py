@@ -20,8 +20,8 @@ answers them. The meta kernel still makes a factory's or a detach's output,
 and ``rng._ledger`` still places each random call.
 
 The fast paths are called by ``record_call`` alone: the user's line is looked
-for from ``record_call``'s caller up, past the recording mode's dispatch
-wrappers unwalked (``_mode.DISPATCH_WRAPPERS``).
+for from ``record_call``'s caller up, past its ``above`` library frames (the
+recording mode's dispatch, ``_mode.DISPATCH_FRAMES``) unwalked.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
 from torchdefer.fake._tensor import factory_on_meta
-from torchdefer.recorder import _mode as mode
 from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage_versions import write
@@ -61,7 +60,7 @@ _LIMITS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.
 _SPECS = {n: (n, (), (None,) * n) for n in range(1, 4)}
 
 
-def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) -> Any:
     """Record ``func(*args)`` (a fill of ``FAST_OPS``) as ``record_call`` would; else SLOW."""
     if kwargs or not _plain(func, args, graph):
         return SLOW
@@ -73,7 +72,7 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     leaves = [value, *args[1:]]
     kind = _INPLACE if func is _FILL_ else _RANDOM
     node = graph.add_node(kind, func, leaves, _SPECS[len(args)], (value,), (storage.version,),
-                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
+                          skip=3 + above)  # 3: record_call's caller
     node.writes = (write(node, storage),)
     # In place, metadata untouched: the same object holds a new value.
     self._value = Value(node, 0, storage, value.meta)
@@ -124,7 +123,7 @@ def _plain(func: Any, args: tuple, graph: Graph) -> bool:
     return True
 
 
-def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) -> Any:
     """Record ``detach`` of a deferred tensor of ``graph`` (every ``nn.Parameter(t)``
     detaches ``t``) as ``record_call`` would: a view with the input's metadata."""
     self = args[0] if len(args) == 1 and not kwargs else None
@@ -136,10 +135,14 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     # `t.data` reaches the dispatcher as this detach (recorder.tensor marks it).
     kind = _DATA_GET if DATA_GET_CALL.active else _VIEW
     node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,),
-                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
+                          skip=3 + above)  # 3: record_call's caller
     out = DeferredTensor(elem, device)
     out._graph = graph
-    out._value = Value(node, 0, value.storage, TensorMeta.of(elem, device))
+    # An alias of the whole input, conj and neg bits kept: its metadata is the input's.
+    meta = value.meta
+    if meta.device != device:  # set together (`.data = x` moves both); the kernel's rule else
+        meta = TensorMeta.of(elem, device)
+    out._value = Value(node, 0, value.storage, meta)
     node.outputs.append(out._value)
     return out
 
@@ -170,7 +173,7 @@ def _on_meta(func: Any, t: torch.Tensor) -> torch.Tensor:
 _FACTORY_KEYS = frozenset({"dtype", "device", "pin_memory"})
 
 
-def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) -> Any:
     """Record ``empty``/``ones``/``zeros`` of a list of sizes as ``record_call`` would.
 
     Only the keywords a plain ``torch.empty(*sizes, dtype=, device=)`` passes
@@ -199,7 +202,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
             leaves.append(out.dtype)
             keys = (*keys, "dtype")
     node = graph.add_node(_FACTORY, func, leaves, _factory_spec(len(sizes), keys), (), (),
-                          skip=3, past=mode.DISPATCH_WRAPPERS)  # 3: record_call's caller
+                          skip=3 + above)  # 3: record_call's caller
     fake = DeferredTensor(out, device)
     # A fresh contiguous output's storage is its elements; asking the storage
     # (untyped_storage()) would make a Python object that lives as long as it.

@@ -19,7 +19,6 @@ import enum
 import itertools
 import weakref
 from dataclasses import dataclass, field
-from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -278,7 +277,6 @@ class Graph:
         reads: tuple[int, ...],
         *,
         skip: int = 2,
-        past: tuple[CodeType, int] | None = None,
         runs_kernel: bool = True,
         ambient: Ambient | None = None,
     ) -> Node:
@@ -290,9 +288,8 @@ class Graph:
             leaves, spec: the flattened call (``recorder._args``), tensors as values.
             inputs, reads: the values read and their storages' versions then.
             skip: frames between the caller of ``add_node`` and the user's code, at
-                least (``fake._source.user_frame``'s argument, seen from the caller).
-            past: ``user_frame``'s wrapper frames to jump over from ``skip``
-                (``recorder._mode.DISPATCH_WRAPPERS`` for a call from the mode).
+                least (``fake._source.user_frame``'s argument, seen from the caller):
+                jumped over unwalked.
             runs_kernel: replay runs a kernel for it, under the settings in force
                 now (``recorder._ambient``); False: it has none.
             ambient: the settings to replay it under, where not those in force now.
@@ -308,7 +305,7 @@ class Graph:
         if runs_kernel and ambient is None:
             ambient = current_ambient()
         node = Node(seq, kind, op, leaves, spec, inputs, reads, [], (), None,
-                    user_frame(skip + 1, past), None, self, ambient)
+                    user_frame(skip + 1), None, self, ambient)
         if kind is _OBSERVE:
             self.observations.append(node)
         return node

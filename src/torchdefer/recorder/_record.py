@@ -59,11 +59,15 @@ _RANDOM, _INPLACE, _VIEW, _FACTORY, _CALL = (
     NodeKind.RANDOM, NodeKind.INPLACE, NodeKind.VIEW, NodeKind.FACTORY, NodeKind.CALL)
 
 
-def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` on meta, record it as a node, return deferred outputs."""
+def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int = 0) -> Any:
+    """Run ``func`` on meta, record it as a node, return deferred outputs.
+
+    ``above``: Python frames of library code known to sit between the caller and
+    the user's code (``recorder._mode.DISPATCH_FRAMES``), jumped over unwalked.
+    """
     fast = FAST_OPS.get(id(func))  # the plain fills, in one step (recorder/_fast.py)
     if fast is not None:
-        out = fast(graph, func, args, kwargs)
+        out = fast(graph, func, args, kwargs, above)
         if out is not SLOW:
             return out
     facts = facts_of(func)

@@ -42,7 +42,7 @@ ALLOWED = {
         "eager's 'Expected all tensors to be on the same device' (list ops)",
     "fake/_grad.py::leafness::RuntimeError":
         "eager's 'you can only change requires_grad flags of leaf variables'",
-    "recorder/_record.py::record_call::RuntimeError":
+    "recorder/_record.py::record_general::RuntimeError":
         "eager's 'Inplace update to inference tensor outside InferenceMode' (no version "
         "counter: a view of an inference tensor)",
     "recorder/_copy.py::_tensor_deepcopy::RuntimeError":

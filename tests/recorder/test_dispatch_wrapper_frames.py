@@ -1,7 +1,8 @@
 """The fast paths find the user's line past the recording mode's dispatch wrappers unwalked.
 
-``recorder._fast`` asks ``user_frame`` to jump over ``RecordingMode.__torch_dispatch__``
-and the frames between it and the dispatcher (``mode.DISPATCH_FRAMES``);
+``recorder._fast``, called by the recording mode, asks ``user_frame`` to jump over
+``RecordingMode.__torch_dispatch__`` and the frames between it and the
+dispatcher (``mode.DISPATCH_FRAMES``);
 the answer must be the frame-by-frame walk's, also where user code sits
 between the op and the recording (a user's dispatch mode, a user's
 ``__torch_function__`` subclass) and after ``deferred_init`` returned.
@@ -100,21 +101,23 @@ def test_ops_after_deferred_init_name_the_users_line():
 def test_the_frames_jumped_over_are_library_code(monkeypatch):
     attribute = mode.RecordingMode.__dict__["__torch_dispatch__"]
     code = getattr(attribute, "__wrapped__", attribute).__code__
-    record_call = ENTRIES.record_call
     jumped: list = []
     counts: set = set()
 
-    def spy(graph, func, args, kwargs, above=0):
-        frame = sys._getframe(1)  # the mode's own __torch_dispatch__
-        assert frame.f_code is code
-        jumped.append(code)
-        for _ in range(above - 1):
-            frame = frame.f_back
-            jumped.append(frame.f_code)
-        counts.add(above)
-        return record_call(graph, func, args, kwargs, above)
+    def spied(fast):
+        def spy(graph, func, args, kwargs, above):
+            frame = sys._getframe(1)  # the mode's own __torch_dispatch__
+            assert frame.f_code is code
+            jumped.append(code)
+            for _ in range(above - 1):
+                frame = frame.f_back
+                jumped.append(frame.f_code)
+            counts.add(above)
+            return fast(graph, func, args, kwargs, above)
 
-    monkeypatch.setattr(ENTRIES, "record_call", spy)
+        return spy
+
+    monkeypatch.setattr(ENTRIES, "fast_ops", {k: spied(f) for k, f in ENTRIES.fast_ops.items()})
     torchdefer.deferred_init(_nn_init)
     assert counts == {mode.DISPATCH_FRAMES}
     if hasattr(attribute, "__wrapped__"):  # torch wraps it (2.12+): its wrappers too

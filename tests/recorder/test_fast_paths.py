@@ -1,7 +1,7 @@
 """The one-step recording of plain fills and detach (recorder/_fast.py) gives the general path's graph.
 
 Each program is recorded twice, with the fast path and without it
-(``record.FAST_OPS`` emptied): the recorded graphs must agree field by field,
+(the mode's and ``record_call``'s tables emptied): the recorded graphs must agree field by field,
 errors must agree in type and words, and the materialized values and the
 generator's end state must be eager's.
 """
@@ -9,6 +9,7 @@ generator's end state must be eager's.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from hypothesis import strategies as st
 import torchdefer
 from parity import check_program
 from torchdefer.recorder import _record as record
-from torchdefer.recorder._graph import Value
+from torchdefer.recorder._entries import ENTRIES
+from torchdefer.recorder._graph import Graph, Value
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
            torch.complex64, torch.bool]
@@ -104,11 +106,37 @@ def _node_fields(node):
             rng, node.source, node.ambient, type(node.payload))
 
 
+def _general_path_only(m):
+    """Empty both tables of one-step recorders: the mode's and ``record_call``'s."""
+    m.setattr(record, "FAST_OPS", {})
+    m.setattr(ENTRIES, "fast_ops", {})
+
+
+def test_emptied_tables_leave_the_general_path_alone(monkeypatch):
+    # Else the comparisons below would compare the fast path with itself.
+    callers: set[str] = set()
+    original = Graph.add_node
+
+    def spy(self, *args, **kwargs):
+        callers.add(sys._getframe(1).f_code.co_name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Graph, "add_node", spy)
+    fast = {"fast_fill", "fast_detach", "fast_factory"}
+    with monkeypatch.context() as m:
+        _general_path_only(m)
+        torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    assert callers and not callers & fast
+    callers.clear()
+    torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    assert fast <= callers
+
+
 def _record(program, fast, monkeypatch):
     errors = []
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(record, "FAST_OPS", {})
+            _general_path_only(m)
         torch.manual_seed(0)
         out = torchdefer.deferred_init(program(errors))
         return _dump(out), errors, torch.get_rng_state()
@@ -200,7 +228,7 @@ def test_fast_paths_raise_the_general_paths_errors(make, monkeypatch):
     def outcome(fast):
         with monkeypatch.context() as m:
             if not fast:
-                m.setattr(record, "FAST_OPS", {})
+                _general_path_only(m)
             torch.manual_seed(0)
             try:
                 out = torchdefer.deferred_init(make)
@@ -211,3 +239,19 @@ def test_fast_paths_raise_the_general_paths_errors(make, monkeypatch):
     fast, slow = outcome(True), outcome(False)
     assert fast[:2] == slow[:2]
     assert torch.equal(fast[2], slow[2])
+
+
+def test_the_fast_ops_on_real_meta_tensors_run_as_eager_code():
+    # The mode tries its one-step recorders before it asks whether a call is on
+    # real meta tensors only: none of them takes one.
+    def build():
+        with torch.device("meta"):
+            t = torch.tensor([1.0, 2.0])  # a real meta tensor, as in eager
+        same = t.normal_().uniform_(-1, 1).fill_(2.0)
+        return t, same, t.detach(), torch.nn.Parameter(t)
+
+    t, same, detached, param = torchdefer.deferred_init(build)
+    assert same is t
+    for x in (t, detached, param):
+        assert not torchdefer.is_deferred(x) and x.is_meta and x.shape == (2,)
+    assert type(param) is torch.nn.Parameter

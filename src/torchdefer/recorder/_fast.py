@@ -19,9 +19,11 @@ keywords (``layout``, ``pin_memory=True``, ``memory_format``). Those return
 answers them. The meta kernel still makes a factory's or a detach's output,
 and ``rng._ledger`` still places each random call.
 
-The fast paths are called by ``record_call`` alone: the user's line is looked
-for from ``record_call``'s caller up, past its ``above`` library frames (the
-recording mode's dispatch, ``_mode.DISPATCH_FRAMES``) unwalked.
+The fast paths are called by the recording mode (``_mode.RecordingMode``, through
+``ENTRIES.fast_ops``) and by ``record_call``; ``above`` counts the frames of
+library code from their caller up (the mode's dispatch,
+``_mode.DISPATCH_FRAMES``; ``record_call`` and its caller's): the user's line
+is looked for past them, unwalked.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
 from torchdefer.fake._tensor import factory_on_meta
+from torchdefer.recorder._entries import SLOW
 from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
 from torchdefer.recorder._storage_versions import write
@@ -40,8 +43,6 @@ from torchdefer.recorder._tensor import DATA_GET_CALL, DeferredTensor
 
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 
-SLOW = object()
-"""What a fast path returns when the call is not of its plain form."""
 
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
@@ -72,7 +73,7 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) ->
     leaves = [value, *args[1:]]
     kind = _INPLACE if func is _FILL_ else _RANDOM
     node = graph.add_node(kind, func, leaves, _SPECS[len(args)], (value,), (storage.version,),
-                          skip=3 + above)  # 3: record_call's caller
+                          skip=2 + above)  # 2: the caller
     node.writes = (write(node, storage),)
     # In place, metadata untouched: the same object holds a new value.
     self._value = Value(node, 0, storage, value.meta)
@@ -135,7 +136,7 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) 
     # `t.data` reaches the dispatcher as this detach (recorder.tensor marks it).
     kind = _DATA_GET if DATA_GET_CALL.active else _VIEW
     node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,),
-                          skip=3 + above)  # 3: record_call's caller
+                          skip=2 + above)  # 2: the caller
     out = DeferredTensor(elem, device)
     out._graph = graph
     # An alias of the whole input, conj and neg bits kept: its metadata is the input's.
@@ -202,7 +203,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int)
             leaves.append(out.dtype)
             keys = (*keys, "dtype")
     node = graph.add_node(_FACTORY, func, leaves, _factory_spec(len(sizes), keys), (), (),
-                          skip=3 + above)  # 3: record_call's caller
+                          skip=2 + above)  # 2: the caller
     fake = DeferredTensor(out, device)
     # A fresh contiguous output's storage is its elements; asking the storage
     # (untyped_storage()) would make a Python object that lives as long as it.

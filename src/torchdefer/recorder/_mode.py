@@ -12,7 +12,7 @@ from torchdefer.fake._mode import FakeSlotMode, no_fake_modes
 from torchdefer.fake._storage_objects import storage_owner
 from torchdefer.fake._tensor import FakeTensor, reported_device
 from torchdefer.recorder._collectives import refuse_collective
-from torchdefer.recorder._entries import ENTRIES
+from torchdefer.recorder._entries import ENTRIES, SLOW
 from torchdefer.recorder._graph import Graph
 
 __all__ = ["DISPATCH_FRAMES", "RecordingMode", "recording", "suspended"]
@@ -42,20 +42,29 @@ class RecordingMode(FakeSlotMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:
             return reported_device(args[0])
+        kwargs = kwargs or {}
+        # recorder._fast's one-step recorders (recorder/_entries.py) first: they take
+        # no real tensor (a fill or detach of a deferred tensor of this graph, a
+        # factory of plain sizes), so none of the calls below is theirs.
+        fast = ENTRIES.fast_ops.get(id(func))
+        if fast is not None:
+            out = fast(self.graph, func, args, kwargs, DISPATCH_FRAMES)
+            if out is not SLOW:
+                return out
         if not _any_fake(types) and _real_meta_only(args, kwargs, self.graph):
             # Real meta tensors (``torch.tensor(0)`` under a meta device context,
             # as in accelerate's init_empty_weights(include_buffers=True)) have
             # no values to defer: run the op as eager code would.
             refuse_collective(func)
             with suspended():
-                return func(*args, **(kwargs or {}))
-        # recorder.record.record_call (recorder/_entries.py); refuses collectives
-        return ENTRIES.record_call(self.graph, func, args, kwargs or {}, DISPATCH_FRAMES)
+                return func(*args, **kwargs)
+        # recorder.record.record_general; refuses collectives
+        return ENTRIES.record_general(self.graph, func, args, kwargs)
 
 
 _DEVICE = torch.ops.prim.device.default
 DISPATCH_FRAMES = 1
-"""The Python frames, all library code, that sit at least between ``record_call``
+"""The Python frames, all library code, that sit at least between the recorder
 and the dispatcher for a call from :class:`RecordingMode`: its own
 ``__torch_dispatch__`` and the wrappers of it (``_compat.dispatch_wrapper_frames``),
 known once a recording was entered. Where the user's line is looked for, they

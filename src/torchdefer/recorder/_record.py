@@ -48,7 +48,7 @@ from torchdefer.recorder._storage_versions import (
 )
 from torchdefer.recorder._tensor import DeferredTensor
 
-__all__ = ["data_read", "record_call", "record_constant", "record_data_set"]
+__all__ = ["data_read", "record_call", "record_constant", "record_data_set", "record_general"]
 
 _LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _TO = torch.ops.aten.to
@@ -62,14 +62,19 @@ _RANDOM, _INPLACE, _VIEW, _FACTORY, _CALL = (
 def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int = 0) -> Any:
     """Run ``func`` on meta, record it as a node, return deferred outputs.
 
-    ``above``: Python frames of library code known to sit between the caller and
-    the user's code (``recorder._mode.DISPATCH_FRAMES``), jumped over unwalked.
+    ``above``: Python frames of library code known to sit from the caller up
+    (jumped over unwalked where the user's line is looked for).
     """
     fast = FAST_OPS.get(id(func))  # the plain fills, in one step (recorder/_fast.py)
     if fast is not None:
-        out = fast(graph, func, args, kwargs, above)
+        out = fast(graph, func, args, kwargs, above + 1)  # + 1: this frame
         if out is not SLOW:
             return out
+    return record_general(graph, func, args, kwargs)
+
+
+def record_general(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
+    """:func:`record_call` but for its one-step recorders: any op, through its facts."""
     facts = facts_of(func)
     if facts.special:
         if facts.collective:

@@ -23,6 +23,7 @@ import torch
 from torchdefer import _compat
 from torchdefer.errors import TorchdeferError
 from torchdefer.fake._grad import (
+    LEAFNESS_ASKS,
     NOT_HANDLED,
     call_without_autograd,
     fix_inference_mode_grads,
@@ -80,13 +81,15 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     and a CPU-only build has no CUDA guard (the process aborts). Such calls run
     under ``no_grad`` and the outputs get the ``requires_grad`` eager would give.
     """
-    answer = leafness(func, args, kwargs)
-    if answer is not NOT_HANDLED:
-        return answer
     try:
+        asks_leafness = func in LEAFNESS_ASKS
         rerouted = func in _REROUTED
     except TypeError:  # an unhashable callable: ask each case
-        rerouted = True
+        asks_leafness = rerouted = True
+    if asks_leafness:
+        answer = leafness(func, args, kwargs)
+        if answer is not NOT_HANDLED:
+            return answer
     if rerouted:
         answer, call = _reroute(func, args, kwargs)
         if call is None:

@@ -28,14 +28,18 @@ from torchdefer.fake._layout import meta_twin
 from torchdefer.fake._output_device import device_available, normalize
 from torchdefer.fake._outside import no_fake_modes
 
-__all__ = ["NONLEAF", "NOT_HANDLED", "call_without_autograd", "fix_inference_mode_grads",
-           "leafness", "on_twins", "runs_on_twins", "touches_missing_device"]
+__all__ = ["LEAFNESS_ASKS", "NONLEAF", "NOT_HANDLED", "call_without_autograd",
+           "fix_inference_mode_grads", "leafness", "on_twins", "runs_on_twins",
+           "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
 _IS_LEAF = _compat.descriptor_get(_compat.TensorBase, "is_leaf")
 _SET_REQUIRES_GRAD = _compat.descriptor_set(_compat.TensorBase, "requires_grad")
 NOT_HANDLED = object()  # leafness: not a call it answers
+LEAFNESS_ASKS = frozenset({torch.Tensor.requires_grad_, _SET_REQUIRES_GRAD, _IS_LEAF})
+"""The functions :func:`leafness` may answer (for any other it returns ``NOT_HANDLED``):
+``call_grad_safe`` asks this set before it calls it, for every call."""
 
 
 def leafness(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -28,13 +28,14 @@ is looked for past them, unwalked.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
 from torchdefer import _compat
 from torchdefer.fake._state import STATE
-from torchdefer.fake._tensor import factory_on_meta
+from torchdefer.fake._tensor import FakeTensor, factory_on_meta
 from torchdefer.recorder._entries import SLOW
 from torchdefer.recorder._graph import Graph, NodeKind, TensorMeta, Value
 from torchdefer.recorder._refusals import writes_inference
@@ -53,6 +54,9 @@ _TENSOR_DETACH = _compat.TensorBase.detach
 # (EnumType.__getattr__), and these are read for every recorded op.
 _RANDOM, _INPLACE, _VIEW, _DATA_GET, _FACTORY = (
     NodeKind.RANDOM, NodeKind.INPLACE, NodeKind.VIEW, NodeKind.DATA_GET, NodeKind.FACTORY)
+# DeferredTensor(elem, device) for a meta ``elem`` and a device: what its ``__new__``
+# calls then, one Python call fewer (object.__init__ does nothing).
+_new_fake = cast(Callable[[type, torch.Tensor, torch.device], DeferredTensor], FakeTensor.__new__)
 # Largest finite value per dtype: uniform_ refuses bounds beyond it, fill_
 # refuses values it cannot convert.
 _LIMITS = {d: torch.finfo(d).max for d in (torch.float16, torch.bfloat16, torch.float32,
@@ -137,7 +141,7 @@ def fast_detach(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) 
     kind = _DATA_GET if DATA_GET_CALL.active else _VIEW
     node = graph.add_node(kind, func, [value], _SPECS[1], (value,), (value.storage.version,),
                           skip=2 + above)  # 2: the caller
-    out = DeferredTensor(elem, device)
+    out = _new_fake(DeferredTensor, elem, device)
     out._graph = graph
     # An alias of the whole input, conj and neg bits kept: its metadata is the input's.
     meta = value.meta
@@ -204,7 +208,7 @@ def fast_factory(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int)
             keys = (*keys, "dtype")
     node = graph.add_node(_FACTORY, func, leaves, _factory_spec(len(sizes), keys), (), (),
                           skip=2 + above)  # 2: the caller
-    fake = DeferredTensor(out, device)
+    fake = _new_fake(DeferredTensor, out, device)
     # A fresh contiguous output's storage is its elements; asking the storage
     # (untyped_storage()) would make a Python object that lives as long as it.
     storage = graph.new_storage(node, out.nbytes)

@@ -301,3 +301,79 @@ def test_tensor_meta_sharing_is_bounded(monkeypatch):
             t = torch.empty(n)
             assert graph.TensorMeta.of(t, t.device).size == (n,)
     assert len(graph._metas) <= 8
+
+
+class _Logging(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _Plain(torch.Tensor):  # an eager tensor subclass: nn.Parameter detaches it too
+    pass
+
+
+def test_a_torch_function_mode_sees_grad_fn_and_requires_grad_as_in_eager():
+    # DeferredTensor answers them before __torch_function__; a mode still sees them.
+    def build():
+        t = torch.empty(3)
+        if not torchdefer.is_deferred(t):
+            t = t.as_subclass(_Plain)
+        with _Logging() as mode:
+            p = nn.Parameter(t)
+            module = nn.Module()
+            module.weight = p
+            p.requires_grad_(False)
+            _ = p.grad_fn
+        return mode.seen
+
+    eager = build()
+    deferred = torchdefer.deferred_init(build)
+    assert deferred == eager and "requires_grad_" in eager and "__get__" in eager
+
+
+class _OwnParameter(nn.Parameter):
+    calls: list = []
+
+    def requires_grad_(self, requires_grad=True):
+        _OwnParameter.calls.append(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    @property
+    def grad_fn(self):
+        _OwnParameter.calls.append("grad_fn")
+        return None
+
+
+def test_a_parameter_subclass_keeps_its_own_grad_fn_and_requires_grad_():
+    def build():
+        p = _OwnParameter(torch.empty(3))
+        p.requires_grad_(False)
+        module = nn.Module()
+        module.weight = p  # register_parameter reads grad_fn
+        return p
+
+    _OwnParameter.calls = []
+    build()
+    eager_calls = _OwnParameter.calls
+    _OwnParameter.calls = []
+    p = torchdefer.deferred_init(build)
+    assert _OwnParameter.calls == eager_calls and "grad_fn" in eager_calls
+    assert isinstance(p, _OwnParameter) and not p.requires_grad
+
+
+def test_requires_grad_false_of_a_non_leaf_is_refused_after_many_parameters():
+    def build():
+        params = [nn.Parameter(torch.empty(2)) for _ in range(3)]
+        y = params[0] * 2
+        y.requires_grad_(False)
+
+    with pytest.raises(RuntimeError) as eager:
+        build()
+    with pytest.raises(RuntimeError) as deferred:
+        torchdefer.deferred_init(build)
+    assert str(deferred.value) == str(eager.value)

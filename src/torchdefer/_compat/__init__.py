@@ -64,6 +64,7 @@ __all__ = [
     "skip_dynamo_disable_when_not_compiling",
     "storage_id",
     "swap_tensor_impl",
+    "torch_function_mode_enabled",
     "unset_dispatch_mode",
 ]
 
@@ -78,6 +79,8 @@ DisableTorchFunction = torch._C.DisableTorchFunction
 FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
 """The dispatch-mode slot torchdefer's modes occupy, as PyTorch's FakeTensorMode does."""
 get_dispatch_mode = torch._C._get_dispatch_mode
+torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+"""Whether a torch-function mode is active (``with torch.device(...)`` is one)."""
 set_dispatch_mode = torch._C._set_dispatch_mode
 unset_dispatch_mode = torch._C._unset_dispatch_mode
 only_lift_cpu_tensors = torch._C._only_lift_cpu_tensors

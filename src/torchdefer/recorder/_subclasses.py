@@ -33,6 +33,7 @@ that place); the values it computes are those of the plain ops.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -59,6 +60,9 @@ __all__ = [
 ]
 
 _classes: dict[type, type] = {torch.Tensor: DeferredTensor}
+# DeferredTensor answers these itself (before __torch_function__); a user class
+# that defines its own keeps them in its deferred class.
+_OWN_ANSWERS = ("grad_fn", "requires_grad_")
 _original_make_subclass = _compat.TensorBase._make_subclass
 
 
@@ -85,6 +89,10 @@ def deferred_class(user: type[torch.Tensor]) -> type:
         }
         if issubclass(user, UninitializedTensorMixin):
             namespace.update(_lazy_namespace(user))
+        for name in _OWN_ANSWERS:  # the user's class's own, over DeferredTensor's shortcuts
+            own = inspect.getattr_static(user, name)
+            if own is not inspect.getattr_static(torch.Tensor, name):
+                namespace[name] = own
         try:
             cls = type(user.__name__, (DeferredTensor, user), namespace)
         except TypeError as e:

@@ -75,9 +75,11 @@ class DeferredTensor(FakeTensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Two calls made for every parameter (nn.Parameter(t) sets requires_grad_,
-        # nn.Module.register_parameter asks grad_fn) that dispatch nothing, make
-        # no autograd node and name no device: none of the steps below apply but
-        # eager's refusal to un-require grad of a marked non-leaf (~2-3 µs less each).
+        # nn.Module.register_parameter asks grad_fn; the class's own grad_fn and
+        # requires_grad_ answer them, here only when called as torch.Tensor's or
+        # under a torch-function mode) that dispatch nothing, make no autograd node
+        # and name no device: none of the steps below apply but eager's refusal to
+        # un-require grad of a marked non-leaf.
         if func == _GRAD_FN:
             with _compat.DisableTorchFunctionSubclass():
                 return func(*args)
@@ -132,6 +134,25 @@ class DeferredTensor(FakeTensor):
             return reported_device(args[0])
         # recorder.record.record_call; refuses collectives (OpFacts.collective)
         return ENTRIES.record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
+
+    # The two calls made of every parameter (nn.Parameter(t) calls requires_grad_,
+    # Module.register_parameter reads grad_fn), answered before __torch_function__
+    # is entered (~3 µs each in a large build): torch's own getter and method with
+    # subclass handling off, so a torch-function mode still sees them first, as in
+    # eager. A user Parameter subclass's own ones win (deferred_class).
+    @property
+    def grad_fn(self) -> Any:  # type: ignore[override]
+        with _compat.DisableTorchFunctionSubclass():
+            return _GRAD_FN(self)
+
+    def requires_grad_(self, requires_grad: bool = True) -> torch.Tensor:
+        if torch.is_inference_mode_enabled() or _compat.torch_function_mode_enabled():
+            return _REQUIRES_GRAD_(self, requires_grad)  # through __torch_function__
+        answer = leafness(_REQUIRES_GRAD_, (self, requires_grad), {})
+        if answer is not NOT_HANDLED:
+            return answer
+        with _compat.DisableTorchFunctionSubclass():
+            return _REQUIRES_GRAD_(self, requires_grad)
 
     # A deferred parameter is an instance of a deferred class that derives from
     # nn.Parameter (or the user's Parameter subclass): see recorder/_subclasses.py.

@@ -348,13 +348,18 @@ class _OwnParameter(nn.Parameter):
         _OwnParameter.calls.append("grad_fn")
         return None
 
+    def detach(self):
+        _OwnParameter.calls.append("detach")
+        return super().detach()
 
-def test_a_parameter_subclass_keeps_its_own_grad_fn_and_requires_grad_():
+
+def test_a_parameter_subclass_keeps_its_own_grad_fn_requires_grad_and_detach():
     def build():
         p = _OwnParameter(torch.empty(3))
         p.requires_grad_(False)
         module = nn.Module()
         module.weight = p  # register_parameter reads grad_fn
+        p.detach()
         return p
 
     _OwnParameter.calls = []
@@ -362,7 +367,7 @@ def test_a_parameter_subclass_keeps_its_own_grad_fn_and_requires_grad_():
     eager_calls = _OwnParameter.calls
     _OwnParameter.calls = []
     p = torchdefer.deferred_init(build)
-    assert _OwnParameter.calls == eager_calls and "grad_fn" in eager_calls
+    assert _OwnParameter.calls == eager_calls and {"grad_fn", "detach"} <= set(eager_calls)
     assert isinstance(p, _OwnParameter) and not p.requires_grad
 
 

@@ -62,7 +62,7 @@ __all__ = [
 _classes: dict[type, type] = {torch.Tensor: DeferredTensor}
 # DeferredTensor answers these itself (before __torch_function__); a user class
 # that defines its own keeps them in its deferred class.
-_OWN_ANSWERS = ("grad_fn", "requires_grad_")
+_OWN_ANSWERS = ("detach", "grad_fn", "requires_grad_")
 _original_make_subclass = _compat.TensorBase._make_subclass
 
 

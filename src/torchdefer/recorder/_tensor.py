@@ -135,11 +135,12 @@ class DeferredTensor(FakeTensor):
         # recorder.record.record_call; refuses collectives (OpFacts.collective)
         return ENTRIES.record_call(graph_of(args, kwargs or {}), func, args, kwargs or {})
 
-    # The two calls made of every parameter (nn.Parameter(t) calls requires_grad_,
-    # Module.register_parameter reads grad_fn), answered before __torch_function__
-    # is entered (~3 µs each in a large build): torch's own getter and method with
-    # subclass handling off, so a torch-function mode still sees them first, as in
-    # eager. A user Parameter subclass's own ones win (deferred_class).
+    # The calls made of every parameter (nn.Parameter(t) calls detach and
+    # requires_grad_, Module.register_parameter reads grad_fn), answered before
+    # __torch_function__ is entered (~3 µs each in a large build): torch's own
+    # getter and methods with subclass handling off, so a torch-function mode
+    # still sees them first, as in eager. A user Parameter subclass's own ones win
+    # (deferred_class).
     @property
     def grad_fn(self) -> Any:  # type: ignore[override]
         with _compat.DisableTorchFunctionSubclass():
@@ -153,6 +154,16 @@ class DeferredTensor(FakeTensor):
             return answer
         with _compat.DisableTorchFunctionSubclass():
             return _REQUIRES_GRAD_(self, requires_grad)
+
+    def detach(self) -> torch.Tensor:
+        # Every nn.Parameter(t) detaches t: where __torch_function__ would take its
+        # ordinary path (a plain deferred tensor, a recording active), taken
+        # without entering it; a torch-function mode must see the call first.
+        if (type(self) is DeferredTensor and not _compat.torch_function_mode_enabled()
+                and isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)):
+            with _compat.DisableTorchFunctionSubclass():
+                return call_grad_safe(_DETACH, (self,), {})
+        return _DETACH(self)
 
     # A deferred parameter is an instance of a deferred class that derives from
     # nn.Parameter (or the user's Parameter subclass): see recorder/_subclasses.py.

@@ -44,7 +44,6 @@ from torchdefer.recorder._tensor import DATA_GET_CALL, DeferredTensor
 
 __all__ = ["FAST_OPS", "SLOW", "fast_detach", "fast_factory", "fast_fill"]
 
-
 _NORMAL_ = torch.ops.aten.normal_.default
 _UNIFORM_ = torch.ops.aten.uniform_.default
 _FILL_ = torch.ops.aten.fill_.Scalar

@@ -74,7 +74,8 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int =
 
 
 def record_general(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
-    """:func:`record_call` but for its one-step recorders: any op, through its facts."""
+    """What :func:`record_call` does past its one-step recorders: any op, through its
+    facts (the recording mode calls it for the calls those refuse)."""
     facts = facts_of(func)
     if facts.special:
         if facts.collective:

@@ -382,3 +382,24 @@ def test_requires_grad_false_of_a_non_leaf_is_refused_after_many_parameters():
     with pytest.raises(RuntimeError) as deferred:
         torchdefer.deferred_init(build)
     assert str(deferred.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("misuse", [
+    lambda t: t.requires_grad_(foo=1),
+    lambda t: t.requires_grad_(True, 2),
+    lambda t: t.requires_grad_(1),
+    lambda t: torch.Tensor.requires_grad_(t, foo=1),
+    lambda t: t.detach(1),
+    lambda t: t.detach(foo=1),
+    lambda t: setattr(t, "grad_fn", None),
+    lambda t: delattr(t, "grad_fn"),
+], ids=["rg-keyword", "rg-two", "rg-int", "rg-unbound", "detach-arg", "detach-keyword",
+        "grad_fn-set", "grad_fn-del"])
+def test_the_per_parameter_shortcuts_refuse_a_wrong_call_in_torchs_words(misuse):
+    # DeferredTensor's own detach, requires_grad_ and grad_fn hand any call but
+    # the plain form to torch's, whose error eager raises.
+    with pytest.raises(Exception) as eager:
+        misuse(torch.empty(2))
+    with pytest.raises(Exception) as deferred:
+        torchdefer.deferred_init(lambda: misuse(torch.empty(2)))
+    assert (type(deferred.value), str(deferred.value)) == (type(eager.value), str(eager.value))

@@ -44,7 +44,32 @@ _DATA_SET = _compat.descriptor_set(torch.Tensor, "data")
 _DETACH = torch.Tensor.detach
 _IS_META = _compat.descriptor_get(torch.Tensor, "is_meta")
 _GRAD_FN = _compat.descriptor_get(torch.Tensor, "grad_fn")
+_GRAD_FN_SET = _compat.descriptor_set(torch.Tensor, "grad_fn")  # refuses, in torch's words
 _REQUIRES_GRAD_ = torch.Tensor.requires_grad_
+
+
+def _grad_fn(t: torch.Tensor) -> Any:
+    """``t.grad_fn``: torch's getter with subclass handling off (no dispatch, no
+    autograd node, no device: nothing of ``__torch_function__`` applies)."""
+    with _compat.DisableTorchFunctionSubclass():
+        return _GRAD_FN(t)
+
+
+def _requires_grad_(t: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
+    """``t.requires_grad_(requires_grad)`` outside inference mode: eager's refusal to
+    un-require grad of a marked non-leaf (``fake._grad.leafness``), else torch's
+    method with subclass handling off."""
+    answer = leafness(_REQUIRES_GRAD_, (t, requires_grad), {})
+    if answer is not NOT_HANDLED:
+        return answer
+    with _compat.DisableTorchFunctionSubclass():
+        return _REQUIRES_GRAD_(t, requires_grad)
+
+
+def _plain_requires_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether ``requires_grad_``'s arguments after the tensor are ``()``, ``(flag,)``
+    or ``requires_grad=flag``: the forms :func:`_requires_grad_` takes."""
+    return len(args) + len(kwargs) <= 1 and (not kwargs or "requires_grad" in kwargs)
 
 
 class DeferredTensor(FakeTensor):
@@ -81,14 +106,10 @@ class DeferredTensor(FakeTensor):
         # and name no device: none of the steps below apply but eager's refusal to
         # un-require grad of a marked non-leaf.
         if func == _GRAD_FN:
-            with _compat.DisableTorchFunctionSubclass():
-                return func(*args)
-        if func is _REQUIRES_GRAD_ and not torch.is_inference_mode_enabled():
-            answer = leafness(func, args, kwargs)
-            if answer is not NOT_HANDLED:
-                return answer
-            with _compat.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+            return _grad_fn(*args)
+        if (func is _REQUIRES_GRAD_ and not torch.is_inference_mode_enabled()
+                and _plain_requires_grad(args[1:], kwargs)):
+            return _requires_grad_(*args, **kwargs)
         try:
             # detach() of a plain deferred tensor is ordinary; of a subclass (a
             # parameter), answered below. Every nn.Parameter(...) detaches.
@@ -141,29 +162,26 @@ class DeferredTensor(FakeTensor):
     # getter and methods with subclass handling off, so a torch-function mode
     # still sees them first, as in eager. A user Parameter subclass's own ones win
     # (deferred_class).
-    @property
-    def grad_fn(self) -> Any:  # type: ignore[override]
-        with _compat.DisableTorchFunctionSubclass():
-            return _GRAD_FN(self)
+    grad_fn = property(_grad_fn, _GRAD_FN_SET, lambda self: _GRAD_FN_SET(self, None))
 
-    def requires_grad_(self, requires_grad: bool = True) -> torch.Tensor:
-        if torch.is_inference_mode_enabled() or _compat.torch_function_mode_enabled():
-            return _REQUIRES_GRAD_(self, requires_grad)  # through __torch_function__
-        answer = leafness(_REQUIRES_GRAD_, (self, requires_grad), {})
-        if answer is not NOT_HANDLED:
-            return answer
-        with _compat.DisableTorchFunctionSubclass():
-            return _REQUIRES_GRAD_(self, requires_grad)
+    # Any call but the plain form goes to torch's method (through
+    # __torch_function__): a wrong argument gets torch's own words, as in eager.
+    def requires_grad_(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if (torch.is_inference_mode_enabled() or _compat.torch_function_mode_enabled()
+                or not _plain_requires_grad(args, kwargs)):
+            return _REQUIRES_GRAD_(self, *args, **kwargs)  # through __torch_function__
+        return _requires_grad_(self, *args, **kwargs)
 
-    def detach(self) -> torch.Tensor:
+    def detach(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         # Every nn.Parameter(t) detaches t: where __torch_function__ would take its
         # ordinary path (a plain deferred tensor, a recording active), taken
         # without entering it; a torch-function mode must see the call first.
-        if (type(self) is DeferredTensor and not _compat.torch_function_mode_enabled()
+        if (type(self) is DeferredTensor and not args and not kwargs
+                and not _compat.torch_function_mode_enabled()
                 and isinstance(_compat.get_dispatch_mode(_FAKE), RecordingMode)):
             with _compat.DisableTorchFunctionSubclass():
                 return call_grad_safe(_DETACH, (self,), {})
-        return _DETACH(self)
+        return _DETACH(self, *args, **kwargs)
 
     # A deferred parameter is an instance of a deferred class that derives from
     # nn.Parameter (or the user's Parameter subclass): see recorder/_subclasses.py.

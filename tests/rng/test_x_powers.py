@@ -1,9 +1,15 @@
-"""The shipped table of jump polynomials is exactly what gf2 computes."""
+"""The shipped table of jump polynomials is exactly what gf2 computes, and powers
+assembled from it are the powers of x."""
 
 from __future__ import annotations
 
 from importlib import resources
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchdefer.errors import InternalError
 from torchdefer.rng import _gf2 as gf2
 
 
@@ -13,9 +19,16 @@ def test_shipped_table_is_the_computed_table():
 
 
 def test_shipped_table_is_read_whole():
-    entries = gf2._shipped()
-    assert len(entries) == gf2.TABLE_DIGITS * 15
-    assert entries[(0, 1)] == gf2.reduce(1 << (1 << 15))
+    raw = gf2._shipped_raw()
+    assert raw is not None and len(raw) == (gf2.TABLE_DIGITS * 15 + 1) * gf2.ENTRY_BYTES
+    assert gf2._entry(0, 1) == gf2.reduce(1 << (1 << 15))
+    assert gf2._barrett_value() == gf2.barrett_constant()
+
+
+def test_a_wrong_shipped_barrett_constant_refuses_to_write_a_table(monkeypatch):
+    monkeypatch.setattr(gf2, "_barrett_value", lambda: gf2.barrett_constant() ^ 1)
+    with pytest.raises(InternalError, match="wrong Barrett constant"):
+        gf2.computed_table(digits=1)
 
 
 def test_powers_from_the_table_agree_with_products_of_smaller_powers():
@@ -24,3 +37,41 @@ def test_powers_from_the_table_agree_with_products_of_smaller_powers():
     a = n // 3
     product = gf2.reduce(gf2.clmul(gf2.x_power_mod(a), gf2.x_power_mod(n - a)))
     assert product == gf2.x_power_mod(n)
+
+
+def _square_and_multiply(n: int) -> int:
+    """x**n mod P by squarings and shifts with schoolbook reduction: no FFT, no table."""
+
+    def schoolbook_mod(r: int) -> int:
+        while r.bit_length() > gf2.DEGREE:
+            r ^= gf2.P << (r.bit_length() - 1 - gf2.DEGREE)
+        return r
+
+    r = 1
+    for bit in bin(n)[2:]:
+        r = schoolbook_mod(gf2._square(r))
+        if bit == "1":
+            r = schoolbook_mod(r << 1)
+    return r
+
+
+@pytest.mark.parametrize(
+    "n",
+    [
+        gf2.DEGREE,  # the first power that needs a reduction
+        (1 << 15) - 1,  # low bits only, above DEGREE: two reductions
+        1 << 15,  # one entry, no low bits
+        (1 << 15) + gf2.DEGREE + 5,  # an entry, then low bits above DEGREE
+        0x3BD40013F,  # the 8B torchtitan model's jump: a zero digit among four
+        0xF0000F0000,  # digits with runs of zeros between them
+        (1 << 44) | 0x5A5A5A5A5A7F,  # beyond the shipped digits
+    ],
+)
+def test_x_power_mod_is_the_power_of_x(n):
+    assert gf2.x_power_mod.__wrapped__(n) == _square_and_multiply(n)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(min_value=0, max_value=1 << 48))
+def test_any_power_below_2_to_the_48_is_the_power_of_x(n):
+    assert gf2.x_power_mod.__wrapped__(n) == _square_and_multiply(n)

@@ -8,17 +8,20 @@ for F2-linear random number generators", 2008), so a jump needs ``x**n mod P``.
 ``P`` has degree 19937 and only 135 terms (``EXPONENTS``, found by
 Berlekamp-Massey on the generator's output and checked by the tests). A power
 is a product of entries of a table of ``x**(d * 16**k * 2**15)``, one per
-hexadecimal digit of ``n``; products run as float64 FFT convolutions (exact:
-every coefficient sum is below 2**15) and the reduction modulo ``P`` is
-Barrett's: one dense product by the precomputed ``floor(x**(2*DEGREE) / P)``
-and a product by the sparse ``P`` (135 shifts). Squaring over GF(2) only
-spreads the bits apart. A multiplication costs ~2-3 ms on one core.
+nonzero hexadecimal digit of ``n`` above its 15th bit, times ``x**(n mod
+2**15)`` (shifts and reductions); products run as float64 FFT convolutions
+(exact: every coefficient sum is below 2**15) and the reduction modulo ``P``
+is Barrett's: one dense product by the precomputed ``floor(x**(2*DEGREE) /
+P)`` and a product by the sparse ``P`` (135 shifts). Squaring over GF(2) only
+spreads the bits apart. The FFTs are numpy's (pocketfft): torch's CPU FFT
+took 2.5x longer on the machines measured (0.40 vs 0.17 ms a transform). A
+multiplication with its reduction costs ~1 ms on one core.
 
 The table's first ``TABLE_DIGITS`` digits (every distance below ``2**43``
-words) ship with the package (``_x_powers.bin``, written by
-``python -m torchdefer.rng._x_powers`` and checked against this module's own
-computation by ``tests/rng/test_x_powers.py``): filling them in a fresh process
-cost ~45 ms of the first recording's end-of-recording jump.
+words) and the Barrett constant ship with the package (``_x_powers.bin``,
+written by ``python -m torchdefer.rng._x_powers`` and checked against this
+module's own computation by ``tests/rng/test_x_powers.py``): filling them in a
+fresh process cost ~45 ms of the first recording's end-of-recording jump.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import ctypes
 import functools
 from importlib import resources
 
+import numpy as np
 import torch
 
 from torchdefer.errors import InternalError, UsageError
@@ -37,6 +41,7 @@ __all__ = [
     "EXPONENTS",
     "TABLE_DIGITS",
     "P",
+    "barrett_constant",
     "clmul",
     "computed_table",
     "reduce",
@@ -61,55 +66,63 @@ EXPONENTS = (
 P = sum(1 << e for e in EXPONENTS)
 
 # FFT length for a product of two polynomials below degree DEGREE: at least
-# 2 * DEGREE - 1 coefficients; 40960 = 2**13 * 5 transforms ~3x faster than
-# 65536 with pocketfft here.
+# 2 * DEGREE - 1 coefficients; 40960 = 2**13 * 5 transforms as fast as 32768.
 _FFT_SIZE = 40960
-_SHIFTS = torch.arange(8, dtype=torch.uint8, device="cpu")
-_WEIGHTS = (1 << torch.arange(8, dtype=torch.int64, device="cpu")).to(torch.uint8)
 
 
-def _bits(a: int, length: int) -> torch.Tensor:
-    """The coefficients of ``a`` as a float64 vector of ``length`` (a multiple of 8)."""
-    raw = torch.frombuffer(bytearray(a.to_bytes(length // 8, "little")), dtype=torch.uint8)
-    return ((raw.unsqueeze(1) >> _SHIFTS) & 1).reshape(-1).to(torch.float64)
+def _bits(a: int) -> np.ndarray:
+    """The coefficients of ``a`` (degree below ``_FFT_SIZE``) as a float64 vector."""
+    raw = np.frombuffer(a.to_bytes(_FFT_SIZE // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little").astype(np.float64)
 
 
-def _from_parity(counts: torch.Tensor) -> int:
+def _from_parity(counts: np.ndarray) -> int:
     """The polynomial whose coefficient ``i`` is ``counts[i]`` mod 2 (counts near integers)."""
-    rounded = counts.round()
-    if (counts - rounded).abs().max().item() > 0.25:  # cannot happen below 2**40 terms
+    rounded = np.rint(counts)
+    if np.abs(counts - rounded).max() > 0.25:  # cannot happen below 2**40 terms
         raise InternalError("a GF(2) product lost precision in the FFT; this is a bug in "
                             "torchdefer, please report it (TORCHDEFER_RNG_JUMPS=0 avoids jumps)")
-    parity = (rounded.to(torch.int64) & 1).to(torch.uint8)
-    packed = (parity.reshape(-1, 8) * _WEIGHTS).sum(1, dtype=torch.uint8)
-    return int.from_bytes(tensor_bytes(packed), "little")
+    parity = (rounded.astype(np.int64) & 1).astype(np.uint8)
+    return int.from_bytes(np.packbits(parity, bitorder="little").tobytes(), "little")
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
-    """The bytes of a contiguous CPU tensor (no numpy needed)."""
+    """The bytes of a contiguous CPU tensor."""
     t = t.contiguous()
     return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
-def _spectrum(a: int) -> torch.Tensor:
-    spectrum: torch.Tensor = torch.fft.rfft(_bits(a, _FFT_SIZE))  # torch.fft is untyped
-    return spectrum
+def _spectrum(a: int) -> np.ndarray:
+    return np.fft.rfft(_bits(a))
 
 
 def clmul(a: int, b: int) -> int:
     """The product of two polynomials of degree below ``DEGREE``."""
-    return _from_parity(torch.fft.irfft(_spectrum(a) * _spectrum(b), n=_FFT_SIZE))
+    return _from_parity(np.fft.irfft(_spectrum(a) * _spectrum(b), n=_FFT_SIZE))
 
 
-@functools.cache
-def _barrett() -> torch.Tensor:
-    """The spectrum of ``floor(x**(2 * DEGREE) / P)``, by long division (once, ~40 ms)."""
+def barrett_constant() -> int:
+    """``floor(x**(2 * DEGREE) / P)``, by long division (~3 ms; shipped, see ``_barrett``)."""
     remainder, quotient = 1 << (2 * DEGREE), 0
     while remainder.bit_length() > DEGREE:
         shift = remainder.bit_length() - 1 - DEGREE
         quotient |= 1 << shift
         remainder ^= P << shift
-    return _spectrum(quotient)
+    return quotient
+
+
+@functools.cache
+def _barrett_value() -> int:
+    """The Barrett constant: the shipped file's last polynomial, or computed."""
+    shipped = _shipped_raw()
+    if shipped is None:
+        return barrett_constant()
+    return int.from_bytes(shipped[-ENTRY_BYTES:], "little")
+
+
+@functools.cache
+def _barrett() -> np.ndarray:
+    return _spectrum(_barrett_value())
 
 
 def _times_p(q: int) -> int:
@@ -124,7 +137,7 @@ def reduce(r: int) -> int:
     high = r >> DEGREE
     if not high:
         return r
-    product = torch.fft.irfft(_spectrum(high) * _barrett(), n=_FFT_SIZE)
+    product = np.fft.irfft(_spectrum(high) * _barrett(), n=_FFT_SIZE)
     quotient = _from_parity(product[DEGREE - DEGREE % 8 :]) >> (DEGREE % 8)
     out = r ^ _times_p(quotient)
     if out >> DEGREE:
@@ -154,10 +167,10 @@ _SPREAD_HIGH = bytes(_spread_nibble(b >> 4) for b in range(256))
 # x**n is assembled from a table of x**(d * 16**k * 2**15) mod P (d = 1..15),
 # whose entries are computed when first needed and kept (as polynomials, not
 # spectra: 2.5 kB against 330 kB an entry, for ~16% of a multiplication): a
-# power then costs one multiplication per hexadecimal digit of n above its
-# 15th bit (six for any distance in a 1T-parameter model), not one squaring
-# per bit.
-_LOW_BITS = 15  # x**(n mod 2**15) has degree < 2 * DEGREE: one reduction
+# power then costs one multiplication per nonzero hexadecimal digit of n above
+# its 15th bit but the first (at most five for any distance in a 1T-parameter
+# model) and one or two reductions for the low bits, not one squaring per bit.
+_LOW_BITS = 15
 _table: dict[tuple[int, int], int] = {}  # 2.5 kB an entry, at most 15 per digit
 
 
@@ -166,44 +179,53 @@ def _mulmod(a: int, b: int) -> int:
 
 
 TABLE_DIGITS = 7  # shipped entries: k < 7, every distance below 2**(15 + 4 * 7)
-ENTRY_BYTES = (DEGREE + 7) // 8  # one entry of the shipped table, little-endian
+ENTRY_BYTES = (DEGREE + 7) // 8  # one polynomial of the shipped file, little-endian
 _SHIPPED = "_x_powers.bin"
+# The shipped file: the entries (k, d), k-major, then the Barrett constant.
+_SHIPPED_BYTES = (TABLE_DIGITS * 15 + 1) * ENTRY_BYTES
 
 
 def _entry(k: int, d: int) -> int:
     """``x**(d * 16**k * 2**15) mod P``: shipped, or computed once and kept."""
-    if not _table:
-        _table.update(_shipped())
-    return _compute(k, d, _table)
+    found = _table.get((k, d))
+    if found is not None:
+        return found
+    shipped = _shipped_raw()
+    if shipped is None or k >= TABLE_DIGITS:
+        return _compute(k, d, _table)
+    start = (15 * k + d - 1) * ENTRY_BYTES
+    found = _table[(k, d)] = int.from_bytes(shipped[start : start + ENTRY_BYTES], "little")
+    return found
 
 
-def _shipped() -> dict[tuple[int, int], int]:
-    """The shipped entries, or none if the file is missing or of the wrong size."""
+@functools.cache
+def _shipped_raw() -> bytes | None:
+    """The shipped file, or None if it is missing or of the wrong size."""
     try:
         raw = resources.files(__package__).joinpath(_SHIPPED).read_bytes()
     except OSError:
-        return {}
-    if len(raw) != TABLE_DIGITS * 15 * ENTRY_BYTES:
-        return {}  # not the table this module writes: compute instead
-    size = ENTRY_BYTES
-    return {
-        (i // 15, i % 15 + 1): int.from_bytes(raw[i * size : (i + 1) * size], "little")
-        for i in range(TABLE_DIGITS * 15)
-    }
+        return None
+    if len(raw) != _SHIPPED_BYTES:
+        return None  # not the file this module writes: compute instead
+    return raw
 
 
 def computed_table(digits: int = TABLE_DIGITS) -> bytes:
-    """The entries ``k < digits``, ``d = 1..15`` computed from scratch, as shipped.
+    """The entries ``k < digits``, ``d = 1..15``, then the Barrett constant, computed
+    from scratch, as shipped.
 
     What ``python -m torchdefer.rng._x_powers`` writes and the tests compare
-    the shipped file with; never reads the shipped file.
+    the shipped file with; reads no entry of the shipped file, and refuses to
+    run if its Barrett constant (which every reduction uses) is not the one
+    computed here.
     """
+    constant = barrett_constant()
+    if _barrett_value() != constant:
+        raise InternalError(f"{_SHIPPED} holds a wrong Barrett constant; delete it and run "
+                            "`python -m torchdefer.rng._x_powers` to write it again")
     table: dict[tuple[int, int], int] = {}
-    return b"".join(
-        _compute(k, d, table).to_bytes(ENTRY_BYTES, "little")
-        for k in range(digits)
-        for d in range(1, 16)
-    )
+    entries = [_compute(k, d, table) for k in range(digits) for d in range(1, 16)]
+    return b"".join(e.to_bytes(ENTRY_BYTES, "little") for e in [*entries, constant])
 
 
 def _compute(k: int, d: int, table: dict[tuple[int, int], int]) -> int:
@@ -233,12 +255,21 @@ def x_power_mod(n: int) -> int:
         raise UsageError(f"x_power_mod({n}): the power must be >= 0")
     if n < DEGREE:
         return 1 << n
-    r = reduce(1 << (n & ((1 << _LOW_BITS) - 1)))
+    r: int | None = None
     high, k = n >> _LOW_BITS, 0
     while high:
         digit = high & 15
         if digit:
-            r = _mulmod(r, _entry(k, digit))
+            r = _entry(k, digit) if r is None else _mulmod(r, _entry(k, digit))
         high >>= 4
         k += 1
+    if r is None:
+        r = 1
+    # Times x**(n mod 2**15): shifts by at most DEGREE keep r below degree
+    # 2 * DEGREE, what one reduction takes.
+    low = n & ((1 << _LOW_BITS) - 1)
+    while low:
+        step = min(low, DEGREE)
+        r = reduce(r << step)
+        low -= step
     return r

@@ -15,8 +15,8 @@ down to the refill and ``next`` the index of the word to read. Its
 :func:`advance` moves the engine ``n`` words ahead. A short distance is drawn
 for real (exact by construction, ~3 ns a word); a long one jumps: the array
 ``k`` refills ahead is the sum over GF(2) of the word windows selected by the
-coefficients of ``x**(624k - 1) mod P`` (``gf2``), ~10 ms plus the power. The
-layout is checked once against the installed torch (:func:`layout_known`); if
+coefficients of ``x**(624k - 1) mod P`` (``gf2``), ~1 ms plus the power
+(~1 ms a hexadecimal digit of the distance). The layout is checked once against the installed torch (:func:`layout_known`); if
 it ever differs, every distance is drawn for real, slower but still exact.
 The normal-sample caches are left as they are: they belong to the draw model.
 """
@@ -28,6 +28,7 @@ import contextvars
 import functools
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from torchdefer._compat.patch import patched, setting
@@ -56,8 +57,9 @@ ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
 CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
 NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _FLOAT_VALID = 5052  # next_float_normal_sample's flag
-# Up to here drawing for real is cheaper than a jump whose power of x is new
-# (~3 ns a word vs 5-40 ms). A jump whose power was computed before (the same
+# Up to here drawing for real was cheaper than a jump whose power of x is new
+# (~2-3 ns a word vs 5-40 ms with torch's FFT; numpy's made a new jump ~2-6 ms,
+# so the crossover is now nearer 2**20 words: not retuned yet). A jump whose power was computed before (the same
 # number of refills: chunks of equal size, layers of equal shape) costs ~2 ms
 # (the window XORs), cheaper than drawing from _WARM_LIMIT words on.
 _DRAW_LIMIT = 1 << 22
@@ -224,39 +226,27 @@ def _refills_ahead(array: torch.Tensor, blocks: int) -> torch.Tensor:
     Every word ``w[n]`` with ``n >= 1`` is a linear function of the 19937-bit
     state, so ``w[n + 1 + j] = XOR of w[i + 1 + j]`` over the set coefficients
     ``i`` of ``x**n mod P``; the array wanted is ``w[624 * blocks + j]``.
+    In numpy: torch has no XOR reduction, and its small ops cost more here.
     """
     if blocks <= _WARM_LIMIT // N:
         return _sequence(array, blocks)[N * blocks :]
     coefficients = x_power_mod(N * blocks - 1)
-    words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32)
-    windows = words.unfold(0, N, 1)
+    words = _sequence(array, (DEGREE + N) // N + 1)[1:].to(torch.int32).numpy()
+    windows = np.lib.stride_tricks.sliding_window_view(words, N)
     selected = _set_bits(coefficients)
     # In chunks: all ~10,000 selected windows at once would be 25 MB of
     # temporaries, which page-fault on every jump under a low mmap threshold.
-    total = torch.zeros(N, dtype=torch.int32, device="cpu")
-    for chunk in selected.split(_WINDOWS_PER_CHUNK):
-        total ^= _xor_rows(windows.index_select(0, chunk))
-    return total.to(torch.int64) & 0xFFFFFFFF
+    total = np.zeros(N, dtype=np.int32)
+    for start in range(0, len(selected), _WINDOWS_PER_CHUNK):
+        chunk = selected[start : start + _WINDOWS_PER_CHUNK]
+        total ^= np.bitwise_xor.reduce(windows[chunk], axis=0)
+    return torch.from_numpy(total).to(torch.int64) & 0xFFFFFFFF
 
 
-def _set_bits(c: int) -> torch.Tensor:
-    raw = torch.frombuffer(
-        bytearray(c.to_bytes((c.bit_length() + 7) // 8, "little")), dtype=torch.uint8
-    )
-    bits = (raw.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device="cpu")) & 1
-    return bits.reshape(-1).nonzero().reshape(-1)
-
-
-def _xor_rows(rows: torch.Tensor) -> torch.Tensor:
-    """XOR of all rows (a tree of halvings; torch has no XOR reduction)."""
-    while rows.shape[0] > 1:
-        n = rows.shape[0]
-        half = n // 2
-        folded = rows[:half] ^ rows[half : 2 * half]
-        if n % 2:
-            folded[0] ^= rows[-1]
-        rows = folded
-    return rows[0]
+def _set_bits(c: int) -> np.ndarray:
+    """The indices of the set coefficients of ``c``."""
+    raw = np.frombuffer(c.to_bytes((c.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(raw, bitorder="little"))
 
 
 @functools.cache

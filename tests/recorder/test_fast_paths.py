@@ -183,6 +183,35 @@ def test_fast_fills_replay_as_eager(dtype):
     check_program(program, order=[5, 0, 3])
 
 
+def test_the_draw_key_leaves_out_only_numbers_that_choose_no_code_path():
+    from torchdefer.rng import draws
+
+    for func in (torch.ops.aten.normal_.default, torch.ops.aten.uniform_.default):
+        numbers = {a.name for a in func._schema.arguments[1:] if a.name != "generator"}
+        assert numbers <= set(draws._PATH_FREE[func.overloadpacket])
+
+
+@pytest.mark.parametrize("size", [5, 16, 17, 40])
+def test_fast_fills_of_one_shape_and_many_numbers_replay_as_eager(size):
+    # One draw answer serves every std and bound of a shape: the small sizes
+    # take the cached-normal path, whose effect depends on the state, not the numbers.
+    def program(defer):
+        def build():
+            ws = [torch.nn.Parameter(torch.empty(size)) for _ in range(6)]
+            with torch.no_grad():
+                for i, w in enumerate(ws):
+                    if i % 3 == 2:
+                        w.uniform_(-i, i + 0.5)
+                    else:
+                        w.normal_(i * 0.5, 0.01 * (i + 1))
+            return ws
+
+        return defer(build)
+
+    check_program(program)
+    check_program(program, order=[5, 1, 3])
+
+
 def test_fast_fills_outside_deferred_init_move_the_generator_at_once():
     m = torchdefer.deferred_init(torch.nn.Linear, 5, 5)
     torch.manual_seed(1)

@@ -119,3 +119,19 @@ def test_whatever_is_proven_holds_at_the_kernels_extremes(dtype, mean, std, sigm
         return
     got_lo, got_hi = _extreme_values(dtype, mean, std)
     assert lo <= got_lo and got_hi <= hi
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+       st.sampled_from(FLOATS))
+def test_in_dtype_is_torchs_cast(x, dtype):
+    want = torch.tensor(x, dtype=dtype).item()
+    got = bounds.in_dtype(x, dtype)
+    assert got == want or (math.isnan(got) and math.isnan(want))
+    assert math.copysign(1.0, got) == math.copysign(1.0, want)
+
+
+@pytest.mark.parametrize("x", [3.4028235677973366e38, 3.402823669209385e38, 3.4028236e38, 1e39,
+                               -1e39, 1.4e-45, 7e-46, 1e-50, -0.0])
+def test_in_dtype_rounds_at_float32s_edges_as_torch(x):
+    assert bounds.in_dtype(x, torch.float32) == torch.tensor(x, dtype=torch.float32).item()

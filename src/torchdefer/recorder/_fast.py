@@ -87,16 +87,15 @@ def fast_fill(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int) ->
 
 
 def _draw_key(func: Any, args: tuple, meta: TensorMeta) -> tuple[Any, ...]:
-    """All that decides a plain fill's draws (``recorder._rng_placement._signature``'s fields:
-    the spec follows from the number of arguments, the output's metadata is
-    self's), flat: the arity is the key's length, each number comes with its type."""
-    if len(args) == 3:
-        a, b = args[1], args[2]
-        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a, type(b), b)
-    if len(args) == 2:
-        a = args[1]
-        return (id(func), meta.size, meta.stride, meta.dtype, type(a), a)
-    return (id(func), meta.size, meta.stride, meta.dtype)
+    """All that decides a plain random fill's draws (``recorder._rng_placement._signature``'s
+    fields but the numbers), flat.
+
+    The numbers (``normal_``'s mean and std, ``uniform_``'s bounds) choose no
+    code path (``rng.draws._PATH_FREE``; checked by
+    ``tests/recorder/test_fast_paths.py``): left out, so that layers of
+    different std share one answer. The arity stays (the spec follows from it).
+    """
+    return (id(func), len(args), meta.size, meta.stride, meta.dtype)
 
 
 def _plain(func: Any, args: tuple, graph: Graph) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -201,10 +202,13 @@ def _entry(k: int, d: int) -> int:
 @functools.cache
 def _shipped_raw() -> bytes | None:
     """The shipped file, or None if it is missing or of the wrong size."""
-    try:
-        raw = resources.files(__package__).joinpath(_SHIPPED).read_bytes()
+    try:  # beside this module on disk (0.2 ms), or wherever importlib finds it (0.7 ms)
+        raw = Path(__file__).with_name(_SHIPPED).read_bytes()
     except OSError:
-        return None
+        try:
+            raw = resources.files(__package__).joinpath(_SHIPPED).read_bytes()
+        except OSError:
+            return None
     if len(raw) != _SHIPPED_BYTES:
         return None  # not the file this module writes: compute instead
     return raw

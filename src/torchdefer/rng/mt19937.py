@@ -60,9 +60,10 @@ NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _FLOAT_VALID = 5052  # next_float_normal_sample's flag
 # Up to here drawing for real was cheaper than a jump whose power of x is new
 # (~2-3 ns a word vs 5-40 ms with torch's FFT; numpy's made a new jump ~2-6 ms,
-# so the crossover is now nearer 2**20 words: not retuned yet). A jump whose power was computed before (the same
-# number of refills: chunks of equal size, layers of equal shape) costs ~2 ms
-# (the window XORs), cheaper than drawing from _WARM_LIMIT words on.
+# so the crossover is now nearer 2**20 words: not retuned yet). A jump whose
+# power was computed before (the same number of refills: chunks of equal size,
+# layers of equal shape) costs ~1-2 ms (the window XORs), cheaper than drawing
+# from _WARM_LIMIT words on.
 _DRAW_LIMIT = 1 << 22
 _WARM_LIMIT = 1 << 20
 _WARM_MAX = 256  # as gf2.x_power_mod's cache: beyond it a power may be gone again

@@ -85,3 +85,70 @@ def test_views_of_every_kind_of_grad_tensor_under_inference_mode_are_eagers(name
     real = torchdefer.materialize_tensor(lazy)
     assert _describe(real) == _describe(eager)
     assert torch.equal(real, eager)
+
+
+COMPOSITE_VIEWS = {
+    **{k: VIEWS[k] for k in ("reshape", "view_as", "movedim", "unflatten", "flatten",
+                             "reshape_as")},
+    "chunk": lambda t: t.chunk(2, 1)[1], "tensor_split": lambda t: t.tensor_split(2, 0)[0],
+    "narrow": lambda t: t.narrow(1, 1, 2), "swapaxes": lambda t: t.swapaxes(0, 1),
+    "expand_as": lambda t: t[:1].expand_as(t), "contiguous": lambda t: t.contiguous(),
+    "torch.reshape": lambda t: torch.reshape(t, (3, 2)), "ravel": lambda t: t.ravel(),
+    "split_with_sizes": lambda t: t.split([1, 2], 1)[1], "unsafe_view": lambda t: t.view(6),
+}
+
+
+def _view_facts(views, base):
+    return [(v.requires_grad, v._is_view(), v._base is base, v.is_leaf, v.is_inference(),
+             v.grad_fn is None, tuple(v.shape), v.stride()) for v in views]
+
+
+@pytest.mark.parametrize("how", ["deferred_init", "fake_mode"])
+@pytest.mark.parametrize("name", sorted(COMPOSITE_VIEWS))
+def test_a_composite_view_under_inference_mode_follows_its_base_requiring_grad_later(name, how):
+    # Eager decomposes these at the backend key, below ADInplaceOrView: their views
+    # of a normal tensor are autograd views, whose requires_grad follows the base's
+    # (fuzz seeds 20261205, 20261230: reshape's view stayed False).
+    def build():
+        base = torch.ones(2, 3)
+        with torch.inference_mode():
+            view = COMPOSITE_VIEWS[name](base)
+            inner = torch.ones(2, 3)
+            inner_view = COMPOSITE_VIEWS[name](inner)  # of an inference tensor: no autograd view
+        base.requires_grad_()
+        return base, view, inner, inner_view
+
+    eager = build()
+    if how == "fake_mode":
+        with torchdefer.fake_mode():
+            got = build()
+    else:
+        got = torchdefer.deferred_init(build)
+    assert _view_facts(got[1:2], got[0]) == _view_facts(eager[1:2], eager[0])
+    assert _view_facts(got[3:], got[2]) == _view_facts(eager[3:], eager[2])
+    if how == "deferred_init":
+        for g, e in zip(got, eager):
+            assert torch.equal(torchdefer.materialize_tensor(g), e)
+
+
+@pytest.mark.parametrize("name", ["reshape", "flatten", "narrow", "movedim"])
+def test_writing_a_composite_view_made_in_inference_mode_is_eagers(name):
+    # Of a base requiring grad: refused outside inference mode, as in eager (a
+    # plain tensor's write was let through before); of a plain base: written.
+    def build(requires_grad):
+        base = torch.ones(2, 3) * 1
+        base.requires_grad_(requires_grad)
+        with torch.inference_mode():
+            view = COMPOSITE_VIEWS[name](base)
+        view.mul_(2)
+        return base, view
+
+    with pytest.raises(RuntimeError) as eager_error:
+        build(True)
+    with pytest.raises(RuntimeError) as deferred_error:
+        torchdefer.deferred_init(build, True)
+    assert str(eager_error.value).split("\n")[0] in str(deferred_error.value)
+    eager = build(False)
+    got = torchdefer.deferred_init(build, False)
+    for g, e in zip(got, eager):
+        assert torch.equal(torchdefer.materialize_tensor(g), e)

@@ -40,6 +40,7 @@ __all__ = [
     "NormBase",
     "OpOverload",
     "TensorBase",
+    "decomposed_in_inference",
     "default_device_context",
     "descriptor_get",
     "descriptor_set",
@@ -325,3 +326,52 @@ def _philox_table_applies(version: str) -> bool:
         return False
     low, high = PHILOX_TABLE_TORCH
     return low <= major_minor <= high
+
+
+# Kernels that, registered for an op beside its CompositeImplicitAutograd one,
+# run instead of the decomposition at the backend key; or, ADInplaceOrView's
+# (chunk, narrow), make its outputs views of the input themselves, on the way
+# to the mode: decomposing with the key dispatched would make them views twice.
+_OWN_KERNELS = ("CPU", "CUDA", "CompositeExplicitAutograd",
+                "CompositeExplicitAutogradNonFunctional", "ADInplaceOrView")
+
+
+@functools.cache
+def decomposes_to_views(func: Any) -> bool:
+    """Whether ``func`` (an OpOverload) returns views through its CompositeImplicitAutograd
+    kernel, which eager runs at the backend key when autograd's keys are skipped
+    (inference mode): ``reshape``, ``flatten``, ``unflatten``, ``view_as``, ``movedim``...
+
+    Such an op reaches a dispatch mode whole in inference mode; eager's
+    decomposition makes its views below ``ADInplaceOrView``, which makes them
+    autograd views of a normal base (``requires_grad`` follows the base's).
+    """
+    if not isinstance(func, OpOverload):
+        return False
+    name = func.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if not has(name, "CompositeImplicitAutograd") or any(has(name, k) for k in _OWN_KERNELS):
+        return False
+    return any(
+        r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns
+    )
+
+
+def decomposed_in_inference(func: Any, args: tuple, kwargs: dict) -> Any:
+    """In inference mode, ``func(*args, **kwargs)`` run from a dispatch handler as eager's
+    backend key runs it, if it is of :func:`decomposes_to_views`; else None.
+
+    Its CompositeImplicitAutograd kernel runs with ``ADInplaceOrView``
+    dispatched for the ops it calls (PyTorch excludes the key while a
+    ``__torch_dispatch__`` runs): their views of a normal tensor come out
+    autograd views of it, as eager's do.
+    """
+    if not torch.is_inference_mode_enabled() or not decomposes_to_views(func):
+        return None
+    key = torch._C.DispatchKey.ADInplaceOrView
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        return func.decompose(*args, **kwargs)
+    finally:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)

@@ -87,6 +87,9 @@ class FakeMode(FakeSlotMode):
             # Reaches dispatch undecomposed only for inference tensors (no
             # autograd key), its device maybe positional: decomposed as eager does.
             return func.decompose(*args, **kwargs)
+        decomposed = _compat.decomposed_in_inference(func, args, kwargs)  # reshape, ...
+        if decomposed is not None:
+            return decomposed
         if func in _LIFT and lifted_is_pinned(args[0]):
             refuse_in_fake_mode(func, torch.device("cpu"))
         args, kwargs = tree_map(to_meta, (args, kwargs))

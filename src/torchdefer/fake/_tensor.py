@@ -117,6 +117,9 @@ class FakeTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return reported_device(args[0])
+        decomposed = _compat.decomposed_in_inference(func, args, kwargs)  # reshape, ...
+        if decomposed is not None:
+            return decomposed
         out, device = run_on_meta(func, args, kwargs)
         return wrap_outputs(out, device, cls)
 

@@ -76,6 +76,11 @@ def record_call(graph: Graph, func: Any, args: tuple, kwargs: dict, above: int =
 def record_general(graph: Graph, func: Any, args: tuple, kwargs: dict) -> Any:
     """What :func:`record_call` does past its one-step recorders: any op, through its
     facts (the recording mode calls it for the calls those refuse)."""
+    # reshape, flatten, movedim... in inference mode: eager decomposes them below
+    # autograd, and their views of a normal tensor follow its requires_grad.
+    decomposed = _compat.decomposed_in_inference(func, args, kwargs)
+    if decomposed is not None:
+        return decomposed
     facts = facts_of(func)
     if facts.special:
         if facts.collective:

@@ -7,8 +7,8 @@ for F2-linear random number generators", 2008), so a jump needs ``x**n mod P``.
 
 ``P`` has degree 19937 and only 135 terms (``EXPONENTS``, found by
 Berlekamp-Massey on the generator's output and checked by the tests). A power
-is a product of entries of a table of ``x**(d * 16**k * 2**15)``, one per
-nonzero hexadecimal digit of ``n`` above its 15th bit, times ``x**(n mod
+is a product of entries of a table of ``x**(d * 256**k * 2**15)``, one per
+nonzero base-256 digit of ``n`` above its 15th bit, times ``x**(n mod
 2**15)`` (shifts and reductions); products run as float64 FFT convolutions
 (exact: every coefficient sum is below 2**15) and the reduction modulo ``P``
 is Barrett's: one dense product by the precomputed ``floor(x**(2*DEGREE) /
@@ -17,7 +17,7 @@ spreads the bits apart. The FFTs are numpy's (pocketfft): torch's CPU FFT
 took 2.5x longer on the machines measured (0.40 vs 0.17 ms a transform). A
 multiplication with its reduction costs ~1 ms on one core.
 
-The table's first ``TABLE_DIGITS`` digits (every distance below ``2**43``
+The table's first ``TABLE_DIGITS`` digits (every distance below ``2**47``
 words) and the Barrett constant ship with the package (``_x_powers.bin``,
 written by ``python -m torchdefer.rng._x_powers`` and checked against this
 module's own computation by ``tests/rng/test_x_powers.py``): filling them in a
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 from importlib import resources
 from pathlib import Path
 
@@ -165,46 +166,57 @@ _SPREAD_LOW = bytes(_spread_nibble(b & 15) for b in range(256))
 _SPREAD_HIGH = bytes(_spread_nibble(b >> 4) for b in range(256))
 
 
-# x**n is assembled from a table of x**(d * 16**k * 2**15) mod P (d = 1..15),
-# whose entries are computed when first needed and kept (as polynomials, not
-# spectra: 2.5 kB against 330 kB an entry, for ~16% of a multiplication): a
-# power then costs one multiplication per nonzero hexadecimal digit of n above
-# its 15th bit but the first (at most five for any distance in a 1T-parameter
-# model) and one or two reductions for the low bits, not one squaring per bit.
+# x**n is assembled from a table of x**(d * 256**k * 2**15) mod P (d = 1..255),
+# whose entries are shipped or computed when first needed and kept (as
+# polynomials, not spectra: 2.5 kB against 330 kB an entry, for ~16% of a
+# multiplication): a power then costs one multiplication per nonzero base-256
+# digit of n above its 15th bit but the first (two for an 8B model's distance,
+# three up to 2**47 words) and one or two reductions for the low bits, not one
+# squaring per bit. Base 256, not 16: half the multiplications, for a shipped
+# file of 2.5 MB instead of 260 kB.
 _LOW_BITS = 15
-_table: dict[tuple[int, int], int] = {}  # 2.5 kB an entry, at most 15 per digit
+DIGIT_BITS = 8
+_DIGIT = (1 << DIGIT_BITS) - 1  # entries per digit: d = 1.._DIGIT
+_table: dict[tuple[int, int], int] = {}  # 2.5 kB an entry, at most 255 per digit
 
 
 def _mulmod(a: int, b: int) -> int:
     return reduce(clmul(a, b))
 
 
-TABLE_DIGITS = 7  # shipped entries: k < 7, every distance below 2**(15 + 4 * 7)
+TABLE_DIGITS = 4  # shipped entries: k < 4, every distance below 2**(15 + 8 * 4)
 ENTRY_BYTES = (DEGREE + 7) // 8  # one polynomial of the shipped file, little-endian
 _SHIPPED = "_x_powers.bin"
 # The shipped file: the entries (k, d), k-major, then the Barrett constant.
-_SHIPPED_BYTES = (TABLE_DIGITS * 15 + 1) * ENTRY_BYTES
+_SHIPPED_BYTES = (TABLE_DIGITS * _DIGIT + 1) * ENTRY_BYTES
 
 
 def _entry(k: int, d: int) -> int:
-    """``x**(d * 16**k * 2**15) mod P``: shipped, or computed once and kept."""
+    """``x**(d * 256**k * 2**15) mod P``: shipped, or computed once and kept."""
     found = _table.get((k, d))
     if found is not None:
         return found
     shipped = _shipped_raw()
     if shipped is None or k >= TABLE_DIGITS:
         return _compute(k, d, _table)
-    start = (15 * k + d - 1) * ENTRY_BYTES
+    start = (_DIGIT * k + d - 1) * ENTRY_BYTES
     found = _table[(k, d)] = int.from_bytes(shipped[start : start + ENTRY_BYTES], "little")
     return found
 
 
 @functools.cache
-def _shipped_raw() -> bytes | None:
-    """The shipped file, or None if it is missing or of the wrong size."""
-    try:  # beside this module on disk (0.2 ms), or wherever importlib finds it (0.7 ms)
-        raw = Path(__file__).with_name(_SHIPPED).read_bytes()
-    except OSError:
+def _shipped_raw() -> bytes | mmap.mmap | None:
+    """The shipped file, or None if it is missing or of the wrong size.
+
+    Mapped, not read: a jump reads five of its 1021 polynomials (reading the
+    2.5 MB took ~1.2 ms of a fresh process's first jump). Where the package
+    is not on disk (a zip), read whole through importlib.
+    """
+    raw: bytes | mmap.mmap
+    try:
+        with open(Path(__file__).with_name(_SHIPPED), "rb") as f:
+            raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         try:
             raw = resources.files(__package__).joinpath(_SHIPPED).read_bytes()
         except OSError:
@@ -215,7 +227,7 @@ def _shipped_raw() -> bytes | None:
 
 
 def computed_table(digits: int = TABLE_DIGITS) -> bytes:
-    """The entries ``k < digits``, ``d = 1..15``, then the Barrett constant, computed
+    """The entries ``k < digits``, ``d = 1..255``, then the Barrett constant, computed
     from scratch, as shipped.
 
     What ``python -m torchdefer.rng._x_powers`` writes and the tests compare
@@ -228,12 +240,12 @@ def computed_table(digits: int = TABLE_DIGITS) -> bytes:
         raise InternalError(f"{_SHIPPED} holds a wrong Barrett constant; delete it and run "
                             "`python -m torchdefer.rng._x_powers` to write it again")
     table: dict[tuple[int, int], int] = {}
-    entries = [_compute(k, d, table) for k in range(digits) for d in range(1, 16)]
+    entries = [_compute(k, d, table) for k in range(digits) for d in range(1, _DIGIT + 1)]
     return b"".join(e.to_bytes(ENTRY_BYTES, "little") for e in [*entries, constant])
 
 
 def _compute(k: int, d: int, table: dict[tuple[int, int], int]) -> int:
-    """``x**(d * 16**k * 2**15) mod P`` from ``table``'s smaller entries; kept in ``table``."""
+    """``x**(d * 256**k * 2**15) mod P`` from ``table``'s smaller entries; kept in ``table``."""
     found = table.get((k, d))
     if found is not None:
         return found
@@ -242,7 +254,7 @@ def _compute(k: int, d: int, table: dict[tuple[int, int], int]) -> int:
             value = reduce(1 << (1 << _LOW_BITS))
         else:
             value = _compute(k - 1, 1, table)
-            for _ in range(4):
+            for _ in range(DIGIT_BITS):
                 value = reduce(_square(value))
     elif d % 2 == 0:
         value = reduce(_square(_compute(k, d // 2, table)))
@@ -262,10 +274,10 @@ def x_power_mod(n: int) -> int:
     r: int | None = None
     high, k = n >> _LOW_BITS, 0
     while high:
-        digit = high & 15
+        digit = high & _DIGIT
         if digit:
             r = _entry(k, digit) if r is None else _mulmod(r, _entry(k, digit))
-        high >>= 4
+        high >>= DIGIT_BITS
         k += 1
     if r is None:
         r = 1

@@ -2,8 +2,8 @@
 
     python -m torchdefer.rng._x_powers
 
-Entry ``(k, d)`` (``k < gf2.TABLE_DIGITS``, ``d = 1..15``, k-major) is
-``x**(d * 16**k * 2**15) mod P`` in ``gf2.ENTRY_BYTES`` little-endian bytes;
+Entry ``(k, d)`` (``k < gf2.TABLE_DIGITS``, ``d = 1..255``, k-major) is
+``x**(d * 256**k * 2**15) mod P`` in ``gf2.ENTRY_BYTES`` little-endian bytes;
 after them, in as many bytes, the Barrett constant ``floor(x**(2 * DEGREE) / P)``.
 The file is a cache of :func:`gf2.computed_table`; ``tests/rng/test_x_powers.py``
 checks it is exactly that.

@@ -16,7 +16,7 @@ down to the refill and ``next`` the index of the word to read. Its
 for real (exact by construction, ~3 ns a word); a long one jumps: the array
 ``k`` refills ahead is the sum over GF(2) of the word windows selected by the
 coefficients of ``x**(624k - 1) mod P`` (``gf2``), ~1 ms plus the power
-(~1 ms a hexadecimal digit of the distance). The layout is checked once
+(~1 ms a base-256 digit of the distance). The layout is checked once
 against the installed torch (:func:`layout_known`); if it ever differs, every
 distance is drawn for real, slower but still exact.
 The normal-sample caches are left as they are: they belong to the draw model.

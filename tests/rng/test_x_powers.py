@@ -76,3 +76,17 @@ def test_x_power_mod_is_the_power_of_x(n):
 @given(st.integers(min_value=0, max_value=1 << 50))
 def test_any_power_below_2_to_the_50_is_the_power_of_x(n):
     assert gf2.x_power_mod.__wrapped__(n) == _square_and_multiply(n)
+
+
+def test_without_the_shipped_file_powers_are_computed_alike(monkeypatch):
+    # A missing or wrong-sized file: entries and the Barrett constant computed.
+    monkeypatch.setattr(gf2, "_shipped_raw", lambda: None)
+    monkeypatch.setattr(gf2, "_table", {})
+    gf2._barrett_value.cache_clear()
+    gf2._barrett.cache_clear()
+    try:
+        n = (0xFF01 << 15) | 0x1234
+        assert gf2.x_power_mod.__wrapped__(n) == _square_and_multiply(n)
+    finally:
+        gf2._barrett_value.cache_clear()
+        gf2._barrett.cache_clear()

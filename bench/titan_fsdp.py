@@ -4,7 +4,10 @@ W gloo ranks (CPU, one thread each) build ``bench/titan_model.py``'s model
 deferred from one seed, ``fully_shard`` every block and the root, and
 materialize, one rank at a time (a barrier between turns, so each has the
 machine to itself). Per rank: wall and CPU time (median of ``--repeats``),
-the peak RSS over its baseline, its shards' bytes, the largest parameter, and
+the CPU time split into user and system time (on the shared VMs measured the
+rank that goes last in the first repeat pays up to 1 s more system time for
+the same page faults: the kernel's, not the work's), the peak RSS over its
+baseline, its shards' bytes, the largest parameter, and
 ``shard.observe()``'s path for every parameter; every local shard is compared
 bit for bit with the slice of the eagerly built parameter.
 
@@ -19,6 +22,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -79,10 +83,13 @@ def _rank(rank: int, world: int, port: int, args: dict, out: str, repeats: int) 
             gc.collect()
             base = _reset_peak()
             wall, cpu = time.perf_counter(), time.process_time()
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             with observe() as seen:
                 torchdefer.distributed.materialize_module(model)
+            after = resource.getrusage(resource.RUSAGE_SELF)
             runs.append(dict(
                 wall=time.perf_counter() - wall, cpu=time.process_time() - cpu,
+                user=after.ru_utime - usage.ru_utime, sys=after.ru_stime - usage.ru_stime,
                 peak=_peak() - base,
                 paths={s.name: ("rows" if s.rows else f"full: {s.reason}") for s in seen},
             ))  # fmt: skip
@@ -91,6 +98,8 @@ def _rank(rank: int, world: int, port: int, args: dict, out: str, repeats: int) 
     row = dict(
         rank=rank, world=world, largest=largest, buffers=buffers,
         wall=_median([r["wall"] for r in runs]), cpu=_median([r["cpu"] for r in runs]),
+        user=_median([r["user"] for r in runs]), sys=_median([r["sys"] for r in runs]),
+        cpus=[round(r["cpu"], 3) for r in runs],
         peak=max(r["peak"] for r in runs), paths=runs[-1]["paths"],
         shards=sum(p.to_local().untyped_storage().nbytes() for p in params.values()),
         digests={n: _digest(p.to_local()) for n, p in params.items()},
@@ -141,20 +150,25 @@ def _report(rows: list[dict], o, args: dict, command: str) -> str:
         f"{args['vocab']}, 3-sigma output; torch {torch.__version__}; gloo on the CPU, one "
         f"thread per rank, ranks take turns; medians of {o.repeats}. Command: `{command}`",
         "",
-        "| world | rank | CPU s | CPU / one rank (<= 0.35 at 4) | wall s | peak MiB | "
-        "shards + buffers + largest MiB | peak <= that | rows / params | bitwise |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| world | rank | CPU s | CPU / one rank (<= 0.35 at 4) | user s | user / one rank | "
+        "system s | wall s | peak MiB | shards + buffers + largest MiB | peak <= that | "
+        "rows / params | bitwise |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         bound = r["shards"] + r["buffers"] + r["largest"]
         on_rows = sum(v == "rows" for v in r["paths"].values())
         lines.append(
             f"| {r['world']} | {r['rank']} | {r['cpu']:.2f} | {r['cpu'] / one['cpu']:.2f} | "
+            f"{r['user']:.2f} | {r['user'] / one['user']:.2f} | {r['sys']:.2f} | "
             f"{r['wall']:.2f} | {r['peak'] / MiB:.0f} | {bound / MiB:.0f} | "
             f"{r['peak'] <= bound} | {on_rows} / {len(r['paths'])} | {r['bitwise']} |"
         )
     full = sorted({f"{n} ({v})" for r in rows for n, v in r["paths"].items() if v != "rows"})
     lines += ["", "Parameters not on the row path: " + (", ".join(full) or "none") + "."]
+    each = "; ".join(
+        f"{r['world']}/{r['rank']}: {', '.join(f'{c:.2f}' for c in r['cpus'])}" for r in rows)
+    lines += ["", f"CPU seconds of each repeat (world/rank): {each}."]
     return "\n".join(lines) + "\n"
 
 

@@ -58,13 +58,13 @@ ARRAY = slice(_ARRAY, _ARRAY + 8 * N)  # the 624 words, 8 bytes each
 CACHES = slice(_ARRAY + 8 * N, STATE_BYTES)  # the normal-sample caches
 NORMAL_Y, NORMAL_VALID = 5024, 5040  # the cached double normal and its flag
 _FLOAT_VALID = 5052  # next_float_normal_sample's flag
-# Up to here drawing for real was cheaper than a jump whose power of x is new
-# (~2-3 ns a word vs 5-40 ms with torch's FFT; numpy's made a new jump ~2-6 ms,
-# so the crossover is now nearer 2**20 words: not retuned yet). A jump whose
-# power was computed before (the same number of refills: chunks of equal size,
-# layers of equal shape) costs ~1-2 ms (the window XORs), cheaper than drawing
-# from _WARM_LIMIT words on.
-_DRAW_LIMIT = 1 << 22
+# Up to here drawing for real (~2-3 ns a word) costs about what a jump whose
+# power of x is new costs (~1.5-2.5 ms: measured 2026-11-26, 4 ms at 2**21
+# words against 2 ms; with torch's FFT a new power took 5-40 ms and this was
+# 2**22). A jump whose power was computed before (the same number of refills:
+# chunks of equal size, layers of equal shape) costs ~1-2 ms (the window
+# XORs), cheaper than drawing from _WARM_LIMIT words on.
+_DRAW_LIMIT = 1 << 21
 _WARM_LIMIT = 1 << 20
 _WARM_MAX = 256  # as gf2.x_power_mod's cache: beyond it a power may be gone again
 _CHUNK = 1 << 20  # words drawn per call when drawing for real

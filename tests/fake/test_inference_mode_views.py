@@ -152,3 +152,30 @@ def test_writing_a_composite_view_made_in_inference_mode_is_eagers(name):
     got = torchdefer.deferred_init(build, False)
     for g, e in zip(got, eager):
         assert torch.equal(torchdefer.materialize_tensor(g), e)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64, torch.complex64])
+@pytest.mark.parametrize("name", ["reshape", "unflatten", "movedim", "expand_as", "contiguous"])
+def test_composite_views_in_inference_mode_on_every_dtype_and_device_are_eagers(
+    name, dtype, device
+):
+    # The neighbours of the reshape case: other dtypes, a fake CUDA device
+    # (compared with eager on the CPU: the autograd facts do not depend on it),
+    # and materialization in both orders.
+    def build(on):
+        base = torch.ones(2, 3, dtype=dtype, device=on)
+        with torch.inference_mode():
+            view = COMPOSITE_VIEWS[name](base)
+        base.requires_grad_()
+        return base, view
+
+    eager = build("cpu")
+    for order in ((0, 1), (1, 0)):
+        got = torchdefer.deferred_init(build, device)
+        assert _view_facts(got[1:], got[0]) == _view_facts(eager[1:], eager[0])
+        if device == "cpu":
+            real = {i: torchdefer.materialize_tensor(got[i]) for i in order}
+            for i in order:
+                assert torch.equal(real[i], eager[i])
+                assert real[i].requires_grad == eager[i].requires_grad

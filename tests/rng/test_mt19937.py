@@ -40,13 +40,15 @@ def test_the_characteristic_polynomial_is_the_generators_own():
         assert _berlekamp_massey(sequence) == gf2.P
 
 
+def schoolbook_mod(r: int) -> int:
+    """``r mod P`` by long division, bit by bit (no FFT, no Barrett constant)."""
+    while r.bit_length() > gf2.DEGREE:
+        r ^= gf2.P << (r.bit_length() - 1 - gf2.DEGREE)
+    return r
+
+
 def test_barrett_reduction_and_products_match_schoolbook_arithmetic():
     rng = random.Random(1)
-
-    def schoolbook_mod(r):
-        while r.bit_length() > gf2.DEGREE:
-            r ^= gf2.P << (r.bit_length() - 1 - gf2.DEGREE)
-        return r
 
     def schoolbook_mul(a, b):
         out = 0

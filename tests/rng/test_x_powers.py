@@ -8,6 +8,7 @@ from importlib import resources
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_mt19937 import schoolbook_mod
 
 from torchdefer.errors import InternalError
 from torchdefer.rng import _gf2 as gf2
@@ -41,12 +42,6 @@ def test_powers_from_the_table_agree_with_products_of_smaller_powers():
 
 def _square_and_multiply(n: int) -> int:
     """x**n mod P by squarings and shifts with schoolbook reduction: no FFT, no table."""
-
-    def schoolbook_mod(r: int) -> int:
-        while r.bit_length() > gf2.DEGREE:
-            r ^= gf2.P << (r.bit_length() - 1 - gf2.DEGREE)
-        return r
-
     r = 1
     for bit in bin(n)[2:]:
         r = schoolbook_mod(gf2._square(r))

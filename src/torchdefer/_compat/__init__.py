@@ -350,7 +350,10 @@ def decomposes_to_views(func: Any) -> bool:
         return False
     name = func.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    if not has(name, "CompositeImplicitAutograd") or any(has(name, k) for k in _OWN_KERNELS):
+    try:
+        if not has(name, "CompositeImplicitAutograd") or any(has(name, k) for k in _OWN_KERNELS):
+            return False
+    except RuntimeError:  # an overload TorchScript knows and the dispatcher does not (mT.a)
         return False
     return any(
         r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns

@@ -39,6 +39,7 @@ from torchdefer.errors import InternalError, UsageError
 
 __all__ = [
     "DEGREE",
+    "DIGIT_BITS",
     "ENTRY_BYTES",
     "EXPONENTS",
     "TABLE_DIGITS",

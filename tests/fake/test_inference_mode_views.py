@@ -1,10 +1,12 @@
 """Views taken under inference mode keep eager's autograd metadata on fake tensors.
 
-``p.mT``, ``p.mH``, ``p.T`` and ``p.H`` of a tensor with Python dispatch lose
+``p.mT``, ``p.mH``, ``p.T``, ``p.H`` and the composite views (``reshape``,
+``view_as``, ``movedim``, ``unflatten``) of a tensor with Python dispatch lose
 ``requires_grad`` under inference mode in PyTorch itself (its own
-``FakeTensorMode`` too); eager keeps it. So do composite views (``reshape``,
-``view_as``, ``movedim``, ``unflatten``; fuzz seed 20261205). Found by the
-fuzzer's ambient focus.
+``FakeTensorMode`` too); eager keeps it, and follows the base's later
+``requires_grad_()`` (fuzz seeds 20261205, 20261230). All are
+CompositeImplicitAutograd views that reach a dispatch mode whole there, run as
+eager's backend key runs them (``_compat.decomposed_in_inference``).
 """
 
 import pytest

@@ -26,7 +26,6 @@ from torchdefer.fake._grad import (
     LEAFNESS_ASKS,
     NOT_HANDLED,
     call_without_autograd,
-    fix_inference_mode_grads,
     leafness,
     runs_on_twins,
     touches_missing_device,
@@ -59,19 +58,6 @@ GUARDED: frozenset[Callable[..., Any]] = frozenset(
         torch.Tensor.nonzero,
     }
 )
-
-
-# Under inference mode these properties of a tensor with Python dispatch lose
-# requires_grad (PyTorch's own FakeTensorMode too: `p.mT.requires_grad` is
-# False where eager says True); the methods they stand for keep it.
-_TRANSPOSE_GETTERS: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
-    _compat.descriptor_get(torch.Tensor, "mT"): lambda t: t.transpose(-2, -1),
-    _compat.descriptor_get(torch.Tensor, "mH"): lambda t: t.transpose(-2, -1).conj(),
-    _compat.descriptor_get(torch.Tensor, "T"): lambda t: t.permute(*reversed(range(t.dim()))),
-    _compat.descriptor_get(torch.Tensor, "H"): (
-        lambda t: t.permute(*reversed(range(t.dim()))).conj()
-    ),
-}
 
 
 def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -107,8 +93,6 @@ def call_grad_safe(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if not _lost_view_history(e, func, args, kwargs):
             raise
         raise _view_history_error(func, e) from e
-    if torch.is_inference_mode_enabled() and _any_requires_grad(args, kwargs):
-        fix_inference_mode_grads(func, args, kwargs, out)
     return out
 
 
@@ -130,9 +114,6 @@ def _any_requires_grad(args: tuple, kwargs: dict) -> bool:
 def _reroute(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, Any]:
     """For a function of ``_REROUTED`` (or an unhashable one): ``(answer, None)``, or
     ``(None, (func, args, kwargs))``, the call ``call_grad_safe`` makes instead."""
-    transpose = _TRANSPOSE_GETTERS.get(func)
-    if transpose is not None and torch.is_inference_mode_enabled():
-        return transpose(args[0]), None
     # The Python bindings of copy_ and to() take a device guard before they
     # dispatch, and a CPU-only build has no CUDA guard (PyTorch's own
     # FakeTensorMode fails the same way); the ops themselves take none on the
@@ -165,7 +146,7 @@ def _reroute(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, 
 # What call_grad_safe reroutes or answers itself (anything else is called as
 # is): one set lookup, not seven tests, for the other calls.
 _REROUTED = frozenset({torch.Tensor.copy_, torch.Tensor.type, torch.Tensor.to, torch.Tensor.cuda,
-                       torch.Tensor.new_tensor, *GUARDED, *_TRANSPOSE_GETTERS})
+                       torch.Tensor.new_tensor, *GUARDED})
 
 
 def _lost_view_history(error: Exception, func: Callable[..., Any], args: tuple,

@@ -28,9 +28,8 @@ from torchdefer.fake._layout import meta_twin
 from torchdefer.fake._output_device import device_available, normalize
 from torchdefer.fake._outside import no_fake_modes
 
-__all__ = ["LEAFNESS_ASKS", "NONLEAF", "NOT_HANDLED", "call_without_autograd",
-           "fix_inference_mode_grads", "leafness", "on_twins", "runs_on_twins",
-           "touches_missing_device"]
+__all__ = ["LEAFNESS_ASKS", "NONLEAF", "NOT_HANDLED", "call_without_autograd", "leafness",
+           "on_twins", "runs_on_twins", "touches_missing_device"]
 
 # Key in a fake tensor's __dict__: eager would have made it a non-leaf.
 NONLEAF = "_torchdefer_nonleaf"
@@ -109,55 +108,29 @@ def call_without_autograd(func: Callable[..., Any], args: tuple, kwargs: dict) -
     return out
 
 
-def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict,
-                    keep_views: bool = False):
+def _eager_autograd(func: Callable[..., Any], args: tuple, kwargs: dict):
     """``(requires_grad, is_leaf)`` per tensor output of the call on meta twins.
 
     Raises what eager autograd would raise for the call; None when the twins
-    cannot say (no meta kernel, a data-dependent op). ``keep_views``: a view
-    argument's twin is a view of its base's twin (inference mode gives a view
-    the ``requires_grad`` of the base it views).
+    cannot say (no meta kernel, a data-dependent op).
     """
-    twin = _view_twin if keep_views else _twin
     try:
-        out = on_twins(func, args, kwargs, twin)
+        out = on_twins(func, args, kwargs)
     except Exception as error:
         try:
             with torch.no_grad():
-                on_twins(func, args, kwargs, twin)
+                on_twins(func, args, kwargs)
         except Exception:
             return None
         raise error from None  # autograd's own refusal, as eager raises it
     return [(o.requires_grad, o.is_leaf) for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
 
 
-def fix_inference_mode_grads(func: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> None:
-    """Give ``out`` the ``requires_grad`` eager gives a call made under inference mode.
-
-    There a view of a normal tensor that requires grad is a normal tensor
-    that requires grad, but composite views (``reshape``, ``view_as``,
-    ``movedim``, ``unflatten``) of a tensor with Python dispatch come back
-    without it (PyTorch's own FakeTensorMode too). The meta twins, plain
-    tensors, answer as eager.
-    """
-    try:
-        grads = _eager_autograd(func, args, kwargs, keep_views=True)
-    except Exception:  # an eager refusal on the twins: the call itself ran, leave it
-        return
-    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-    if grads is None or len(grads) != len(outs):
-        return
-    for o, (requires_grad, _) in zip(outs, grads, strict=True):
-        if requires_grad and not o.requires_grad and not o.is_inference():
-            o.requires_grad_(True)
-
-
-def on_twins(func: Callable[..., Any], args: tuple, kwargs: dict,
-             twin: Callable[[Any], Any] | None = None) -> Any:
+def on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """``func`` run as eager code on meta twins of its arguments (an inference
     tensor's twin is one, whatever mode the call runs in); raises what they raise."""
     with no_fake_modes():
-        return func(*_twins(args, twin), **_twins(kwargs, twin))
+        return func(*_twins(args), **_twins(kwargs))
 
 
 def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
@@ -168,36 +141,10 @@ def runs_on_twins(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
         return False
 
 
-def _twins(tree: Any, twin: Callable[[Any], Any] | None = None) -> Any:
+def _twins(tree: Any) -> Any:
     if isinstance(tree, dict) and isinstance(tree.get("device"), (str, int)):
         tree = {**tree, "device": "meta"}
-    return tree_map(twin or _twin, tree)
-
-
-def _view_twin(x: Any) -> Any:
-    """``x``'s twin, a view of its base's twin where ``x`` is a view (see ``_twin``).
-
-    In inference mode a view of a view takes its ``requires_grad`` from the
-    base: ``arange(15.).reshape(3, 5).requires_grad_().flatten()`` does not
-    require grad there, a ``Parameter``'s view does.
-    """
-    if not isinstance(x, torch.Tensor) or x.is_inference():
-        return _twin(x)
-    with _compat.DisableTorchFunctionSubclass():
-        base = x._base if x._is_view() else None
-        if base is None:
-            return _twin(x)
-        root = _twin(base)
-        offset = root.storage_offset() + x.storage_offset() - base.storage_offset()
-        try:
-            with torch.inference_mode(False):
-                if x.requires_grad and root.requires_grad:
-                    return root.as_strided(x.shape, x.stride(), offset)
-                with torch.no_grad():
-                    view = root.as_strided(x.shape, x.stride(), offset)
-                return view.requires_grad_() if x.requires_grad else view
-        except RuntimeError:  # outside the base's storage (set_, resize_): as a plain tensor
-            return _twin(x)
+    return tree_map(_twin, tree)
 
 
 def _twin(x: Any) -> Any:
